@@ -1,0 +1,324 @@
+//! Attention over a read-only shared prefix (the cloud prompt's KV) and a private causal
+//! segment (the edge prompt and the answer), joined by the log-sum-exp merge of DESIGN.md §2.
+//!
+//! Every query row keeps a running softmax state `(m, l, acc)` and consumes keys one at a
+//! time in absolute position order. Folding the private keys into the state left by the
+//! prefix *is* the LSE merge (`merge` below computes it for two independent partials), and
+//! because the float operations per query depend only on the keys it sees, not on how rows
+//! are batched or how the context is cut into segments, split inference, chunked prefill and
+//! one-shot prefill produce bit-identical attention outputs.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use crate::kv::LayerKv;
+
+/// Largest head dimension the stack buffers hold.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Keys converted from f16 and scored per block.
+const BLOCK: usize = 32;
+
+/// Running softmax over keys for one query and head. `acc / l` is the attention output and
+/// `m + ln(l)` its log-sum-exp.
+#[derive(Clone)]
+pub struct State {
+    m: f32,
+    l: f32,
+    acc: [f32; MAX_HEAD_DIM],
+    dim: usize,
+}
+
+/// A finished attention partial: normalised output and log-sum-exp of the scores.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partial {
+    pub out: Vec<f32>,
+    pub lse: f32,
+}
+
+impl State {
+    pub fn new(dim: usize) -> Self {
+        assert!(dim <= MAX_HEAD_DIM, "head dim {dim} > {MAX_HEAD_DIM}");
+        Self {
+            m: f32::NEG_INFINITY,
+            l: 0.0,
+            acc: [0.0; MAX_HEAD_DIM],
+            dim,
+        }
+    }
+
+    /// Consume `n` keys/values (token-major rows of `dim` f16) for query `q` (pre-scaled).
+    pub fn attend(&mut self, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+        simd::attend(self, q, keys, values, n)
+    }
+
+    pub fn finish(&self) -> Partial {
+        let inv = 1.0 / self.l;
+        Partial {
+            out: self.acc[..self.dim].iter().map(|a| a * inv).collect(),
+            lse: self.m + self.l.ln(),
+        }
+    }
+
+    fn write_output(&self, out: &mut [f32]) {
+        let inv = 1.0 / self.l;
+        for (o, a) in out.iter_mut().zip(&self.acc[..self.dim]) {
+            *o = a * inv;
+        }
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    for (i, (x, y)) in ta.iter().zip(tb).enumerate() {
+        lanes[i] += x * y;
+    }
+    // Fixed pairwise reduction order.
+    let mut w = 8;
+    while w > 0 {
+        for i in 0..w {
+            lanes[i] += lanes[i + w];
+        }
+        w /= 2;
+    }
+    lanes[0]
+}
+
+#[inline(always)]
+fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+    let d = st.dim;
+    let mut kbuf = [0f32; BLOCK * MAX_HEAD_DIM];
+    let mut vbuf = [0f32; BLOCK * MAX_HEAD_DIM];
+    let mut scores = [0f32; BLOCK];
+    let mut j0 = 0;
+    while j0 < n {
+        let nb = BLOCK.min(n - j0);
+        let kb = &mut kbuf[..nb * d];
+        keys[j0 * d..(j0 + nb) * d].convert_to_f32_slice(kb);
+        for (s, k) in scores.iter_mut().zip(kb.chunks_exact(d)) {
+            *s = dot(q, k);
+        }
+        let vb = &mut vbuf[..nb * d];
+        values[j0 * d..(j0 + nb) * d].convert_to_f32_slice(vb);
+        let acc = &mut st.acc[..d];
+        for (&s, v) in scores[..nb].iter().zip(vb.chunks_exact(d)) {
+            if s > st.m {
+                let c = (st.m - s).exp();
+                st.l *= c;
+                for a in acc.iter_mut() {
+                    *a *= c;
+                }
+                st.m = s;
+            }
+            let p = (s - st.m).exp();
+            st.l += p;
+            for (a, x) in acc.iter_mut().zip(v) {
+                *a += p * x;
+            }
+        }
+        j0 += nb;
+    }
+}
+
+mod simd {
+    use super::*;
+
+    // The same code compiled for AVX2 and for the baseline; no FMA contraction happens in
+    // Rust, so both paths give identical floats. Chosen once at run time.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn attend_avx2(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
+        attend_impl(st, q, k, v, n)
+    }
+
+    pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if *HAS_AVX2 {
+            // SAFETY: the CPU supports the features enabled on attend_avx2.
+            return unsafe { attend_avx2(st, q, k, v, n) };
+        }
+        attend_impl(st, q, k, v, n)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    static HAS_AVX2: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    });
+}
+
+/// The exact two-part merge (DESIGN.md §2): softmax over the union of two key sets from the
+/// softmaxes over each set and their log-sum-exps.
+pub fn merge(a: &Partial, b: &Partial) -> Partial {
+    let m = a.lse.max(b.lse);
+    let (wa, wb) = ((a.lse - m).exp(), (b.lse - m).exp());
+    let z = wa + wb;
+    Partial {
+        out: a
+            .out
+            .iter()
+            .zip(&b.out)
+            .map(|(x, y)| (wa * x + wb * y) / z)
+            .collect(),
+        lse: m + z.ln(),
+    }
+}
+
+/// The paper's eq. 5 read with a constant weight: `alpha * A_cloud + (1 - alpha) * A_edge`.
+/// Not exact; kept only as an ablation.
+pub fn fixed_alpha(a: &Partial, b: &Partial, alpha: f32) -> Vec<f32> {
+    a.out
+        .iter()
+        .zip(&b.out)
+        .map(|(x, y)| alpha * x + (1.0 - alpha) * y)
+        .collect()
+}
+
+/// What one sequence's new rows attend to in one layer.
+pub struct KvView<'a> {
+    /// Shared read-only prefix; every new row sees all of it.
+    pub prefix: Option<&'a LayerKv>,
+    /// The sequence's own KV, already holding the new rows' K/V at its end.
+    pub private: &'a LayerKv,
+    /// How many new rows (the last ones in `private`).
+    pub rows: usize,
+}
+
+/// Attention for `view.rows` query rows (`q`: `[rows, n_head * head_dim]`, RoPE applied)
+/// into `out` (same shape). Row `t` sees the whole prefix and private keys `0..=before + t`.
+pub fn attend_rows(q: &[f32], view: &KvView, n_head: usize, head_dim: usize, out: &mut [f32]) {
+    let n_kv = view.private.n_kv_head;
+    let group = n_head / n_kv;
+    let before = view.private.len() - view.rows;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    out.par_chunks_mut(head_dim)
+        .enumerate()
+        .for_each(|(i, o)| {
+            let (t, h) = (i / n_head, i % n_head);
+            let g = h / group;
+            let qrow: Vec<f32> = q[i * head_dim..(i + 1) * head_dim]
+                .iter()
+                .map(|x| x * scale)
+                .collect();
+            let mut st = State::new(head_dim);
+            if let Some(p) = view.prefix {
+                st.attend(&qrow, p.keys(g), p.values(g), p.len());
+            }
+            let visible = before + t + 1;
+            st.attend(&qrow, view.private.keys(g), view.private.values(g), visible);
+            st.write_output(o);
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn rand_f16(n: usize, seed: &mut u64, scale: f32) -> Vec<f16> {
+        (0..n).map(|_| f16::from_f32(lcg(seed) * scale)).collect()
+    }
+
+    /// Plain two-pass softmax attention in f64, the independent reference.
+    fn reference(q: &[f32], k: &[f16], v: &[f16], n: usize, d: usize) -> Vec<f32> {
+        let s: Vec<f64> = (0..n)
+            .map(|j| (0..d).map(|i| q[i] as f64 * k[j * d + i].to_f64()).sum())
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        (0..d)
+            .map(|i| ((0..n).map(|j| p[j] * v[j * d + i].to_f64()).sum::<f64>() / z) as f32)
+            .collect()
+    }
+
+    fn setup(n: usize, d: usize) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
+        let mut seed = 7;
+        let q = (0..d).map(|_| lcg(&mut seed) * 0.5).collect();
+        (q, rand_f16(n * d, &mut seed, 2.0), rand_f16(n * d, &mut seed, 1.0))
+    }
+
+    fn run(q: &[f32], k: &[f16], v: &[f16], n: usize, d: usize) -> Partial {
+        let mut st = State::new(d);
+        st.attend(q, k, v, n);
+        st.finish()
+    }
+
+    #[test]
+    fn matches_two_pass_reference() {
+        let (n, d) = (77, 64);
+        let (q, k, v) = setup(n, d);
+        let got = run(&q, &k, &v, n, d);
+        let want = reference(&q, &k, &v, n, d);
+        for (a, b) in got.out.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn lse_merge_of_two_segments_is_exact() {
+        let (n, d, cut) = (90, 64, 53);
+        let (q, k, v) = setup(n, d);
+        let whole = run(&q, &k, &v, n, d);
+        let cloud = run(&q, &k[..cut * d], &v[..cut * d], cut, d);
+        let edge = run(&q, &k[cut * d..], &v[cut * d..], n - cut, d);
+        let merged = merge(&cloud, &edge);
+        for (a, b) in merged.out.iter().zip(&whole.out) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        assert!((merged.lse - whole.lse).abs() < 1e-5);
+    }
+
+    #[test]
+    fn continuing_the_state_is_bit_identical_to_one_pass() {
+        let (n, d) = (100, 64);
+        let (q, k, v) = setup(n, d);
+        let whole = run(&q, &k, &v, n, d);
+        for cut in [1, 31, 32, 33, 64, 99] {
+            let mut st = State::new(d);
+            st.attend(&q, &k[..cut * d], &v[..cut * d], cut);
+            st.attend(&q, &k[cut * d..], &v[cut * d..], n - cut);
+            assert_eq!(st.finish(), whole, "cut at {cut}");
+        }
+    }
+
+    /// EdgePrompt eq. 5 with constant weights (e.g. alpha = 0.5, or alpha = the cloud's share
+    /// of tokens) is not attention over the concatenated context: the true weight depends on
+    /// each query's scores. This documents why the project uses the LSE weights.
+    #[test]
+    fn fixed_alpha_fusion_is_not_exact() {
+        let (n, d, cut) = (90, 64, 53);
+        let (q, k, v) = setup(n, d);
+        let whole = run(&q, &k, &v, n, d);
+        let cloud = run(&q, &k[..cut * d], &v[..cut * d], cut, d);
+        let edge = run(&q, &k[cut * d..], &v[cut * d..], n - cut, d);
+        for alpha in [0.5, cut as f32 / n as f32] {
+            let fused = fixed_alpha(&cloud, &edge, alpha);
+            let err = fused
+                .iter()
+                .zip(&whole.out)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err > 1e-3, "alpha {alpha}: error {err} unexpectedly small");
+        }
+        // The exact alpha is sigma(lse_c - lse_e), and with it the fusion is exact.
+        let alpha = 1.0 / (1.0 + (edge.lse - cloud.lse).exp());
+        let fused = fixed_alpha(&cloud, &edge, alpha);
+        for (a, b) in fused.iter().zip(&whole.out) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+}

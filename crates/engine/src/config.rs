@@ -1,0 +1,125 @@
+//! Hyper-parameters read from GGUF metadata.
+
+use candle_core::quantized::gguf_file::{Content, Value};
+
+use crate::{EngineError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+}
+
+/// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
+/// adjacent pairs rotate; qwen2 keeps the NEOX layout (dimension i pairs with i + d/2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RopeStyle {
+    Adjacent,
+    Neox,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub name: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub rope_base: f32,
+    pub rope_style: RopeStyle,
+    pub rms_eps: f32,
+}
+
+impl ModelConfig {
+    pub fn from_gguf(content: &Content) -> Result<Self> {
+        let arch_name = meta_str(content, "general.architecture")?;
+        let (arch, rope_style) = match arch_name.as_str() {
+            "llama" => (Arch::Llama, RopeStyle::Adjacent),
+            "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "architecture {other:?} (supported: llama, qwen2)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let n_embd = meta_usize(content, &key("embedding_length"))?;
+        let n_head = meta_usize(content, &key("attention.head_count"))?;
+        let n_kv_head = meta_usize(content, &key("attention.head_count_kv")).unwrap_or(n_head);
+        let head_dim = n_embd / n_head;
+        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd {
+            return Err(EngineError::Unsupported(format!(
+                "head layout {n_head} heads / {n_kv_head} kv heads / width {n_embd}"
+            )));
+        }
+        let vocab_size = match content.metadata.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(tokens)) => tokens.len(),
+            _ => return Err(EngineError::Gguf("missing tokenizer.ggml.tokens".into())),
+        };
+        Ok(Self {
+            arch,
+            name: meta_str(content, "general.name").unwrap_or_else(|_| arch_name.clone()),
+            n_layer: meta_usize(content, &key("block_count"))?,
+            n_embd,
+            n_head,
+            n_kv_head,
+            head_dim,
+            n_ff: meta_usize(content, &key("feed_forward_length"))?,
+            vocab_size,
+            context_length: meta_usize(content, &key("context_length")).unwrap_or(4096),
+            rope_base: meta_f32(content, &key("rope.freq_base")).unwrap_or(10_000.0),
+            rope_style,
+            rms_eps: meta_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        })
+    }
+
+    /// f16 K+V bytes per token over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * 2 * self.n_layer * self.n_kv_head * self.head_dim
+    }
+
+    pub fn group_size(&self) -> usize {
+        self.n_head / self.n_kv_head
+    }
+}
+
+pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value> {
+    content
+        .metadata
+        .get(key)
+        .ok_or_else(|| EngineError::Gguf(format!("missing metadata key {key}")))
+}
+
+pub(crate) fn meta_str(content: &Content, key: &str) -> Result<String> {
+    meta(content, key)?
+        .to_string()
+        .cloned()
+        .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))
+}
+
+pub(crate) fn meta_usize(content: &Content, key: &str) -> Result<usize> {
+    let v = meta(content, key)?;
+    let n = match v {
+        Value::U8(x) => *x as u64,
+        Value::U16(x) => *x as u64,
+        Value::U32(x) => *x as u64,
+        Value::U64(x) => *x,
+        Value::I32(x) if *x >= 0 => *x as u64,
+        Value::I64(x) if *x >= 0 => *x as u64,
+        other => return Err(EngineError::Gguf(format!("{key}: not a count: {other:?}"))),
+    };
+    Ok(n as usize)
+}
+
+pub(crate) fn meta_f32(content: &Content, key: &str) -> Result<f32> {
+    match meta(content, key)? {
+        Value::F32(x) => Ok(*x),
+        Value::F64(x) => Ok(*x as f32),
+        other => Err(EngineError::Gguf(format!("{key}: not a float: {other:?}"))),
+    }
+}

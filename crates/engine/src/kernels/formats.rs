@@ -1,0 +1,165 @@
+//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q8_0, q4_K, q6_K) and their unpacking to
+//! blocks of 32 signed bytes with a float scale (and min), the form the dot kernel reads.
+
+use half::f16;
+
+use super::{Unpacked, QK};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+impl Format {
+    /// Values per stored block (32, or 256 for the K formats).
+    pub fn block_values(self) -> usize {
+        match self {
+            Format::Q4K | Format::Q6K => 256,
+            _ => QK,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 => 2 + QK / 2,
+            Format::Q4_1 => 4 + QK / 2,
+            Format::Q5_0 => 2 + 4 + QK / 2,
+            Format::Q8_0 => 2 + QK,
+            Format::Q4K => 4 + 12 + 128,
+            Format::Q6K => 128 + 64 + 16 + 2,
+        }
+    }
+
+    /// Formats whose values are `d * q + m` rather than `d * q`.
+    pub fn has_min(self) -> bool {
+        matches!(self, Format::Q4_1 | Format::Q4K)
+    }
+
+    /// q6_K scales each half of a 32-block separately (`Unpacked::sc`).
+    pub fn has_half_scales(self) -> bool {
+        self == Format::Q6K
+    }
+
+    /// Portable unpacking (the SIMD path in `simd.rs` produces the same bytes).
+    #[inline(always)]
+    pub(super) fn unpack(self, row: &[u8], out: &mut Unpacked) {
+        let bb = self.block_bytes();
+        let per = self.block_values() / QK;
+        for (sb, blk) in row.chunks_exact(bb).enumerate() {
+            let b0 = sb * per;
+            let q = &mut out.q[b0 * QK..(b0 + per) * QK];
+            match self {
+                Format::Q4_0 => {
+                    out.d[b0] = f16_at(blk, 0);
+                    nibbles(&blk[2..18], -8, q)
+                }
+                Format::Q4_1 => {
+                    out.d[b0] = f16_at(blk, 0);
+                    out.m[b0] = f16_at(blk, 2);
+                    nibbles(&blk[4..20], 0, q)
+                }
+                Format::Q5_0 => {
+                    out.d[b0] = f16_at(blk, 0);
+                    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                    nibbles(&blk[6..22], 0, q);
+                    for (j, v) in q.iter_mut().enumerate() {
+                        *v = (*v | (((qh >> j) & 1) << 4) as i8) - 16;
+                    }
+                }
+                Format::Q8_0 => {
+                    out.d[b0] = f16_at(blk, 0);
+                    for (v, &x) in q.iter_mut().zip(&blk[2..34]) {
+                        *v = x as i8;
+                    }
+                }
+                Format::Q4K => {
+                    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                    let scales = &blk[4..16];
+                    for j in 0..8 {
+                        let (sc, m) = q4k_scale_min(scales, j);
+                        out.d[b0 + j] = d * sc as f32;
+                        out.m[b0 + j] = -dmin * m as f32;
+                    }
+                    // 32 bytes per 64 values: low nibbles first, then high nibbles.
+                    for (c, qs) in blk[16..144].chunks_exact(32).enumerate() {
+                        for (l, &x) in qs.iter().enumerate() {
+                            q[c * 64 + l] = (x & 0x0F) as i8;
+                            q[c * 64 + 32 + l] = (x >> 4) as i8;
+                        }
+                    }
+                }
+                Format::Q6K => {
+                    let (ql, qh) = (&blk[0..128], &blk[128..192]);
+                    let sc = &blk[192..208];
+                    let d = f16_at(blk, 208);
+                    for j in 0..8 {
+                        out.d[b0 + j] = d;
+                        out.sc[2 * (b0 + j)] = sc[2 * j] as i8 as i32;
+                        out.sc[2 * (b0 + j) + 1] = sc[2 * j + 1] as i8 as i32;
+                    }
+                    for half in 0..2 {
+                        let (ql, qh) = (&ql[half * 64..], &qh[half * 32..]);
+                        let y = &mut q[half * 128..];
+                        for l in 0..32 {
+                            y[l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+                            y[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                            y[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                            y[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Plain f32 values of one row (embedding lookup, tests).
+    pub fn dequantize(self, row: &[u8], k: usize) -> Vec<f32> {
+        let mut un = Unpacked::new(k);
+        self.unpack(row, &mut un);
+        un.q.iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                let b = i / QK;
+                let sc = if self.has_half_scales() {
+                    un.sc[2 * b + (i % QK) / 16] as f32
+                } else {
+                    1.0
+                };
+                un.d[b] * sc * q as f32 + un.m[b]
+            })
+            .collect()
+    }
+}
+
+/// ggml's packed 6-bit scale and min of sub-block `j` of a q4_K block.
+#[inline(always)]
+fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// ggml nibble order: byte j holds value j (low nibble) and value j + 16 (high nibble).
+#[inline(always)]
+fn nibbles(qs: &[u8], offset: i8, out: &mut [i8]) {
+    let (lo, hi) = out.split_at_mut(QK / 2);
+    for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+        *l = (x & 0x0F) as i8 + offset;
+        *h = (x >> 4) as i8 + offset;
+    }
+}

@@ -1,0 +1,136 @@
+//! Quantized matrix multiply for the GGUF block formats candle runs with scalar code
+//! (q4_0, q4_1, q5_0, q8_0).
+//!
+//! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
+//! pair the integer dot product is exact; blocks are then accumulated as floats in one
+//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The SIMD and
+//! scalar paths produce the same bits, and a row's result never depends on how many rows
+//! share the call: prefill, chunked prefill and batched decode agree exactly.
+
+mod formats;
+mod simd;
+
+use rayon::prelude::*;
+
+pub use formats::Format;
+
+pub const QK: usize = 32;
+
+/// One weight matrix `[n, k]` in a supported GGUF block format.
+pub struct QMatrix {
+    format: Format,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+/// A weight row unpacked to one i8 per value plus per-block float scale and min, and for
+/// q6_K an integer scale per half block (folded into the exact integer dot).
+struct Unpacked {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    sc: Vec<i32>,
+}
+
+impl Unpacked {
+    fn new(k: usize) -> Self {
+        let nb = k / QK;
+        Self {
+            q: vec![0; k],
+            d: vec![0.0; nb],
+            m: vec![0.0; nb],
+            sc: vec![1; 2 * nb],
+        }
+    }
+}
+
+/// A row of activations quantized to blocks of 32 i8 values.
+pub(crate) struct QuantRow {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    /// d * sum(q) per block: the block's sum, for formats with a min.
+    pub s: Vec<f32>,
+}
+
+impl QMatrix {
+    pub fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
+        let bv = format.block_values();
+        let expect = n * (k / bv) * format.block_bytes();
+        (k % bv == 0 && data.len() == expect).then_some(Self { format, n, k, data })
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.n
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.k
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
+        let rb = self.row_bytes();
+        self.format.dequantize(&self.data[row * rb..(row + 1) * rb], self.k)
+    }
+
+    fn row_bytes(&self) -> usize {
+        (self.k / self.format.block_values()) * self.format.block_bytes()
+    }
+
+    /// `x`: `[m, k]` row-major f32 -> `[m, n]`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "matmul input shape");
+        let acts: Vec<QuantRow> = x.chunks_exact(self.k).map(quantize_row).collect();
+        let mut out_t = vec![0f32; self.n * m];
+        // Column-major output so each task owns a contiguous slice of whole weight rows.
+        const ROWS_PER_TASK: usize = 16;
+        out_t
+            .par_chunks_mut(ROWS_PER_TASK * m)
+            .enumerate()
+            .for_each(|(task, dst)| {
+                let mut un = Unpacked::new(self.k);
+                let rb = self.row_bytes();
+                for (i, col) in dst.chunks_exact_mut(m).enumerate() {
+                    let row = task * ROWS_PER_TASK + i;
+                    simd::row_dots(self.format, &self.data[row * rb..(row + 1) * rb], &mut un, &acts, col);
+                }
+            });
+        // Back to row-major [m, n].
+        let mut out = vec![0f32; m * self.n];
+        for (j, col) in out_t.chunks_exact(m).enumerate() {
+            for (i, v) in col.iter().enumerate() {
+                out[i * self.n + j] = *v;
+            }
+        }
+        out
+    }
+}
+
+pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
+    let nb = x.len() / QK;
+    let mut r = QuantRow {
+        q: vec![0; x.len()],
+        d: vec![0.0; nb],
+        s: vec![0.0; nb],
+    };
+    for (b, (xs, qs)) in x.chunks_exact(QK).zip(r.q.chunks_exact_mut(QK)).enumerate() {
+        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, v) in qs.iter_mut().zip(xs) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        r.d[b] = d;
+        r.s[b] = d * sum as f32;
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+//! The block dot product, canonical float order (see mod.rs), AVX2 or scalar at run time.
+
+use super::{Format, QuantRow, Unpacked, QK};
+
+/// Unpack one weight row into `w` and write its dot with every activation row to `out`.
+pub(super) fn row_dots(f: Format, row: &[u8], w: &mut Unpacked, acts: &[QuantRow], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX2 {
+        // SAFETY: AVX2 presence checked at run time.
+        return unsafe { avx2::row_dots(f, row, w, acts, out) };
+    }
+    f.unpack(row, w);
+    for (o, a) in out.iter_mut().zip(acts) {
+        *o = dot_scalar(w, a, f.has_min());
+    }
+}
+
+#[cfg(test)]
+pub(super) fn dot(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX2 {
+        // SAFETY: AVX2 presence checked at run time.
+        return unsafe { avx2::dot(w, a, has_min, w.sc.iter().any(|&s| s != 1)) };
+    }
+    dot_scalar(w, a, has_min)
+}
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX2: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+});
+
+/// Block `b`'s float contribution given its exact integer dot product.
+#[inline(always)]
+fn block_term(w: &Unpacked, a: &QuantRow, b: usize, isum: i32, has_min: bool) -> f32 {
+    let t = (w.d[b] * a.d[b]) * isum as f32;
+    if has_min {
+        t + w.m[b] * a.s[b]
+    } else {
+        t
+    }
+}
+
+#[inline(always)]
+fn reduce(lanes: &[f32; 8]) -> f32 {
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+}
+
+fn dot_scalar(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
+    let mut lanes = [0f32; 8];
+    for b in 0..w.d.len() {
+        let half = |h: usize| -> i32 {
+            let r = b * QK + h * 16..b * QK + (h + 1) * 16;
+            w.q[r.clone()]
+                .iter()
+                .zip(&a.q[r])
+                .map(|(&x, &y)| x as i32 * y as i32)
+                .sum()
+        };
+        let isum = w.sc[2 * b] * half(0) + w.sc[2 * b + 1] * half(1);
+        lanes[b % 8] += block_term(w, a, b, isum, has_min);
+    }
+    reduce(&lanes)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Exact integer dot of one 32-value block as 8 partial i32 lanes.
+    /// Lanes 0-3 cover values 0-15 and lanes 4-7 values 16-31, so q6_K's two half-block
+    /// scales multiply them exactly.
+    #[inline(always)]
+    unsafe fn block_i32(w: *const i8, a: *const i8, sc: Option<*const i32>) -> __m256i {
+        let wv = _mm256_loadu_si256(w as *const __m256i);
+        let av = _mm256_loadu_si256(a as *const __m256i);
+        // maddubs wants an unsigned operand: |w| times a with w's sign.
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+        let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+        match sc {
+            None => p32,
+            Some(s) => {
+                let m = _mm256_setr_epi32(*s, *s, *s, *s, *s.add(1), *s.add(1), *s.add(1), *s.add(1));
+                _mm256_mullo_epi32(p32, m)
+            }
+        }
+    }
+
+    /// One block's 32 values as signed bytes (same values as `Format::unpack`).
+    #[inline(always)]
+    unsafe fn load_block(f: Format, blk: *const u8) -> __m256i {
+        let nib = |p: *const u8| {
+            let b = _mm_loadu_si128(p as *const __m128i);
+            let m = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(b, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+            _mm256_set_m128i(hi, lo)
+        };
+        match f {
+            Format::Q8_0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+            Format::Q4_0 => _mm256_sub_epi8(nib(blk.add(2)), _mm256_set1_epi8(8)),
+            Format::Q4_1 => nib(blk.add(4)),
+            Format::Q4K | Format::Q6K => unreachable!("K formats unpack through Format::unpack"),
+            Format::Q5_0 => {
+                let qh = std::ptr::read_unaligned(blk.add(2) as *const u32);
+                // Spread bit j of qh to byte j as 0x10.
+                let spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32(qh as i32),
+                    _mm256_setr_epi64x(
+                        0,
+                        0x0101_0101_0101_0101,
+                        0x0202_0202_0202_0202,
+                        0x0303_0303_0303_0303,
+                    ),
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                let hi = _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+                _mm256_sub_epi8(_mm256_or_si256(nib(blk.add(6)), hi), _mm256_set1_epi8(16))
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn unpack(f: Format, row: &[u8], w: &mut Unpacked) {
+        if matches!(f, Format::Q4K | Format::Q6K) {
+            // Inlined portable code, auto-vectorised under this function's AVX2.
+            return f.unpack(row, w);
+        }
+        let bb = f.block_bytes();
+        for (b, blk) in row.chunks_exact(bb).enumerate() {
+            let p = blk.as_ptr();
+            _mm256_storeu_si256(w.q.as_mut_ptr().add(b * QK) as *mut __m256i, load_block(f, p));
+            w.d[b] = f16_bits_to_f32(blk[0], blk[1]);
+            if f.has_min() {
+                w.m[b] = f16_bits_to_f32(blk[2], blk[3]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn row_dots(
+        f: Format,
+        row: &[u8],
+        w: &mut Unpacked,
+        acts: &[QuantRow],
+        out: &mut [f32],
+    ) {
+        unpack(f, row, w);
+        for (o, a) in out.iter_mut().zip(acts) {
+            *o = dot(w, a, f.has_min(), f.has_half_scales());
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_bits_to_f32(lo: u8, hi: u8) -> f32 {
+        let bits = u16::from_le_bytes([lo, hi]) as i32;
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(super) unsafe fn dot(w: &Unpacked, a: &QuantRow, has_min: bool, half_scales: bool) -> f32 {
+        let nb = w.d.len();
+        let groups = nb / 8;
+        let mut acc = _mm256_setzero_ps();
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let sc = |b: usize| half_scales.then(|| w.sc.as_ptr().add(2 * b));
+        for g in 0..groups {
+            let b0 = g * 8;
+            let v: [__m256i; 8] = std::array::from_fn(|i| {
+                block_i32(wq.add((b0 + i) * QK), aq.add((b0 + i) * QK), sc(b0 + i))
+            });
+            // Reduce the eight blocks' lanes to one vector of eight block sums (exact).
+            let h01 = _mm256_hadd_epi32(v[0], v[1]);
+            let h23 = _mm256_hadd_epi32(v[2], v[3]);
+            let h45 = _mm256_hadd_epi32(v[4], v[5]);
+            let h67 = _mm256_hadd_epi32(v[6], v[7]);
+            let h0123 = _mm256_hadd_epi32(h01, h23);
+            let h4567 = _mm256_hadd_epi32(h45, h67);
+            let sums = _mm256_add_epi32(
+                _mm256_permute2x128_si256(h0123, h4567, 0x20),
+                _mm256_permute2x128_si256(h0123, h4567, 0x31),
+            );
+            let scale = _mm256_mul_ps(
+                _mm256_loadu_ps(w.d.as_ptr().add(b0)),
+                _mm256_loadu_ps(a.d.as_ptr().add(b0)),
+            );
+            let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sums));
+            if has_min {
+                t = _mm256_add_ps(
+                    t,
+                    _mm256_mul_ps(
+                        _mm256_loadu_ps(w.m.as_ptr().add(b0)),
+                        _mm256_loadu_ps(a.s.as_ptr().add(b0)),
+                    ),
+                );
+            }
+            acc = _mm256_add_ps(acc, t);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        for b in groups * 8..nb {
+            let v = block_i32(wq.add(b * QK), aq.add(b * QK), sc(b));
+            let mut parts = [0i32; 8];
+            _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, v);
+            lanes[b % 8] += block_term(w, a, b, parts.iter().sum(), has_min);
+        }
+        reduce(&lanes)
+    }
+}
+
+#[cfg(test)]
+pub(super) fn dot_scalar_for_tests(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
+    dot_scalar(w, a, has_min)
+}

@@ -1,0 +1,155 @@
+//! Per-layer KV held as f16, one contiguous buffer per KV head so a new token is an append
+//! and attention streams keys without copying the cache.
+
+use std::sync::Arc;
+
+use half::f16;
+
+use crate::config::ModelConfig;
+use crate::{EngineError, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerKv {
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    len: usize,
+    /// `k[h]` holds `len * head_dim` values: token-major rows of KV head `h`.
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+}
+
+impl LayerKv {
+    pub fn new(n_kv_head: usize, head_dim: usize) -> Self {
+        Self {
+            n_kv_head,
+            head_dim,
+            len: 0,
+            k: vec![Vec::new(); n_kv_head],
+            v: vec![Vec::new(); n_kv_head],
+        }
+    }
+
+    /// Build from per-head buffers (e.g. decoded from the wire).
+    pub fn from_heads(head_dim: usize, k: Vec<Vec<f16>>, v: Vec<Vec<f16>>) -> Result<Self> {
+        let n_kv_head = k.len();
+        let len = k.first().map_or(0, |h| h.len() / head_dim.max(1));
+        let ok = v.len() == n_kv_head
+            && head_dim > 0
+            && k.iter().chain(&v).all(|h| h.len() == len * head_dim);
+        if !ok {
+            return Err(EngineError::KvMismatch(
+                "K/V head buffers disagree in count or length".into(),
+            ));
+        }
+        Ok(Self {
+            n_kv_head,
+            head_dim,
+            len,
+            k,
+            v,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn keys(&self, head: usize) -> &[f16] {
+        &self.k[head]
+    }
+
+    pub fn values(&self, head: usize) -> &[f16] {
+        &self.v[head]
+    }
+
+    /// Append `rows` tokens from row-major `[rows, n_kv_head * head_dim]` f32 K and V.
+    pub fn append(&mut self, k: &[f32], v: &[f32], rows: usize) {
+        let w = self.n_kv_head * self.head_dim;
+        debug_assert_eq!(k.len(), rows * w);
+        for r in 0..rows {
+            for h in 0..self.n_kv_head {
+                let s = r * w + h * self.head_dim;
+                let e = s + self.head_dim;
+                self.k[h].extend(k[s..e].iter().map(|&x| f16::from_f32(x)));
+                self.v[h].extend(v[s..e].iter().map(|&x| f16::from_f32(x)));
+            }
+        }
+        self.len += rows;
+    }
+
+    /// Bytes of K and V.
+    pub fn bytes(&self) -> usize {
+        2 * 2 * self.len * self.n_kv_head * self.head_dim
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            for h in self.k.iter_mut().chain(self.v.iter_mut()) {
+                h.truncate(len * self.head_dim);
+            }
+            self.len = len;
+        }
+    }
+}
+
+/// The KV of a shared prompt prefix (the cloud prompt): read-only, shared by many sequences.
+#[derive(Clone, Debug)]
+pub struct PrefixKv {
+    /// Fingerprint of the model that computed it.
+    pub fingerprint: String,
+    pub token_ids: Vec<u32>,
+    pub layers: Vec<Arc<LayerKv>>,
+}
+
+impl PrefixKv {
+    pub fn n_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.bytes()).sum()
+    }
+
+    /// Check that this prefix can be attended to by `cfg`'s model with `fingerprint`.
+    pub fn check_fits(&self, cfg: &ModelConfig, fingerprint: &str) -> Result<()> {
+        if self.fingerprint != fingerprint {
+            return Err(EngineError::KvMismatch(format!(
+                "computed by model {}, this model is {}",
+                short(&self.fingerprint),
+                short(fingerprint)
+            )));
+        }
+        if self.layers.len() != cfg.n_layer {
+            return Err(EngineError::KvMismatch(format!(
+                "{} layers, model has {}",
+                self.layers.len(),
+                cfg.n_layer
+            )));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.n_kv_head != cfg.n_kv_head
+                || l.head_dim != cfg.head_dim
+                || l.len() != self.n_tokens()
+            {
+                return Err(EngineError::KvMismatch(format!(
+                    "layer {i}: {} heads x {} dims x {} tokens, expected {} x {} x {}",
+                    l.n_kv_head,
+                    l.head_dim,
+                    l.len(),
+                    cfg.n_kv_head,
+                    cfg.head_dim,
+                    self.n_tokens()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn short(fp: &str) -> &str {
+    &fp[..fp.len().min(12)]
+}

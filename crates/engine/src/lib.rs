@@ -1,0 +1,27 @@
+//! EdgePrompt's inference engine: GGUF models run one layer at a time with explicit,
+//! exportable per-layer KV, and attention split into a read-only shared prefix and a private
+//! causal part (DESIGN.md §2).
+
+pub mod attention;
+pub mod chat;
+pub mod config;
+mod error;
+pub mod generate;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod rope;
+pub mod sample;
+pub mod sequence;
+pub mod tokenizer;
+mod weights;
+
+pub use chat::{ChatTemplate, Message};
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use error::{EngineError, Result};
+pub use generate::{GenerateOptions, GenerateStats, Generator};
+pub use kv::{LayerKv, PrefixKv};
+pub use model::{Model, ModelInfo};
+pub use sample::{Sampler, SamplingParams};
+pub use sequence::Sequence;
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,253 @@
+//! The model: GGUF weights and a forward pass the project owns, one layer at a time.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file::Content;
+use sha2::{Digest, Sha256};
+
+use crate::attention::{attend_rows, KvView};
+use crate::chat::ChatTemplate;
+use crate::config::{meta_str, ModelConfig};
+use crate::kv::LayerKv;
+use crate::rope::Rope;
+use crate::sequence::Sequence;
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+use crate::{EngineError, Result};
+
+/// Longest context the RoPE table is built for, whatever the GGUF claims.
+const MAX_POSITIONS: usize = 32_768;
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub file_bytes: u64,
+    /// Quantization type -> bytes of tensors of that type.
+    pub tensor_types: Vec<(String, usize)>,
+    pub load_secs: f64,
+    pub tied_output: bool,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub chat: Option<ChatTemplate>,
+    /// SHA-256 of the GGUF file: both sides of a split must hold the same weights.
+    pub fingerprint: String,
+    pub info: ModelInfo,
+    weights: Weights,
+    rope: Rope,
+}
+
+/// One sequence's share of a layer call: its new rows are the next `rows` rows of the batch.
+pub struct LayerInput<'a> {
+    pub prefix: Option<&'a LayerKv>,
+    pub private: &'a mut LayerKv,
+    pub rows: usize,
+}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let start = Instant::now();
+        let io = |source| EngineError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let file_bytes = file.metadata().map_err(io)?.len();
+        let content = Content::read(&mut file)
+            .map_err(|e| EngineError::Gguf(format!("{}: {e}", path.display())))?;
+        let cfg = ModelConfig::from_gguf(&content)?;
+        let tokenizer = Tokenizer::from_gguf(&content)?;
+        let chat = match meta_str(&content, "tokenizer.chat_template") {
+            Ok(src) => {
+                let tok = |id: Option<u32>| {
+                    id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default()
+                };
+                Some(ChatTemplate::new(
+                    &src,
+                    &tok(tokenizer.bos_id),
+                    &tok(tokenizer.eos_id),
+                )?)
+            }
+            Err(_) => None,
+        };
+        let weights = Weights::load(&content, path, &cfg)?;
+        let fingerprint = file_sha256(path)?;
+        let rope = Rope::new(
+            cfg.head_dim,
+            cfg.rope_base,
+            cfg.rope_style,
+            cfg.context_length.min(MAX_POSITIONS),
+        );
+        let info = ModelInfo {
+            path: path.to_path_buf(),
+            file_bytes,
+            tensor_types: weights.type_bytes.clone(),
+            load_secs: start.elapsed().as_secs_f64(),
+            tied_output: weights.tied_output,
+        };
+        Ok(Self {
+            cfg,
+            tokenizer,
+            chat,
+            fingerprint,
+            info,
+            weights,
+            rope,
+        })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.rope.max_positions()
+    }
+
+    pub fn new_layer_kv(&self) -> LayerKv {
+        LayerKv::new(self.cfg.n_kv_head, self.cfg.head_dim)
+    }
+
+    /// Hidden states for `ids` (`[ids.len(), n_embd]`).
+    pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.weights.embed(ids, self.cfg.vocab_size)
+    }
+
+    /// Run layer `l` on the batch's hidden rows `x` in place. `parts` cut `x` into
+    /// sequences, in order; each part's K/V are appended to its private cache.
+    pub fn forward_layer(&self, l: usize, x: &mut [f32], parts: &mut [LayerInput]) -> Result<()> {
+        let c = &self.cfg;
+        let w = &self.weights.layers[l];
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        if x.len() != rows * c.n_embd {
+            return Err(EngineError::Input(format!(
+                "layer input has {} floats for {rows} rows",
+                x.len()
+            )));
+        }
+        let (hd, kvw) = (c.head_dim, c.n_kv_head * c.head_dim);
+        let h = rms_norm(x, &w.attn_norm, c.rms_eps);
+        let mut q = w.wq.forward(&h, rows)?;
+        let mut k = w.wk.forward(&h, rows)?;
+        let v = w.wv.forward(&h, rows)?;
+        let mut attn = vec![0f32; rows * c.n_embd];
+        let mut r0 = 0;
+        for part in parts.iter_mut() {
+            let pos0 = part.prefix.map_or(0, |p| p.len()) + part.private.len();
+            if pos0 + part.rows > self.max_positions() {
+                return Err(EngineError::Input(format!(
+                    "context of {} tokens exceeds the model's {}",
+                    pos0 + part.rows,
+                    self.max_positions()
+                )));
+            }
+            let r1 = r0 + part.rows;
+            for t in 0..part.rows {
+                let row = r0 + t;
+                self.rope.apply(&mut q[row * c.n_embd..(row + 1) * c.n_embd], pos0 + t);
+                self.rope.apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
+            }
+            part.private
+                .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);
+            let view = KvView {
+                prefix: part.prefix,
+                private: part.private,
+                rows: part.rows,
+            };
+            attend_rows(
+                &q[r0 * c.n_embd..r1 * c.n_embd],
+                &view,
+                c.n_head,
+                hd,
+                &mut attn[r0 * c.n_embd..r1 * c.n_embd],
+            );
+            r0 = r1;
+        }
+        let o = w.wo.forward(&attn, rows)?;
+        add_in_place(x, &o);
+        let h = rms_norm(x, &w.ffn_norm, c.rms_eps);
+        let mut gate = w.w_gate.forward(&h, rows)?;
+        let up = w.w_up.forward(&h, rows)?;
+        for (g, u) in gate.iter_mut().zip(&up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        let down = w.w_down.forward(&gate, rows)?;
+        add_in_place(x, &down);
+        Ok(())
+    }
+
+    /// Logits for hidden rows `x` (`[rows, n_embd]`) -> `[rows, vocab]`.
+    pub fn logits(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let rows = x.len() / self.cfg.n_embd;
+        let h = rms_norm(x, &self.weights.output_norm, self.cfg.rms_eps);
+        self.weights.output.forward(&h, rows)
+    }
+
+    /// Run new tokens through the whole model for a batch of sequences; returns each
+    /// sequence's last-row logits.
+    pub fn forward(&self, batch: &mut [(&mut Sequence, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        let ids: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        if ids.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
+            return Err(EngineError::Input("no tokens to run".into()));
+        }
+        let mut x = self.embed(&ids)?;
+        for l in 0..self.cfg.n_layer {
+            let mut parts: Vec<LayerInput> = batch
+                .iter_mut()
+                .map(|(seq, t)| seq.layer_input(l, t.len()))
+                .collect();
+            self.forward_layer(l, &mut x, &mut parts)?;
+        }
+        let d = self.cfg.n_embd;
+        let mut last = Vec::with_capacity(batch.len() * d);
+        let mut r = 0;
+        for (seq, t) in batch.iter_mut() {
+            r += t.len();
+            last.extend_from_slice(&x[(r - 1) * d..r * d]);
+            seq.push_tokens(t);
+        }
+        let logits = self.logits(&last)?;
+        Ok(logits
+            .chunks_exact(self.cfg.vocab_size)
+            .map(|c| c.to_vec())
+            .collect())
+    }
+}
+
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let d = w.len();
+    let mut out = vec![0f32; x.len()];
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
+        let inv = (1.0 / (ss / d as f64 + eps as f64).sqrt()) as f32;
+        for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
+            *o = a * inv * g;
+        }
+    }
+    out
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn file_sha256(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let io = |source| EngineError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}

@@ -1,0 +1,189 @@
+//! A byte-level BPE tokenizer built from the GGUF's own metadata with the `tokenizers` crate:
+//! vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`, and special tokens.
+
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+use crate::config::meta_str;
+use crate::{EngineError, Result};
+
+/// GPT-2's split pattern, also used after the digit split by SmolLM.
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+/// Qwen2's split pattern (single digits, case-insensitive contractions).
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's split pattern (digits in groups of up to three).
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    /// Tokens that end generation: EOS, EOT and the chat end-of-turn markers.
+    pub stop_ids: Vec<u32>,
+    pub pre: String,
+}
+
+impl Tokenizer {
+    pub fn from_gguf(content: &Content) -> Result<Self> {
+        let model = meta_str(content, "tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(EngineError::Unsupported(format!(
+                "tokenizer model {model:?} (only byte-level BPE, \"gpt2\", is supported)"
+            )));
+        }
+        let pre = meta_str(content, "tokenizer.ggml.pre").unwrap_or_else(|_| "default".into());
+        let tokens = string_array(content, "tokenizer.ggml.tokens")?;
+        let merges = string_array(content, "tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let types = match content.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(v)) => v.iter().map(|t| t.to_i32().unwrap_or(1)).collect(),
+            _ => vec![1; tokens.len()],
+        };
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let mut special = Vec::new();
+        let mut user = Vec::new();
+        for (tok, ty) in tokens.iter().zip(&types) {
+            match *ty {
+                TOKEN_TYPE_CONTROL => special.push(AddedToken::from(tok.clone(), true)),
+                TOKEN_TYPE_USER_DEFINED => {
+                    user.push(AddedToken::from(tok.clone(), false).normalized(false))
+                }
+                _ => {}
+            }
+        }
+        inner.add_special_tokens(&special);
+        inner.add_tokens(&user);
+
+        let id = |key: &str| -> Option<u32> {
+            content
+                .metadata
+                .get(key)
+                .and_then(|v| v.to_u32().ok())
+                .filter(|&i| (i as usize) < tokens.len())
+        };
+        let bos_id = id("tokenizer.ggml.bos_token_id");
+        let eos_id = id("tokenizer.ggml.eos_token_id");
+        let mut stop_ids: Vec<u32> = [eos_id, id("tokenizer.ggml.eot_token_id")]
+            .into_iter()
+            .flatten()
+            .collect();
+        for marker in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"] {
+            if let Some(i) = tokens.iter().position(|t| t == marker) {
+                if types.get(i) == Some(&TOKEN_TYPE_CONTROL) && !stop_ids.contains(&(i as u32)) {
+                    stop_ids.push(i as u32);
+                }
+            }
+        }
+        Ok(Self {
+            inner,
+            bos_id,
+            eos_id,
+            stop_ids,
+            pre,
+        })
+    }
+
+    /// Token ids of `text`, special tokens recognised, no BOS added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
+        Ok(Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+        .into())
+    };
+    let byte_level = |use_regex: bool| -> PreTokenizerWrapper {
+        ByteLevel::new(false, false, use_regex).into()
+    };
+    Ok(match pre {
+        "qwen2" => Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]).into(),
+        "llama3" | "llama-bpe" | "smaug-bpe" => {
+            Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]).into()
+        }
+        "smollm" => {
+            Sequence::new(vec![Digits::new(true).into(), split(GPT2_PATTERN)?, byte_level(false)])
+                .into()
+        }
+        "gpt2" | "default" => Sequence::new(vec![split(GPT2_PATTERN)?, byte_level(false)]).into(),
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "pre-tokenizer {other:?} (supported: qwen2, llama3, smollm, gpt2)"
+            )))
+        }
+    })
+}
+
+fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
+    match content.metadata.get(key) {
+        Some(Value::Array(v)) => v
+            .iter()
+            .map(|x| {
+                x.to_string()
+                    .cloned()
+                    .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))
+            })
+            .collect(),
+        _ => Err(EngineError::Gguf(format!("missing array {key}"))),
+    }
+}

@@ -1,0 +1,239 @@
+//! Model tensors, loaded from GGUF. Matrices stay quantized (candle's `QMatMul`); norms and
+//! biases are plain f32.
+
+use std::fs::File;
+use std::io::BufReader;
+
+use std::sync::Arc;
+
+use candle_core::quantized::{gguf_file::Content, GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use crate::config::{Arch, ModelConfig};
+use crate::kernels::{Format, QMatrix};
+use crate::{EngineError, Result};
+
+/// A weight matrix: our kernels for the simple block formats, candle's for the rest.
+pub(crate) enum Matrix {
+    Own(QMatrix),
+    Candle(QMatMul, Arc<QTensor>),
+}
+
+impl Matrix {
+    fn from_qtensor(t: QTensor) -> Result<Self> {
+        let format = match t.dtype() {
+            GgmlDType::Q4_0 => Some(Format::Q4_0),
+            GgmlDType::Q4_1 => Some(Format::Q4_1),
+            GgmlDType::Q5_0 => Some(Format::Q5_0),
+            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q4K => Some(Format::Q4K),
+            GgmlDType::Q6K => Some(Format::Q6K),
+            _ => None,
+        };
+        if let (Some(f), Ok((n, k))) = (format, t.shape().dims2()) {
+            if let Some(m) = QMatrix::new(f, n, k, t.data()?.into_owned()) {
+                return Ok(Matrix::Own(m));
+            }
+        }
+        let t = Arc::new(t);
+        Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
+    }
+
+    fn matmul(&self, x: &[f32], rows: usize, in_dim: usize) -> Result<Vec<f32>> {
+        match self {
+            Matrix::Own(m) => Ok(m.matmul(x, rows)),
+            Matrix::Candle(mm, _) => {
+                let t = Tensor::from_slice(x, (rows, in_dim), &Device::Cpu)?;
+                Ok(candle_core::Module::forward(mm, &t)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    }
+
+    /// Rows `ids` of the matrix, dequantized (embedding lookup).
+    fn rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        match self {
+            Matrix::Own(m) => Ok(ids.iter().flat_map(|&i| m.dequantize_row(i as usize)).collect()),
+            Matrix::Candle(_, t) => {
+                let ids_t = Tensor::new(ids, &Device::Cpu)?;
+                Ok(t.embedding(&ids_t)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    }
+}
+
+pub(crate) struct Linear {
+    weight: Arc<Matrix>,
+    bias: Option<Vec<f32>>,
+    pub out_dim: usize,
+    pub in_dim: usize,
+}
+
+impl Linear {
+    /// `rows` input rows of `in_dim` floats -> `rows` output rows of `out_dim`.
+    /// Each output row depends only on its input row, so a token's result does not depend on
+    /// which other tokens share the call.
+    pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        if x.len() != rows * self.in_dim {
+            return Err(EngineError::Input(format!(
+                "linear input has {} floats, expected {rows} x {}",
+                x.len(),
+                self.in_dim
+            )));
+        }
+        let mut out = self.weight.matmul(x, rows, self.in_dim)?;
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(self.out_dim) {
+                for (o, bb) in row.iter_mut().zip(b) {
+                    *o += bb;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub(crate) struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+pub(crate) struct Weights {
+    pub token_embd: Arc<Matrix>,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    pub output: Linear,
+    pub tied_output: bool,
+    /// Quantization type name -> bytes, for reporting.
+    pub type_bytes: Vec<(String, usize)>,
+}
+
+struct Loader<'a> {
+    content: &'a Content,
+    reader: BufReader<File>,
+    type_bytes: std::collections::BTreeMap<String, usize>,
+}
+
+impl Loader<'_> {
+    fn qtensor(&mut self, name: &str) -> Result<QTensor> {
+        let t = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
+        *self
+            .type_bytes
+            .entry(format!("{:?}", t.dtype()))
+            .or_default() += t.storage_size_in_bytes();
+        Ok(t)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let v: Vec<f32> = self
+            .qtensor(name)?
+            .dequantize(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1()?;
+        if v.len() != len {
+            return Err(EngineError::Gguf(format!(
+                "{name} has {} values, expected {len}",
+                v.len()
+            )));
+        }
+        Ok(v)
+    }
+
+    fn linear(&mut self, name: &str, bias: bool, in_dim: usize, out_dim: usize) -> Result<Linear> {
+        let w = self.qtensor(&format!("{name}.weight"))?;
+        let dims = w.shape().dims().to_vec();
+        if dims != [out_dim, in_dim] {
+            return Err(EngineError::Gguf(format!(
+                "{name}.weight has shape {dims:?}, expected [{out_dim}, {in_dim}]"
+            )));
+        }
+        let bias = if bias {
+            Some(self.vector(&format!("{name}.bias"), out_dim)?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: Arc::new(Matrix::from_qtensor(w)?),
+            bias,
+            out_dim,
+            in_dim,
+        })
+    }
+}
+
+impl Weights {
+    pub fn load(content: &Content, path: &std::path::Path, cfg: &ModelConfig) -> Result<Self> {
+        let file = File::open(path).map_err(|source| EngineError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut ld = Loader {
+            content,
+            reader: BufReader::new(file),
+            type_bytes: Default::default(),
+        };
+        let d = cfg.n_embd;
+        let kv = cfg.n_kv_head * cfg.head_dim;
+        let qkv_bias = cfg.arch == Arch::Qwen2;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for l in 0..cfg.n_layer {
+            let p = format!("blk.{l}");
+            layers.push(LayerWeights {
+                attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), d)?,
+                wq: ld.linear(&format!("{p}.attn_q"), qkv_bias, d, d)?,
+                wk: ld.linear(&format!("{p}.attn_k"), qkv_bias, d, kv)?,
+                wv: ld.linear(&format!("{p}.attn_v"), qkv_bias, d, kv)?,
+                wo: ld.linear(&format!("{p}.attn_output"), false, d, d)?,
+                ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), d)?,
+                w_gate: ld.linear(&format!("{p}.ffn_gate"), false, d, cfg.n_ff)?,
+                w_up: ld.linear(&format!("{p}.ffn_up"), false, d, cfg.n_ff)?,
+                w_down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+            });
+        }
+        let output_norm = ld.vector("output_norm.weight", d)?;
+        let token_embd = Arc::new(Matrix::from_qtensor(ld.qtensor("token_embd.weight")?)?);
+        let tied_output = !ld.has("output.weight");
+        let output = if tied_output {
+            // Tied head: the embedding matrix is the output projection, shared, not copied.
+            Linear {
+                weight: token_embd.clone(),
+                bias: None,
+                out_dim: cfg.vocab_size,
+                in_dim: d,
+            }
+        } else {
+            ld.linear("output", false, d, cfg.vocab_size)?
+        };
+        Ok(Self {
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            tied_output,
+            type_bytes: ld.type_bytes.into_iter().collect(),
+        })
+    }
+
+    /// Embedding rows for `ids`, dequantized.
+    pub fn embed(&self, ids: &[u32], vocab: usize) -> Result<Vec<f32>> {
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::Input(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        self.token_embd.rows(ids)
+    }
+}
