@@ -1,5 +1,6 @@
 //! `edgeprompt`: one binary, one subcommand per job.
 
+mod bench;
 mod generate;
 mod models;
 
@@ -18,6 +19,9 @@ enum Command {
     Generate(generate::Args),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
+    /// Benchmarks (machine, settings and baselines printed with every result).
+    #[command(subcommand)]
+    Bench(bench::Bench),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +34,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(a) => generate::run(a),
         Command::Info(a) => models::info(a),
+        Command::Bench(b) => bench::run(b),
     }
 }

@@ -131,17 +131,9 @@ fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize
 mod simd {
     use super::*;
 
-    // The same code compiled for AVX2 and for the baseline; no FMA contraction happens in
-    // Rust, so both paths give identical floats. Chosen once at run time.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_avx2(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
-        attend_impl(st, q, k, v, n)
-    }
-
     pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
         #[cfg(target_arch = "x86_64")]
-        if *HAS_AVX2 {
+        if *HAS_AVX2 && st.dim % 16 == 0 {
             // SAFETY: the CPU supports the features enabled on attend_avx2.
             return unsafe { attend_avx2(st, q, k, v, n) };
         }
@@ -150,10 +142,54 @@ mod simd {
 
     #[cfg(target_arch = "x86_64")]
     static HAS_AVX2: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
     });
+
+    /// Same arithmetic as `attend_impl` (16 dot lanes, the same reduction tree, no FMA), with
+    /// f16 keys and values converted in registers instead of through a buffer.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn attend_avx2(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+        use std::arch::x86_64::*;
+        let d = st.dim;
+        let chunks = d / 16;
+        let qp = q.as_ptr();
+        let (kp, vp) = (keys.as_ptr() as *const u16, values.as_ptr() as *const u16);
+        let half8 = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let acc = st.acc.as_mut_ptr();
+        for j in 0..n {
+            let kr = kp.add(j * d);
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for c in 0..chunks {
+                let o = c * 16;
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))));
+                a1 = _mm256_add_ps(
+                    a1,
+                    _mm256_mul_ps(_mm256_loadu_ps(qp.add(o + 8)), half8(kr.add(o + 8))),
+                );
+            }
+            let s8 = _mm256_add_ps(a0, a1);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+            if s > st.m {
+                let c = _mm256_set1_ps((st.m - s).exp());
+                st.l *= (st.m - s).exp();
+                for o in (0..d).step_by(8) {
+                    _mm256_storeu_ps(acc.add(o), _mm256_mul_ps(_mm256_loadu_ps(acc.add(o)), c));
+                }
+                st.m = s;
+            }
+            let p = (s - st.m).exp();
+            st.l += p;
+            let pv = _mm256_set1_ps(p);
+            let vr = vp.add(j * d);
+            for o in (0..d).step_by(8) {
+                let x = _mm256_add_ps(_mm256_loadu_ps(acc.add(o)), _mm256_mul_ps(pv, half8(vr.add(o))));
+                _mm256_storeu_ps(acc.add(o), x);
+            }
+        }
+    }
 }
 
 /// The exact two-part merge (DESIGN.md §2): softmax over the union of two key sets from the
@@ -293,6 +329,17 @@ mod tests {
             st.attend(&q, &k[cut * d..], &v[cut * d..], n - cut);
             assert_eq!(st.finish(), whole, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn simd_path_matches_portable_path_bitwise() {
+        let (n, d) = (70, 64);
+        let (q, k, v) = setup(n, d);
+        let mut a = State::new(d);
+        a.attend(&q, &k, &v, n);
+        let mut b = State::new(d);
+        attend_impl(&mut b, &q, &k, &v, n);
+        assert_eq!(a.finish(), b.finish());
     }
 
     /// EdgePrompt eq. 5 with constant weights (e.g. alpha = 0.5, or alpha = the cloud's share

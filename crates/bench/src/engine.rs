@@ -1,0 +1,290 @@
+//! `edgeprompt bench engine`: prefill and decode speed of our engine, candle's stock
+//! quantized model and llama.cpp, on the same GGUF, threads and token ids, in one run.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use edgeprompt_engine::{Arch, Model, Sequence};
+use serde::Serialize;
+
+use crate::machine::{peak_rss, Machine};
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    pub threads: usize,
+    pub prompt_lens: Vec<usize>,
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    /// Python with `llama_cpp` installed (scripts/bench_engine.sh makes one).
+    pub llama_python: Option<PathBuf>,
+    pub skip_candle: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Speeds {
+    /// (prompt tokens, tokens per second)
+    pub prefill: Vec<(usize, f64)>,
+    pub decode: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub model_file_bytes: u64,
+    pub threads: usize,
+    pub decode_context: usize,
+    pub ours: Speeds,
+    pub candle: Option<Speeds>,
+    pub llama_cpp: Option<Speeds>,
+    pub ours_peak_rss_bytes: Option<u64>,
+}
+
+/// Token ids of real text, long enough for the longest prompt plus decoding.
+fn bench_ids(model: &Model, n: usize) -> Result<Vec<u32>, BenchError> {
+    let para = "The history of computing spans abacuses, mechanical calculators, vacuum tubes, \
+        transistors and integrated circuits. Engineers in 1946 built ENIAC; later, stored-program \
+        machines, compilers and operating systems (UNIX, 1969) changed how people wrote code: \
+        fn main() { println!(\"hello\"); } and print('hello') are now everyday examples. ";
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        ids.extend(model.tokenizer.encode(para)?);
+    }
+    ids.truncate(n);
+    Ok(ids)
+}
+
+fn best_of<F: FnMut() -> Result<f64, BenchError>>(n: usize, mut f: F) -> Result<f64, BenchError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..n.max(1) {
+        best = best.min(f()?);
+    }
+    Ok(best)
+}
+
+fn time_ours(model: &Model, ids: &[u32], s: &Settings, ctx: usize) -> Result<Speeds, BenchError> {
+    let mut out = Speeds::default();
+    for &n in &s.prompt_lens {
+        let secs = best_of(s.repeats, || {
+            let mut seq = Sequence::new(model);
+            let t = Instant::now();
+            seq.prefill_chunked(model, &ids[..n], 512)?;
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        out.prefill.push((n, n as f64 / secs));
+        eprintln!("  ours     prefill {n:5}: {:8.1} tok/s", n as f64 / secs);
+    }
+    let per_tok = best_of(s.repeats, || {
+        let mut seq = Sequence::new(model);
+        seq.prefill_chunked(model, &ids[..ctx], 512)?;
+        let t = Instant::now();
+        for i in 0..s.decode_tokens {
+            seq.prefill(model, &ids[ctx + i..ctx + i + 1])?;
+        }
+        Ok(t.elapsed().as_secs_f64() / s.decode_tokens as f64)
+    })?;
+    out.decode = 1.0 / per_tok;
+    eprintln!("  ours     decode @{ctx}: {:8.1} tok/s", out.decode);
+    Ok(out)
+}
+
+enum CandleModel {
+    Llama(quantized_llama::ModelWeights),
+    Qwen2(quantized_qwen2::ModelWeights),
+}
+
+impl CandleModel {
+    fn load(path: &Path, arch: Arch) -> Result<Self, BenchError> {
+        let mut f = std::fs::File::open(path)?;
+        let ct = gguf_file::Content::read(&mut f)?;
+        Ok(match arch {
+            Arch::Llama => Self::Llama(quantized_llama::ModelWeights::from_gguf(ct, &mut f, &Device::Cpu)?),
+            Arch::Qwen2 => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, &Device::Cpu)?),
+        })
+    }
+
+    /// Run `ids` at positions `pos..`; position 0 resets the model's cache.
+    fn forward(&mut self, ids: &[u32], pos: usize) -> Result<(), BenchError> {
+        let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+        let y = match self {
+            Self::Llama(m) => m.forward(&x, pos)?,
+            Self::Qwen2(m) => m.forward(&x, pos)?,
+        };
+        y.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(())
+    }
+}
+
+fn time_candle(path: &Path, arch: Arch, ids: &[u32], s: &Settings, ctx: usize) -> Result<Speeds, BenchError> {
+    let mut m = CandleModel::load(path, arch)?;
+    let mut out = Speeds::default();
+    for &n in &s.prompt_lens {
+        let secs = best_of(s.repeats, || {
+            let t = Instant::now();
+            for (c, chunk) in ids[..n].chunks(512).enumerate() {
+                m.forward(chunk, c * 512)?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        out.prefill.push((n, n as f64 / secs));
+        eprintln!("  candle   prefill {n:5}: {:8.1} tok/s", n as f64 / secs);
+    }
+    let per_tok = best_of(s.repeats, || {
+        for (c, chunk) in ids[..ctx].chunks(512).enumerate() {
+            m.forward(chunk, c * 512)?;
+        }
+        let t = Instant::now();
+        for i in 0..s.decode_tokens {
+            m.forward(&ids[ctx + i..ctx + i + 1], ctx + i)?;
+        }
+        Ok(t.elapsed().as_secs_f64() / s.decode_tokens as f64)
+    })?;
+    out.decode = 1.0 / per_tok;
+    eprintln!("  candle   decode @{ctx}: {:8.1} tok/s", out.decode);
+    Ok(out)
+}
+
+fn time_llama(python: &Path, model: &Path, ids: &[u32], s: &Settings) -> Result<Speeds, BenchError> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ref/llama_bench.py");
+    let ids_file = std::env::temp_dir().join(format!("edgeprompt-bench-ids-{}.json", std::process::id()));
+    std::fs::write(&ids_file, serde_json::to_vec(ids)?)?;
+    let lens: Vec<String> = s.prompt_lens.iter().map(|n| n.to_string()).collect();
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(model)
+        .arg(&ids_file)
+        .arg(s.threads.to_string())
+        .arg(lens.join(","))
+        .arg(s.decode_tokens.to_string())
+        .arg(s.repeats.to_string())
+        .output()?;
+    let _ = std::fs::remove_file(&ids_file);
+    if !out.status.success() {
+        return Err(BenchError::Llama(String::from_utf8_lossy(&out.stderr).into_owned()));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut sp = Speeds::default();
+    for &n in &s.prompt_lens {
+        let secs = v["prefill"][n.to_string()]
+            .as_f64()
+            .ok_or_else(|| BenchError::Llama(format!("no prefill time for {n}")))?;
+        sp.prefill.push((n, n as f64 / secs));
+        eprintln!("  llama.cpp prefill {n:5}: {:8.1} tok/s", n as f64 / secs);
+    }
+    sp.decode = 1.0 / v["decode"].as_f64().ok_or_else(|| BenchError::Llama("no decode time".into()))?;
+    eprintln!("  llama.cpp decode:        {:8.1} tok/s", sp.decode);
+    Ok(sp)
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(s.threads).build_global();
+    let machine = Machine::detect();
+    eprintln!(
+        "machine: {} ({} cores, {}), rev {}",
+        machine.cpu,
+        machine.cores,
+        machine.simd.join("+"),
+        machine.git_rev
+    );
+    let model = Model::load(&s.model)?;
+    let ctx = 512.min(*s.prompt_lens.iter().max().unwrap_or(&512));
+    let need = s.prompt_lens.iter().max().copied().unwrap_or(0).max(ctx + s.decode_tokens);
+    let ids = bench_ids(&model, need)?;
+    eprintln!(
+        "model: {} ({:.0} MB), threads {}, best of {}, decode {} tokens after {ctx}",
+        model.cfg.name,
+        model.info.file_bytes as f64 / 1e6,
+        s.threads,
+        s.repeats,
+        s.decode_tokens
+    );
+    let ours = time_ours(&model, &ids, s, ctx)?;
+    let rss = peak_rss();
+    let arch = model.cfg.arch;
+    let file_bytes = model.info.file_bytes;
+    let name = model.cfg.name.clone();
+    drop(model);
+    let candle = if s.skip_candle {
+        None
+    } else {
+        Some(time_candle(&s.model, arch, &ids, s, ctx)?)
+    };
+    let llama_cpp = match &s.llama_python {
+        Some(py) => Some(time_llama(py, &s.model, &ids, s)?),
+        None => None,
+    };
+    Ok(Report {
+        machine,
+        model: name,
+        model_file_bytes: file_bytes,
+        threads: s.threads,
+        decode_context: ctx,
+        ours,
+        candle,
+        llama_cpp,
+        ours_peak_rss_bytes: rss,
+    })
+}
+
+/// The human-readable table: tok/s and ratios against each baseline.
+pub fn table(r: &Report) -> String {
+    let mut t = format!(
+        "{} | {} threads | {} | rev {}\n{:<14}{:>10}{:>10}{:>10}{:>12}{:>12}\n",
+        r.model,
+        r.threads,
+        r.machine.cpu,
+        r.machine.git_rev,
+        "tok/s",
+        "ours",
+        "candle",
+        "llama.cpp",
+        "ours/candle",
+        "ours/llama"
+    );
+    let fmt = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
+    let ratio = |a: f64, b: Option<f64>| b.map_or("-".into(), |b| format!("{:.2}x", a / b));
+    let rows: Vec<(String, f64, Option<f64>, Option<f64>)> = r
+        .ours
+        .prefill
+        .iter()
+        .enumerate()
+        .map(|(i, (n, v))| {
+            (
+                format!("prefill {n}"),
+                *v,
+                r.candle.as_ref().map(|c| c.prefill[i].1),
+                r.llama_cpp.as_ref().map(|c| c.prefill[i].1),
+            )
+        })
+        .chain(std::iter::once((
+            format!("decode @{}", r.decode_context),
+            r.ours.decode,
+            r.candle.as_ref().map(|c| c.decode),
+            r.llama_cpp.as_ref().map(|c| c.decode),
+        )))
+        .collect();
+    for (name, ours, candle, llama) in rows {
+        t += &format!(
+            "{:<14}{:>10.1}{:>10}{:>10}{:>12}{:>12}\n",
+            name,
+            ours,
+            fmt(candle),
+            fmt(llama),
+            ratio(ours, candle),
+            ratio(ours, llama)
+        );
+    }
+    if let Some(rss) = r.ours_peak_rss_bytes {
+        t += &format!(
+            "peak RSS (ours) {:.0} MB vs GGUF {:.0} MB ({:.2}x)\n",
+            rss as f64 / 1e6,
+            r.model_file_bytes as f64 / 1e6,
+            rss as f64 / r.model_file_bytes as f64
+        );
+    }
+    t
+}

@@ -1,0 +1,19 @@
+//! The project's benchmarks. Each prints the machine, the model, the settings and the
+//! baselines measured in the same run, and writes JSON under `bench-out/`.
+
+pub mod engine;
+pub mod machine;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Engine(#[from] edgeprompt_engine::EngineError),
+    #[error("candle baseline: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("llama.cpp baseline: {0}")]
+    Llama(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}

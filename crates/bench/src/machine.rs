@@ -1,0 +1,59 @@
+//! What the benchmark ran on.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub simd: Vec<&'static str>,
+    pub git_rev: String,
+}
+
+impl Machine {
+    pub fn detect() -> Self {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|x| x.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let mut simd = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") {
+                simd.push("avx2");
+            }
+            if is_x86_feature_detected!("avx512f") {
+                simd.push("avx512f");
+            }
+            if is_x86_feature_detected!("avx512vnni") {
+                simd.push("avx512vnni");
+            }
+        }
+        let git_rev = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        Self {
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            simd,
+            git_rev,
+        }
+    }
+}
+
+/// Peak resident memory of this process so far (VmHWM), bytes.
+pub fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Time llama.cpp (via the llama-cpp-python package) on given token ids, for `edgeprompt bench
+engine`. Prints one JSON object: prefill seconds per prompt length, decode seconds per token.
+
+Usage: llama_bench.py MODEL.gguf IDS.json THREADS PROMPT_LENS(comma) DECODE_TOKENS REPEATS
+"""
+import json
+import sys
+import time
+
+import llama_cpp
+from llama_cpp import Llama
+
+
+def main():
+    model, ids_path, threads, lens, n_decode, repeats = sys.argv[1:7]
+    ids = json.load(open(ids_path))
+    threads, n_decode, repeats = int(threads), int(n_decode), int(repeats)
+    lens = [int(x) for x in lens.split(",")]
+    llm = Llama(model_path=model, n_ctx=max(lens) + n_decode + 8, n_threads=threads,
+                n_threads_batch=threads, n_batch=512, verbose=False)
+    out = {"llama_cpp_python": llama_cpp.__version__, "prefill": {}, "decode": None}
+    for n in lens:
+        best = None
+        for _ in range(repeats):
+            llm.reset()
+            llm._ctx.kv_cache_clear() if hasattr(llm._ctx, "kv_cache_clear") else None
+            t = time.perf_counter()
+            llm.eval(ids[:n])
+            dt = time.perf_counter() - t
+            best = dt if best is None else min(best, dt)
+        out["prefill"][str(n)] = best
+    # Decode after a 512-token prompt (or the shortest length), one token per step.
+    base = min(512, max(lens))
+    best = None
+    for _ in range(repeats):
+        llm.reset()
+        llm.eval(ids[:base])
+        t = time.perf_counter()
+        for i in range(n_decode):
+            llm.eval([ids[base + i]])
+        dt = (time.perf_counter() - t) / n_decode
+        best = dt if best is None else min(best, dt)
+    out["decode"] = best
+    out["decode_context"] = base
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
