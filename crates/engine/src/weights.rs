@@ -2,7 +2,7 @@
 //! biases are plain f32.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 
 use std::sync::Arc;
 
@@ -19,24 +19,24 @@ pub(crate) enum Matrix {
     Candle(QMatMul, Arc<QTensor>),
 }
 
-impl Matrix {
-    fn from_qtensor(t: QTensor) -> Result<Self> {
-        let format = match t.dtype() {
+fn own_format(dtype: GgmlDType) -> Option<Format> {
+    match dtype {
             GgmlDType::Q4_0 => Some(Format::Q4_0),
-            GgmlDType::Q4_1 => Some(Format::Q4_1),
+        GgmlDType::Q4_1 => Some(Format::Q4_1),
             GgmlDType::Q5_0 => Some(Format::Q5_0),
             GgmlDType::Q8_0 => Some(Format::Q8_0),
             GgmlDType::Q4K => Some(Format::Q4K),
-            GgmlDType::Q6K => Some(Format::Q6K),
-            _ => None,
-        };
-        if let (Some(f), Ok((n, k))) = (format, t.shape().dims2()) {
-            if let Some(m) = QMatrix::new(f, n, k, t.data()?.into_owned()) {
-                return Ok(Matrix::Own(m));
-            }
+        GgmlDType::Q6K => Some(Format::Q6K),
+        _ => None,
+    }
+}
+
+impl Matrix {
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            Matrix::Own(m) => (m.out_dim(), m.in_dim()),
+            Matrix::Candle(_, t) => t.shape().dims2().unwrap_or((0, 0)),
         }
-        let t = Arc::new(t);
-        Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
     }
 
     fn matmul(&self, x: &[f32], rows: usize, in_dim: usize) -> Result<Vec<f32>> {
@@ -133,6 +133,32 @@ impl Loader<'_> {
         Ok(t)
     }
 
+    /// A weight matrix. Formats our kernels run are read straight from the file into their
+    /// final buffer (one copy of the weights in memory); others go through candle.
+    fn matrix(&mut self, name: &str) -> Result<Matrix> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
+        if let (Some(f), Ok((n, k))) = (own_format(info.ggml_dtype), info.shape.dims2()) {
+            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
+                * info.ggml_dtype.type_size();
+            let start = self.content.tensor_data_offset + info.offset;
+            let mut data = vec![0u8; bytes];
+            self.reader
+                .seek(SeekFrom::Start(start))
+                .and_then(|_| self.reader.read_exact(&mut data))
+                .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
+            *self.type_bytes.entry(format!("{:?}", info.ggml_dtype)).or_default() += bytes;
+            return QMatrix::new(f, n, k, data)
+                .map(Matrix::Own)
+                .ok_or_else(|| EngineError::Gguf(format!("tensor {name}: bad size")));
+        }
+        let t = Arc::new(self.qtensor(name)?);
+        Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
+    }
+
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -153,11 +179,11 @@ impl Loader<'_> {
     }
 
     fn linear(&mut self, name: &str, bias: bool, in_dim: usize, out_dim: usize) -> Result<Linear> {
-        let w = self.qtensor(&format!("{name}.weight"))?;
-        let dims = w.shape().dims().to_vec();
-        if dims != [out_dim, in_dim] {
+        let w = self.matrix(&format!("{name}.weight"))?;
+        let dims = w.dims();
+        if dims != (out_dim, in_dim) {
             return Err(EngineError::Gguf(format!(
-                "{name}.weight has shape {dims:?}, expected [{out_dim}, {in_dim}]"
+                "{name}.weight has shape {dims:?}, expected ({out_dim}, {in_dim})"
             )));
         }
         let bias = if bias {
@@ -166,7 +192,7 @@ impl Loader<'_> {
             None
         };
         Ok(Linear {
-            weight: Arc::new(Matrix::from_qtensor(w)?),
+            weight: Arc::new(w),
             bias,
             out_dim,
             in_dim,
@@ -204,7 +230,7 @@ impl Weights {
             });
         }
         let output_norm = ld.vector("output_norm.weight", d)?;
-        let token_embd = Arc::new(Matrix::from_qtensor(ld.qtensor("token_embd.weight")?)?);
+        let token_embd = Arc::new(ld.matrix("token_embd.weight")?);
         let tied_output = !ld.has("output.weight");
         let output = if tied_output {
             // Tied head: the embedding matrix is the output projection, shared, not copied.
