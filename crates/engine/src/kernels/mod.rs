@@ -13,6 +13,7 @@ mod simd;
 use rayon::prelude::*;
 
 pub use formats::Format;
+pub use simd::{Level, LEVEL};
 
 pub const QK: usize = 32;
 

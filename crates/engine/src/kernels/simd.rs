@@ -5,9 +5,11 @@ use super::{Format, QuantRow, Unpacked, QK};
 /// Unpack one weight row into `w` and write its dot with every activation row to `out`.
 pub(super) fn row_dots(f: Format, row: &[u8], w: &mut Unpacked, acts: &[QuantRow], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX2 {
-        // SAFETY: AVX2 presence checked at run time.
-        return unsafe { avx2::row_dots(f, row, w, acts, out) };
+    match *LEVEL {
+        // SAFETY: the features were detected at run time.
+        Level::Avx512Vnni => return unsafe { avx512::row_dots(f, row, w, acts, out) },
+        Level::Avx2 => return unsafe { avx2::row_dots(f, row, w, acts, out) },
+        Level::Portable => {}
     }
     f.unpack(row, w);
     for (o, a) in out.iter_mut().zip(acts) {
@@ -15,19 +17,48 @@ pub(super) fn row_dots(f: Format, row: &[u8], w: &mut Unpacked, acts: &[QuantRow
     }
 }
 
+/// Every available path's dot product (tests compare them bit for bit).
 #[cfg(test)]
-pub(super) fn dot(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
+pub(super) fn dots_all_paths(w: &Unpacked, a: &QuantRow, has_min: bool) -> Vec<(&'static str, f32)> {
+    let half = w.sc.iter().any(|&s| s != 1);
+    let mut out = vec![("portable", dot_scalar(w, a, has_min))];
     #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX2 {
-        // SAFETY: AVX2 presence checked at run time.
-        return unsafe { avx2::dot(w, a, has_min, w.sc.iter().any(|&s| s != 1)) };
+    {
+        if *LEVEL != Level::Portable {
+            // SAFETY: detected at run time.
+            out.push(("avx2", unsafe { avx2::dot(w, a, has_min, half) }));
+        }
+        if *LEVEL == Level::Avx512Vnni {
+            // SAFETY: detected at run time.
+            out.push(("avx512vnni", unsafe { avx512::dot(w, a, has_min, half) }));
+        }
     }
-    dot_scalar(w, a, has_min)
+    out
 }
 
-#[cfg(target_arch = "x86_64")]
-static HAS_AVX2: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Portable,
+    Avx2,
+    Avx512Vnni,
+}
+
+/// The kernel path this CPU runs (detected once).
+pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
+        let vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni");
+        if avx2 && vnni && std::env::var_os("EDGEPROMPT_NO_AVX512").is_none() {
+            return Level::Avx512Vnni;
+        }
+        if avx2 {
+            return Level::Avx2;
+        }
+    }
+    Level::Portable
 });
 
 /// Block `b`'s float contribution given its exact integer dot product.
@@ -123,7 +154,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn unpack(f: Format, row: &[u8], w: &mut Unpacked) {
+    pub(super) unsafe fn unpack(f: Format, row: &[u8], w: &mut Unpacked) {
         if matches!(f, Format::Q4K | Format::Q6K) {
             // Inlined portable code, auto-vectorised under this function's AVX2.
             return f.unpack(row, w);
@@ -159,49 +190,70 @@ mod avx2 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
     }
 
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    pub(super) unsafe fn dot(w: &Unpacked, a: &QuantRow, has_min: bool, half_scales: bool) -> f32 {
+    /// Eight blocks' partial lanes -> one vector of the eight block sums (exact).
+    #[inline(always)]
+    pub(super) unsafe fn sums8(v: &[__m256i; 8]) -> __m256i {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(h0123, h4567, 0x20),
+            _mm256_permute2x128_si256(h0123, h4567, 0x31),
+        )
+    }
+
+    /// Float terms of blocks `b0..b0 + 8` from their integer sums (see `block_term`).
+    #[inline(always)]
+    pub(super) unsafe fn terms8(
+        w: &Unpacked,
+        a: &QuantRow,
+        b0: usize,
+        sums: __m256i,
+        has_min: bool,
+    ) -> __m256 {
+        let scale = _mm256_mul_ps(
+            _mm256_loadu_ps(w.d.as_ptr().add(b0)),
+            _mm256_loadu_ps(a.d.as_ptr().add(b0)),
+        );
+        let t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sums));
+        if has_min {
+            let m = _mm256_mul_ps(
+                _mm256_loadu_ps(w.m.as_ptr().add(b0)),
+                _mm256_loadu_ps(a.s.as_ptr().add(b0)),
+            );
+            _mm256_add_ps(t, m)
+        } else {
+            t
+        }
+    }
+
+    /// Blocks `from..` accumulated onto `acc` (lane = block % 8), then reduced.
+    #[inline(always)]
+    pub(super) unsafe fn finish(
+        w: &Unpacked,
+        a: &QuantRow,
+        has_min: bool,
+        half_scales: bool,
+        from: usize,
+        mut acc: __m256,
+    ) -> f32 {
         let nb = w.d.len();
-        let groups = nb / 8;
-        let mut acc = _mm256_setzero_ps();
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let sc = |b: usize| half_scales.then(|| w.sc.as_ptr().add(2 * b));
-        for g in 0..groups {
-            let b0 = g * 8;
+        let mut b0 = from;
+        while b0 + 8 <= nb {
             let v: [__m256i; 8] = std::array::from_fn(|i| {
                 block_i32(wq.add((b0 + i) * QK), aq.add((b0 + i) * QK), sc(b0 + i))
             });
-            // Reduce the eight blocks' lanes to one vector of eight block sums (exact).
-            let h01 = _mm256_hadd_epi32(v[0], v[1]);
-            let h23 = _mm256_hadd_epi32(v[2], v[3]);
-            let h45 = _mm256_hadd_epi32(v[4], v[5]);
-            let h67 = _mm256_hadd_epi32(v[6], v[7]);
-            let h0123 = _mm256_hadd_epi32(h01, h23);
-            let h4567 = _mm256_hadd_epi32(h45, h67);
-            let sums = _mm256_add_epi32(
-                _mm256_permute2x128_si256(h0123, h4567, 0x20),
-                _mm256_permute2x128_si256(h0123, h4567, 0x31),
-            );
-            let scale = _mm256_mul_ps(
-                _mm256_loadu_ps(w.d.as_ptr().add(b0)),
-                _mm256_loadu_ps(a.d.as_ptr().add(b0)),
-            );
-            let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sums));
-            if has_min {
-                t = _mm256_add_ps(
-                    t,
-                    _mm256_mul_ps(
-                        _mm256_loadu_ps(w.m.as_ptr().add(b0)),
-                        _mm256_loadu_ps(a.s.as_ptr().add(b0)),
-                    ),
-                );
-            }
-            acc = _mm256_add_ps(acc, t);
+            acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&v), has_min));
+            b0 += 8;
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        for b in groups * 8..nb {
+        for b in b0..nb {
             let v = block_i32(wq.add(b * QK), aq.add(b * QK), sc(b));
             let mut parts = [0i32; 8];
             _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, v);
@@ -209,9 +261,74 @@ mod avx2 {
         }
         reduce(&lanes)
     }
+
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(super) unsafe fn dot(w: &Unpacked, a: &QuantRow, has_min: bool, half_scales: bool) -> f32 {
+        finish(w, a, has_min, half_scales, 0, _mm256_setzero_ps())
+    }
 }
 
-#[cfg(test)]
-pub(super) fn dot_scalar_for_tests(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
-    dot_scalar(w, a, has_min)
+/// AVX-512 VNNI: `vpdpbusd` does a 64-byte block pair's products and pair sums in one
+/// instruction; the integer sums are the same as AVX2's, and the float work is shared, so the
+/// bits are too.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::avx2::{finish, sums8, terms8};
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    pub(super) unsafe fn row_dots(
+        f: Format,
+        row: &[u8],
+        w: &mut Unpacked,
+        acts: &[QuantRow],
+        out: &mut [f32],
+    ) {
+        super::avx2::unpack(f, row, w);
+        for (o, a) in out.iter_mut().zip(acts) {
+            *o = dot(w, a, f.has_min(), f.has_half_scales());
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+    #[inline]
+    pub(super) unsafe fn dot(w: &Unpacked, a: &QuantRow, has_min: bool, half_scales: bool) -> f32 {
+        let nb = w.d.len();
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        let mut b0 = 0;
+        while b0 + 16 <= nb {
+            let mut v = [_mm256_setzero_si256(); 16];
+            for i in 0..8 {
+                let b = b0 + 2 * i;
+                let wv = _mm512_loadu_si512(wq.add(b * QK) as *const _);
+                let av = _mm512_loadu_si512(aq.add(b * QK) as *const _);
+                // |w| (unsigned) times a with w's sign.
+                let neg = _mm512_movepi8_mask(wv);
+                let aw = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                let mut p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), aw);
+                if half_scales {
+                    let s = w.sc.as_ptr().add(2 * b);
+                    let m = _mm512_setr_epi32(
+                        *s, *s, *s, *s, *s.add(1), *s.add(1), *s.add(1), *s.add(1),
+                        *s.add(2), *s.add(2), *s.add(2), *s.add(2), *s.add(3), *s.add(3),
+                        *s.add(3), *s.add(3),
+                    );
+                    p = _mm512_mullo_epi32(p, m);
+                }
+                v[2 * i] = _mm512_castsi512_si256(p);
+                v[2 * i + 1] = _mm512_extracti64x4_epi64(p, 1);
+            }
+            let lo: [__m256i; 8] = std::array::from_fn(|i| v[i]);
+            let hi: [__m256i; 8] = std::array::from_fn(|i| v[8 + i]);
+            acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&lo), has_min));
+            acc = _mm256_add_ps(acc, terms8(w, a, b0 + 8, sums8(&hi), has_min));
+            b0 += 16;
+        }
+        finish(w, a, has_min, half_scales, b0, acc)
+    }
 }
+
+
