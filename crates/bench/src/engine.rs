@@ -102,8 +102,16 @@ impl CandleModel {
         let mut f = std::fs::File::open(path)?;
         let ct = gguf_file::Content::read(&mut f)?;
         Ok(match arch {
-            Arch::Llama => Self::Llama(quantized_llama::ModelWeights::from_gguf(ct, &mut f, &Device::Cpu)?),
-            Arch::Qwen2 => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, &Device::Cpu)?),
+            Arch::Llama => Self::Llama(quantized_llama::ModelWeights::from_gguf(
+                ct,
+                &mut f,
+                &Device::Cpu,
+            )?),
+            Arch::Qwen2 => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(
+                ct,
+                &mut f,
+                &Device::Cpu,
+            )?),
         })
     }
 
@@ -114,12 +122,20 @@ impl CandleModel {
             Self::Llama(m) => m.forward(&x, pos)?,
             Self::Qwen2(m) => m.forward(&x, pos)?,
         };
-        y.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        y.to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         Ok(())
     }
 }
 
-fn time_candle(path: &Path, arch: Arch, ids: &[u32], s: &Settings, ctx: usize) -> Result<Speeds, BenchError> {
+fn time_candle(
+    path: &Path,
+    arch: Arch,
+    ids: &[u32],
+    s: &Settings,
+    ctx: usize,
+) -> Result<Speeds, BenchError> {
     let mut m = CandleModel::load(path, arch)?;
     let mut out = Speeds::default();
     for &n in &s.prompt_lens {
@@ -148,9 +164,15 @@ fn time_candle(path: &Path, arch: Arch, ids: &[u32], s: &Settings, ctx: usize) -
     Ok(out)
 }
 
-fn time_llama(python: &Path, model: &Path, ids: &[u32], s: &Settings) -> Result<Speeds, BenchError> {
+fn time_llama(
+    python: &Path,
+    model: &Path,
+    ids: &[u32],
+    s: &Settings,
+) -> Result<Speeds, BenchError> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ref/llama_bench.py");
-    let ids_file = std::env::temp_dir().join(format!("edgeprompt-bench-ids-{}.json", std::process::id()));
+    let ids_file =
+        std::env::temp_dir().join(format!("edgeprompt-bench-ids-{}.json", std::process::id()));
     std::fs::write(&ids_file, serde_json::to_vec(ids)?)?;
     let lens: Vec<String> = s.prompt_lens.iter().map(|n| n.to_string()).collect();
     let out = std::process::Command::new(python)
@@ -164,7 +186,9 @@ fn time_llama(python: &Path, model: &Path, ids: &[u32], s: &Settings) -> Result<
         .output()?;
     let _ = std::fs::remove_file(&ids_file);
     if !out.status.success() {
-        return Err(BenchError::Llama(String::from_utf8_lossy(&out.stderr).into_owned()));
+        return Err(BenchError::Llama(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let mut sp = Speeds::default();
@@ -175,13 +199,18 @@ fn time_llama(python: &Path, model: &Path, ids: &[u32], s: &Settings) -> Result<
         sp.prefill.push((n, n as f64 / secs));
         eprintln!("  llama.cpp prefill {n:5}: {:8.1} tok/s", n as f64 / secs);
     }
-    sp.decode = 1.0 / v["decode"].as_f64().ok_or_else(|| BenchError::Llama("no decode time".into()))?;
+    sp.decode = 1.0
+        / v["decode"]
+            .as_f64()
+            .ok_or_else(|| BenchError::Llama("no decode time".into()))?;
     eprintln!("  llama.cpp decode:        {:8.1} tok/s", sp.decode);
     Ok(sp)
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(s.threads).build_global();
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
     let machine = Machine::detect();
     eprintln!(
         "machine: {} ({} cores, {}), rev {}",
@@ -192,7 +221,13 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let model = Model::load(&s.model)?;
     let ctx = 512.min(*s.prompt_lens.iter().max().unwrap_or(&512));
-    let need = s.prompt_lens.iter().max().copied().unwrap_or(0).max(ctx + s.decode_tokens);
+    let need = s
+        .prompt_lens
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0)
+        .max(ctx + s.decode_tokens);
     let ids = bench_ids(&model, need)?;
     eprintln!(
         "model: {} ({:.0} MB), threads {}, best of {}, decode {} tokens after {ctx}",

@@ -42,7 +42,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .as_ref()
         .context("the model has no chat template")?;
     let text = chat.render(
-        &[Message::new("system", &a.system), Message::new("user", &a.prompt)],
+        &[
+            Message::new("system", &a.system),
+            Message::new("user", &a.prompt),
+        ],
         true,
     )?;
     let ids = model.tokenizer.encode(&text)?;

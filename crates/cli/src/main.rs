@@ -7,7 +7,11 @@ mod models;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "edgeprompt", version, about = "Cloud-edge collaborative LLM inference")]
+#[command(
+    name = "edgeprompt",
+    version,
+    about = "Cloud-edge collaborative LLM inference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

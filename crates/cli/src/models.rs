@@ -9,8 +9,16 @@ use edgeprompt_engine::Model;
 /// Short names for the models `scripts/models.py` fetches.
 const KNOWN: &[(&str, &str, &str)] = &[
     ("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
-    ("qwen05", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen05"),
-    ("qwen15", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen15"),
+    (
+        "qwen05",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen05",
+    ),
+    (
+        "qwen15",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "qwen15",
+    ),
 ];
 
 pub fn models_dir() -> PathBuf {

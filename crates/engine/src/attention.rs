@@ -162,7 +162,10 @@ mod simd {
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for c in 0..chunks {
                 let o = c * 16;
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))));
+                a0 = _mm256_add_ps(
+                    a0,
+                    _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))),
+                );
                 a1 = _mm256_add_ps(
                     a1,
                     _mm256_mul_ps(_mm256_loadu_ps(qp.add(o + 8)), half8(kr.add(o + 8))),
@@ -185,7 +188,10 @@ mod simd {
             let pv = _mm256_set1_ps(p);
             let vr = vp.add(j * d);
             for o in (0..d).step_by(8) {
-                let x = _mm256_add_ps(_mm256_loadu_ps(acc.add(o)), _mm256_mul_ps(pv, half8(vr.add(o))));
+                let x = _mm256_add_ps(
+                    _mm256_loadu_ps(acc.add(o)),
+                    _mm256_mul_ps(pv, half8(vr.add(o))),
+                );
                 _mm256_storeu_ps(acc.add(o), x);
             }
         }
@@ -236,23 +242,21 @@ pub fn attend_rows(q: &[f32], view: &KvView, n_head: usize, head_dim: usize, out
     let group = n_head / n_kv;
     let before = view.private.len() - view.rows;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    out.par_chunks_mut(head_dim)
-        .enumerate()
-        .for_each(|(i, o)| {
-            let (t, h) = (i / n_head, i % n_head);
-            let g = h / group;
-            let qrow: Vec<f32> = q[i * head_dim..(i + 1) * head_dim]
-                .iter()
-                .map(|x| x * scale)
-                .collect();
-            let mut st = State::new(head_dim);
-            if let Some(p) = view.prefix {
-                st.attend(&qrow, p.keys(g), p.values(g), p.len());
-            }
-            let visible = before + t + 1;
-            st.attend(&qrow, view.private.keys(g), view.private.values(g), visible);
-            st.write_output(o);
-        });
+    out.par_chunks_mut(head_dim).enumerate().for_each(|(i, o)| {
+        let (t, h) = (i / n_head, i % n_head);
+        let g = h / group;
+        let qrow: Vec<f32> = q[i * head_dim..(i + 1) * head_dim]
+            .iter()
+            .map(|x| x * scale)
+            .collect();
+        let mut st = State::new(head_dim);
+        if let Some(p) = view.prefix {
+            st.attend(&qrow, p.keys(g), p.values(g), p.len());
+        }
+        let visible = before + t + 1;
+        st.attend(&qrow, view.private.keys(g), view.private.values(g), visible);
+        st.write_output(o);
+    });
 }
 
 #[cfg(test)]
@@ -260,7 +264,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -284,7 +290,11 @@ mod tests {
     fn setup(n: usize, d: usize) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
         let mut seed = 7;
         let q = (0..d).map(|_| lcg(&mut seed) * 0.5).collect();
-        (q, rand_f16(n * d, &mut seed, 2.0), rand_f16(n * d, &mut seed, 1.0))
+        (
+            q,
+            rand_f16(n * d, &mut seed, 2.0),
+            rand_f16(n * d, &mut seed, 1.0),
+        )
     }
 
     fn run(q: &[f32], k: &[f16], v: &[f16], n: usize, d: usize) -> Partial {

@@ -40,9 +40,12 @@ impl ChatTemplate {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| EngineError::Template(e.to_string()))?;
         Ok(Self {
@@ -100,7 +103,10 @@ mod tests {
             .split("Be brief. ", &[Message::new("user", "hi")])
             .unwrap();
         assert_eq!(s.cloud, "<|im_start|>system\nBe brief.<|im_end|>\n");
-        assert_eq!(s.edge, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            s.edge,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]

@@ -63,9 +63,8 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&content)?;
         let chat = match meta_str(&content, "tokenizer.chat_template") {
             Ok(src) => {
-                let tok = |id: Option<u32>| {
-                    id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default()
-                };
+                let tok =
+                    |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
                 Some(ChatTemplate::new(
                     &src,
                     &tok(tokenizer.bos_id),
@@ -144,8 +143,10 @@ impl Model {
             let r1 = r0 + part.rows;
             for t in 0..part.rows {
                 let row = r0 + t;
-                self.rope.apply(&mut q[row * c.n_embd..(row + 1) * c.n_embd], pos0 + t);
-                self.rope.apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
+                self.rope
+                    .apply(&mut q[row * c.n_embd..(row + 1) * c.n_embd], pos0 + t);
+                self.rope
+                    .apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
             }
             part.private
                 .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);

@@ -18,7 +18,9 @@ impl Sequence {
     pub fn new(model: &Model) -> Self {
         Self {
             prefix: None,
-            kv: (0..model.cfg.n_layer).map(|_| model.new_layer_kv()).collect(),
+            kv: (0..model.cfg.n_layer)
+                .map(|_| model.new_layer_kv())
+                .collect(),
             tokens: Vec::new(),
         }
     }
@@ -80,7 +82,12 @@ impl Sequence {
     }
 
     /// Prefill in chunks of `chunk` tokens (bounded activation memory).
-    pub fn prefill_chunked(&mut self, model: &Model, ids: &[u32], chunk: usize) -> Result<Vec<f32>> {
+    pub fn prefill_chunked(
+        &mut self,
+        model: &Model,
+        ids: &[u32],
+        chunk: usize,
+    ) -> Result<Vec<f32>> {
         let mut logits = Vec::new();
         for c in ids.chunks(chunk.max(1)) {
             logits = self.prefill(model, c)?;

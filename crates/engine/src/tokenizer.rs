@@ -1,7 +1,6 @@
 //! A byte-level BPE tokenizer built from the GGUF's own metadata with the `tokenizers` crate:
 //! vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`, and special tokens.
 
-
 use candle_core::quantized::gguf_file::{Content, Value};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
@@ -98,7 +97,12 @@ impl Tokenizer {
             .into_iter()
             .flatten()
             .collect();
-        for marker in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"] {
+        for marker in [
+            "<|im_end|>",
+            "<|endoftext|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+        ] {
             if let Some(i) = tokens.iter().position(|t| t == marker) {
                 if types.get(i) == Some(&TOKEN_TYPE_CONTROL) && !stop_ids.contains(&(i as u32)) {
                     stop_ids.push(i as u32);
@@ -153,18 +157,19 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         .map_err(|e| EngineError::Tokenizer(e.to_string()))?
         .into())
     };
-    let byte_level = |use_regex: bool| -> PreTokenizerWrapper {
-        ByteLevel::new(false, false, use_regex).into()
-    };
+    let byte_level =
+        |use_regex: bool| -> PreTokenizerWrapper { ByteLevel::new(false, false, use_regex).into() };
     Ok(match pre {
         "qwen2" => Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]).into(),
         "llama3" | "llama-bpe" | "smaug-bpe" => {
             Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]).into()
         }
-        "smollm" => {
-            Sequence::new(vec![Digits::new(true).into(), split(GPT2_PATTERN)?, byte_level(false)])
-                .into()
-        }
+        "smollm" => Sequence::new(vec![
+            Digits::new(true).into(),
+            split(GPT2_PATTERN)?,
+            byte_level(false),
+        ])
+        .into(),
         "gpt2" | "default" => Sequence::new(vec![split(GPT2_PATTERN)?, byte_level(false)]).into(),
         other => {
             return Err(EngineError::Unsupported(format!(

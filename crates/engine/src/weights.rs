@@ -21,11 +21,11 @@ pub(crate) enum Matrix {
 
 fn own_format(dtype: GgmlDType) -> Option<Format> {
     match dtype {
-            GgmlDType::Q4_0 => Some(Format::Q4_0),
+        GgmlDType::Q4_0 => Some(Format::Q4_0),
         GgmlDType::Q4_1 => Some(Format::Q4_1),
-            GgmlDType::Q5_0 => Some(Format::Q5_0),
-            GgmlDType::Q8_0 => Some(Format::Q8_0),
-            GgmlDType::Q4K => Some(Format::Q4K),
+        GgmlDType::Q5_0 => Some(Format::Q5_0),
+        GgmlDType::Q8_0 => Some(Format::Q8_0),
+        GgmlDType::Q4K => Some(Format::Q4K),
         GgmlDType::Q6K => Some(Format::Q6K),
         _ => None,
     }
@@ -44,7 +44,9 @@ impl Matrix {
             Matrix::Own(m) => Ok(m.matmul(x, rows)),
             Matrix::Candle(mm, _) => {
                 let t = Tensor::from_slice(x, (rows, in_dim), &Device::Cpu)?;
-                Ok(candle_core::Module::forward(mm, &t)?.flatten_all()?.to_vec1()?)
+                Ok(candle_core::Module::forward(mm, &t)?
+                    .flatten_all()?
+                    .to_vec1()?)
             }
         }
     }
@@ -52,7 +54,10 @@ impl Matrix {
     /// Rows `ids` of the matrix, dequantized (embedding lookup).
     fn rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
         match self {
-            Matrix::Own(m) => Ok(ids.iter().flat_map(|&i| m.dequantize_row(i as usize)).collect()),
+            Matrix::Own(m) => Ok(ids
+                .iter()
+                .flat_map(|&i| m.dequantize_row(i as usize))
+                .collect()),
             Matrix::Candle(_, t) => {
                 let ids_t = Tensor::new(ids, &Device::Cpu)?;
                 Ok(t.embedding(&ids_t)?.flatten_all()?.to_vec1()?)
@@ -150,7 +155,10 @@ impl Loader<'_> {
                 .seek(SeekFrom::Start(start))
                 .and_then(|_| self.reader.read_exact(&mut data))
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-            *self.type_bytes.entry(format!("{:?}", info.ggml_dtype)).or_default() += bytes;
+            *self
+                .type_bytes
+                .entry(format!("{:?}", info.ggml_dtype))
+                .or_default() += bytes;
             return QMatrix::new(f, n, k, data)
                 .map(Matrix::Own)
                 .ok_or_else(|| EngineError::Gguf(format!("tensor {name}: bad size")));

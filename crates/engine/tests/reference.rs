@@ -9,7 +9,11 @@ use edgeprompt_engine::Model;
 fn tokenizer_matches(model: &Model, fixture: &str) {
     let fx = common::read_json(fixture);
     let cases = fx["cases"].as_array().expect("cases");
-    assert!(cases.len() >= 50, "need at least 50 strings, fixture has {}", cases.len());
+    assert!(
+        cases.len() >= 50,
+        "need at least 50 strings, fixture has {}",
+        cases.len()
+    );
     let mut bad = Vec::new();
     for c in cases {
         let text = c["text"].as_str().unwrap();
@@ -21,10 +25,18 @@ fn tokenizer_matches(model: &Model, fixture: &str) {
             .collect();
         let got = model.tokenizer.encode(text).unwrap();
         if got != want {
-            bad.push(format!("{text:?}\n  ours:      {got:?}\n  reference: {want:?}"));
+            bad.push(format!(
+                "{text:?}\n  ours:      {got:?}\n  reference: {want:?}"
+            ));
         }
     }
-    assert!(bad.is_empty(), "{} of {} strings differ:\n{}", bad.len(), cases.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} strings differ:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
     for d in fx["decode_checks"].as_array().into_iter().flatten() {
         let ids: Vec<u32> = d["ids"]
             .as_array()
@@ -32,7 +44,10 @@ fn tokenizer_matches(model: &Model, fixture: &str) {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        assert_eq!(model.tokenizer.decode(&ids).unwrap(), d["text"].as_str().unwrap());
+        assert_eq!(
+            model.tokenizer.decode(&ids).unwrap(),
+            d["text"].as_str().unwrap()
+        );
     }
     if let Some(eos) = fx["eos_id"].as_u64() {
         assert_eq!(model.tokenizer.eos_id, Some(eos as u32));
@@ -75,7 +90,11 @@ fn logits_match(model: &Model, stem: &str) {
         let want = &all[off * vocab..(off + 1) * vocab];
         let mut seq = edgeprompt_engine::Sequence::new(model);
         let got = seq.prefill(model, &ids).unwrap();
-        let dot: f64 = got.iter().zip(want).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let dot: f64 = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
         let norm = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
         let cos = dot / (norm(&got) * norm(want));
         let top1 = edgeprompt_engine::sample::argmax(&got);

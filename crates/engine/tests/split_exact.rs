@@ -90,7 +90,11 @@ fn check(model: &Model, n_pairs: usize) {
         let first = oneshot.prefill(model, &all).unwrap();
         let (one_ids, one_logits) = decode(model, &mut oneshot, first);
         worst = worst.max(max_abs_diff(&split_logits, &one_logits));
-        agree += split_ids.iter().zip(&one_ids).filter(|(a, b)| a == b).count();
+        agree += split_ids
+            .iter()
+            .zip(&one_ids)
+            .filter(|(a, b)| a == b)
+            .count();
         total += DECODE;
         eprintln!(
             "pair {i:2}: cloud {:4} + edge {:3} tokens: split == chunked (bitwise); vs one-shot max |dlogit| {:.3e}, tokens {}",

@@ -75,7 +75,8 @@ impl QMatrix {
 
     pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
         let rb = self.row_bytes();
-        self.format.dequantize(&self.data[row * rb..(row + 1) * rb], self.k)
+        self.format
+            .dequantize(&self.data[row * rb..(row + 1) * rb], self.k)
     }
 
     fn row_bytes(&self) -> usize {
@@ -97,7 +98,13 @@ impl QMatrix {
                 let rb = self.row_bytes();
                 for (i, col) in dst.chunks_exact_mut(m).enumerate() {
                     let row = task * ROWS_PER_TASK + i;
-                    simd::row_dots(self.format, &self.data[row * rb..(row + 1) * rb], &mut un, &acts, col);
+                    simd::row_dots(
+                        self.format,
+                        &self.data[row * rb..(row + 1) * rb],
+                        &mut un,
+                        &acts,
+                        col,
+                    );
                 }
             });
         // Back to row-major [m, n].

@@ -3,7 +3,13 @@
 use super::{Format, QuantRow, Unpacked, QK};
 
 /// Unpack one weight row into `w` and write its dot with every activation row to `out`.
-pub(super) fn row_dots(f: Format, row: &[u8], w: &mut Unpacked, acts: &[QuantRow], out: &mut [f32]) {
+pub(super) fn row_dots(
+    f: Format,
+    row: &[u8],
+    w: &mut Unpacked,
+    acts: &[QuantRow],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     match *LEVEL {
         // SAFETY: the features were detected at run time.
@@ -19,7 +25,11 @@ pub(super) fn row_dots(f: Format, row: &[u8], w: &mut Unpacked, acts: &[QuantRow
 
 /// Every available path's dot product (tests compare them bit for bit).
 #[cfg(test)]
-pub(super) fn dots_all_paths(w: &Unpacked, a: &QuantRow, has_min: bool) -> Vec<(&'static str, f32)> {
+pub(super) fn dots_all_paths(
+    w: &Unpacked,
+    a: &QuantRow,
+    has_min: bool,
+) -> Vec<(&'static str, f32)> {
     let half = w.sc.iter().any(|&s| s != 1);
     let mut out = vec![("portable", dot_scalar(w, a, has_min))];
     #[cfg(target_arch = "x86_64")]
@@ -74,7 +84,8 @@ fn block_term(w: &Unpacked, a: &QuantRow, b: usize, isum: i32, has_min: bool) ->
 
 #[inline(always)]
 fn reduce(lanes: &[f32; 8]) -> f32 {
-    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
 }
 
 fn dot_scalar(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
@@ -112,7 +123,8 @@ mod avx2 {
         match sc {
             None => p32,
             Some(s) => {
-                let m = _mm256_setr_epi32(*s, *s, *s, *s, *s.add(1), *s.add(1), *s.add(1), *s.add(1));
+                let m =
+                    _mm256_setr_epi32(*s, *s, *s, *s, *s.add(1), *s.add(1), *s.add(1), *s.add(1));
                 _mm256_mullo_epi32(p32, m)
             }
         }
@@ -162,7 +174,10 @@ mod avx2 {
         let bb = f.block_bytes();
         for (b, blk) in row.chunks_exact(bb).enumerate() {
             let p = blk.as_ptr();
-            _mm256_storeu_si256(w.q.as_mut_ptr().add(b * QK) as *mut __m256i, load_block(f, p));
+            _mm256_storeu_si256(
+                w.q.as_mut_ptr().add(b * QK) as *mut __m256i,
+                load_block(f, p),
+            );
             w.d[b] = f16_bits_to_f32(blk[0], blk[1]);
             if f.has_min() {
                 w.m[b] = f16_bits_to_f32(blk[2], blk[3]);
@@ -312,9 +327,22 @@ mod avx512 {
                 if half_scales {
                     let s = w.sc.as_ptr().add(2 * b);
                     let m = _mm512_setr_epi32(
-                        *s, *s, *s, *s, *s.add(1), *s.add(1), *s.add(1), *s.add(1),
-                        *s.add(2), *s.add(2), *s.add(2), *s.add(2), *s.add(3), *s.add(3),
-                        *s.add(3), *s.add(3),
+                        *s,
+                        *s,
+                        *s,
+                        *s,
+                        *s.add(1),
+                        *s.add(1),
+                        *s.add(1),
+                        *s.add(1),
+                        *s.add(2),
+                        *s.add(2),
+                        *s.add(2),
+                        *s.add(2),
+                        *s.add(3),
+                        *s.add(3),
+                        *s.add(3),
+                        *s.add(3),
                     );
                     p = _mm512_mullo_epi32(p, m);
                 }
@@ -330,5 +358,3 @@ mod avx512 {
         finish(w, a, has_min, half_scales, b0, acc)
     }
 }
-
-

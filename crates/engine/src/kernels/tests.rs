@@ -1,7 +1,9 @@
 use super::*;
 
 fn lcg(seed: &mut u64) -> u32 {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (*seed >> 33) as u32
 }
 
@@ -57,7 +59,10 @@ fn matches_dequantized_f64_reference() {
                 let g = got[i * n + j] as f64;
                 // 8-bit activations: error ~ |w| |x| / 127 per term, summed in quadrature.
                 let scale: f64 = row.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
-                assert!((g - want).abs() < 0.02 * scale + 1e-4, "{f:?} {g} vs {want}");
+                assert!(
+                    (g - want).abs() < 0.02 * scale + 1e-4,
+                    "{f:?} {g} vs {want}"
+                );
             }
         }
     }
@@ -91,7 +96,11 @@ fn simd_and_scalar_paths_agree_bitwise() {
         let a = quantize_row(&x);
         let all = simd::dots_all_paths(&un, &a, f.has_min());
         for (name, v) in &all {
-            assert_eq!(v.to_bits(), all[0].1.to_bits(), "{f:?}: {name} differs from portable");
+            assert_eq!(
+                v.to_bits(),
+                all[0].1.to_bits(),
+                "{f:?}: {name} differs from portable"
+            );
         }
     }
 }

@@ -48,7 +48,7 @@ pub fn qwen05() -> Arc<Model> {
 
 pub fn read_json(name: &str) -> serde_json::Value {
     let p = fixture(name);
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()));
     serde_json::from_str(&text).expect("fixture is JSON")
 }

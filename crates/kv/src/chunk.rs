@@ -1,0 +1,242 @@
+//! Sealed KV chunks (one layer, one token range, one codec, a CRC-32 over header and payload)
+//! and the reassembler that accepts them only in layer-major order and only if they fit.
+
+use edgeprompt_engine::LayerKv;
+use half::f16;
+
+use crate::codec::{self, Codec};
+use crate::{KvError, Result};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk {
+    pub layer: u32,
+    pub start: u32,
+    pub end: u32,
+    pub codec: Codec,
+    pub compressed: bool,
+    pub payload: Vec<u8>,
+    pub checksum: u32,
+}
+
+impl Chunk {
+    /// Encode tokens `start..end` of one layer's KV and seal it.
+    pub fn encode(
+        layer: u32,
+        kv: &LayerKv,
+        start: usize,
+        end: usize,
+        codec: Codec,
+        zstd_level: Option<i32>,
+    ) -> Result<Self> {
+        if start > end || end > kv.len() {
+            return Err(KvError::Shape(format!(
+                "token range {start}..{end} of {}",
+                kv.len()
+            )));
+        }
+        let d = kv.head_dim;
+        let k: Vec<&[f16]> = (0..kv.n_kv_head)
+            .map(|h| &kv.keys(h)[start * d..end * d])
+            .collect();
+        let v: Vec<&[f16]> = (0..kv.n_kv_head)
+            .map(|h| &kv.values(h)[start * d..end * d])
+            .collect();
+        let payload = codec::encode(codec, zstd_level, &k, &v, d)?;
+        let mut c = Chunk {
+            layer,
+            start: start as u32,
+            end: end as u32,
+            codec,
+            compressed: zstd_level.is_some(),
+            payload,
+            checksum: 0,
+        };
+        c.checksum = c.compute_checksum();
+        Ok(c)
+    }
+
+    pub fn compute_checksum(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.layer.to_le_bytes());
+        h.update(&self.start.to_le_bytes());
+        h.update(&self.end.to_le_bytes());
+        h.update(self.codec.name().as_bytes());
+        h.update(&[self.compressed as u8]);
+        h.update(&self.payload);
+        h.finalize()
+    }
+
+    pub fn verify(&self) -> Result<()> {
+        if self.compute_checksum() != self.checksum {
+            return Err(KvError::Checksum {
+                layer: self.layer,
+                start: self.start,
+                end: self.end,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        (self.end - self.start) as usize
+    }
+}
+
+/// Builds layers from chunks arriving layer-major (layer 0 tokens 0..n, then layer 1, ...).
+/// A chunk that fails its checksum, comes out of order or does not fit is an error and is
+/// never used.
+pub struct Reassembler {
+    n_layers: usize,
+    n_tokens: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    next_layer: usize,
+    next_start: usize,
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+}
+
+impl Reassembler {
+    pub fn new(n_layers: usize, n_tokens: usize, n_kv_head: usize, head_dim: usize) -> Self {
+        Self {
+            n_layers,
+            n_tokens,
+            n_kv_head,
+            head_dim,
+            next_layer: 0,
+            next_start: 0,
+            k: vec![Vec::with_capacity(n_tokens * head_dim); n_kv_head],
+            v: vec![Vec::with_capacity(n_tokens * head_dim); n_kv_head],
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.next_layer == self.n_layers
+    }
+
+    /// Layers completed so far.
+    pub fn layers_done(&self) -> usize {
+        self.next_layer
+    }
+
+    /// Accept one chunk; returns the layer it completes, if any.
+    pub fn push(&mut self, c: &Chunk) -> Result<Option<(usize, LayerKv)>> {
+        c.verify()?;
+        if self.is_complete()
+            || c.layer as usize != self.next_layer
+            || c.start as usize != self.next_start
+        {
+            return Err(KvError::Order {
+                want_layer: self.next_layer as u32,
+                want_start: self.next_start as u32,
+                layer: c.layer,
+                start: c.start,
+            });
+        }
+        if c.end < c.start || c.end as usize > self.n_tokens {
+            return Err(KvError::Shape(format!(
+                "tokens {}..{} in a segment of {}",
+                c.start, c.end, self.n_tokens
+            )));
+        }
+        let (k, v) = codec::decode(
+            c.codec,
+            c.compressed,
+            &c.payload,
+            self.n_kv_head,
+            self.head_dim,
+            c.n_tokens(),
+        )?;
+        for (dst, src) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
+            dst.extend_from_slice(&src);
+        }
+        self.next_start = c.end as usize;
+        if self.next_start < self.n_tokens {
+            return Ok(None);
+        }
+        let fresh = || vec![Vec::with_capacity(self.n_tokens * self.head_dim); self.n_kv_head];
+        let k = std::mem::replace(&mut self.k, fresh());
+        let v = std::mem::replace(&mut self.v, fresh());
+        let layer = LayerKv::from_heads(self.head_dim, k, v)?;
+        let idx = self.next_layer;
+        self.next_layer += 1;
+        self.next_start = 0;
+        Ok(Some((idx, layer)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(n: usize, seed: f32) -> LayerKv {
+        let (h, d) = (2, 32);
+        let mut kv = LayerKv::new(h, d);
+        let k: Vec<f32> = (0..n * h * d)
+            .map(|i| (i as f32 * 0.37 + seed).sin())
+            .collect();
+        let v: Vec<f32> = (0..n * h * d)
+            .map(|i| (i as f32 * 0.11 - seed).cos())
+            .collect();
+        kv.append(&k, &v, n);
+        kv
+    }
+
+    fn chunks(layers: &[LayerKv], per: usize) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        for (l, kv) in layers.iter().enumerate() {
+            let mut s = 0;
+            while s < kv.len() {
+                let e = (s + per).min(kv.len());
+                out.push(Chunk::encode(l as u32, kv, s, e, Codec::F16, None).unwrap());
+                s = e;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn reassembles_layer_major_losslessly() {
+        let layers = vec![layer(10, 0.0), layer(10, 1.0), layer(10, 2.0)];
+        let mut r = Reassembler::new(3, 10, 2, 32);
+        let mut got = Vec::new();
+        for c in chunks(&layers, 4) {
+            if let Some((i, l)) = r.push(&c).unwrap() {
+                assert_eq!(i, got.len());
+                got.push(l);
+            }
+        }
+        assert!(r.is_complete());
+        assert_eq!(got, layers);
+    }
+
+    #[test]
+    fn corrupt_reordered_and_misfit_chunks_are_rejected() {
+        let layers = vec![layer(6, 0.0), layer(6, 1.0)];
+        let cs = chunks(&layers, 3);
+        // Corrupted payload.
+        let mut bad = cs[0].clone();
+        bad.payload[5] ^= 1;
+        let mut r = Reassembler::new(2, 6, 2, 32);
+        assert!(matches!(r.push(&bad), Err(KvError::Checksum { .. })));
+        // Out of order.
+        assert!(matches!(r.push(&cs[1]), Err(KvError::Order { .. })));
+        assert!(matches!(r.push(&cs[2]), Err(KvError::Order { .. })));
+        // Truncated payload with a re-sealed checksum: the shape check catches it.
+        let mut short = cs[0].clone();
+        short.payload.truncate(10);
+        short.checksum = short.compute_checksum();
+        assert!(matches!(r.push(&short), Err(KvError::Shape(_))));
+        // A chunk running past the segment.
+        let mut long = cs[0].clone();
+        long.end = 99;
+        long.checksum = long.compute_checksum();
+        assert!(r.push(&long).is_err());
+        // The good stream is still accepted after the rejections.
+        for c in &cs {
+            r.push(c).unwrap();
+        }
+        assert!(r.is_complete());
+        assert!(r.push(&cs[0]).is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! Where cloud-prompt KV lives between requests: a bytes-bounded in-memory LRU and a local disk
+//! store (atomic writes, checksummed, survives restarts), both keyed by content address.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use edgeprompt_engine::PrefixKv;
+use lru::LruCache;
+use serde::{Deserialize, Serialize};
+
+use crate::chunk::{Chunk, Reassembler};
+use crate::codec::Codec;
+use crate::{KvError, Result};
+
+/// In-memory LRU bounded by the KV bytes it holds.
+pub struct MemoryStore {
+    inner: Mutex<(LruCache<String, Arc<PrefixKv>>, usize)>,
+    max_bytes: usize,
+}
+
+impl MemoryStore {
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            inner: Mutex::new((LruCache::unbounded(), 0)),
+            max_bytes,
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<PrefixKv>> {
+        let mut g = self.inner.lock().ok()?;
+        g.0.get(key).cloned()
+    }
+
+    /// Insert, evicting least recently used entries until the bound holds. An entry larger
+    /// than the whole bound is not kept.
+    pub fn put(&self, key: &str, kv: Arc<PrefixKv>) {
+        let size = kv.bytes();
+        if size > self.max_bytes {
+            return;
+        }
+        let Ok(mut g) = self.inner.lock() else { return };
+        if let Some(old) = g.0.put(key.to_string(), kv) {
+            g.1 -= old.bytes();
+        }
+        g.1 += size;
+        while g.1 > self.max_bytes {
+            match g.0.pop_lru() {
+                Some((_, ev)) => g.1 -= ev.bytes(),
+                None => break,
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().map(|g| g.1).unwrap_or(0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|g| g.0.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    fingerprint: String,
+    token_ids: Vec<u32>,
+    n_layers: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+}
+
+const MAGIC: &[u8; 6] = b"EPKV1\n";
+/// Tokens per stored chunk.
+const CHUNK_TOKENS: usize = 256;
+
+/// One file per prefix under a directory; written to a temporary file and renamed, so a
+/// crash leaves either the old file or the new one, never half of one.
+pub struct DiskStore {
+    dir: PathBuf,
+}
+
+impl DiskStore {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        std::fs::create_dir_all(dir.as_ref())?;
+        Ok(Self {
+            dir: dir.as_ref().to_path_buf(),
+        })
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(KvError::Store(format!("invalid key {key:?}")));
+        }
+        Ok(self.dir.join(format!("{key}.kv")))
+    }
+
+    pub fn put(&self, key: &str, kv: &PrefixKv) -> Result<()> {
+        let path = self.path(key)?;
+        let first = kv.layers.first();
+        let header = Header {
+            fingerprint: kv.fingerprint.clone(),
+            token_ids: kv.token_ids.clone(),
+            n_layers: kv.layers.len(),
+            n_kv_head: first.map_or(0, |l| l.n_kv_head),
+            head_dim: first.map_or(0, |l| l.head_dim),
+        };
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        {
+            let mut w = std::io::BufWriter::new(tmp.as_file_mut());
+            let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
+            w.write_all(MAGIC)?;
+            w.write_all(&(h.len() as u64).to_le_bytes())?;
+            w.write_all(&h)?;
+            for (l, layer) in kv.layers.iter().enumerate() {
+                let mut s = 0;
+                while s < layer.len() {
+                    let e = (s + CHUNK_TOKENS).min(layer.len());
+                    write_chunk(
+                        &mut w,
+                        &Chunk::encode(l as u32, layer, s, e, Codec::F16, None)?,
+                    )?;
+                    s = e;
+                }
+            }
+            w.flush()?;
+        }
+        tmp.as_file().sync_all()?;
+        tmp.persist(&path).map_err(|e| KvError::Io(e.error))?;
+        Ok(())
+    }
+
+    /// The stored prefix, verified chunk by chunk; `None` if absent. A damaged file is an
+    /// error (and is left for inspection), never a silently wrong prefix.
+    pub fn get(&self, key: &str) -> Result<Option<PrefixKv>> {
+        let path = self.path(key)?;
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => std::io::BufReader::new(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut magic = [0u8; 6];
+        f.read_exact(&mut magic)?;
+        if &magic != MAGIC {
+            return Err(KvError::Store(format!("{}: not a KV file", path.display())));
+        }
+        let hlen = read_u64(&mut f)? as usize;
+        if hlen > 64 << 20 {
+            return Err(KvError::Store("header too large".into()));
+        }
+        let mut h = vec![0u8; hlen];
+        f.read_exact(&mut h)?;
+        let header: Header =
+            serde_json::from_slice(&h).map_err(|e| KvError::Store(e.to_string()))?;
+        let n = header.token_ids.len();
+        let mut r = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim);
+        let mut layers = Vec::with_capacity(header.n_layers);
+        while !r.is_complete() {
+            let c = read_chunk(&mut f)?;
+            if let Some((_, layer)) = r.push(&c)? {
+                layers.push(Arc::new(layer));
+            }
+        }
+        Ok(Some(PrefixKv {
+            fingerprint: header.fingerprint,
+            token_ids: header.token_ids,
+            layers,
+        }))
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.path(key).map(|p| p.exists()).unwrap_or(false)
+    }
+}
+
+fn read_u64(r: &mut impl Read) -> Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_u32(r: &mut impl Read) -> Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn write_chunk(w: &mut impl Write, c: &Chunk) -> Result<()> {
+    for x in [c.layer, c.start, c.end, c.checksum] {
+        w.write_all(&x.to_le_bytes())?;
+    }
+    let codec = match c.codec {
+        Codec::F16 => 0u8,
+        Codec::Int8 => 1,
+        Codec::Int4 => 2,
+    };
+    w.write_all(&[codec, c.compressed as u8])?;
+    w.write_all(&(c.payload.len() as u64).to_le_bytes())?;
+    w.write_all(&c.payload)?;
+    Ok(())
+}
+
+fn read_chunk(r: &mut impl Read) -> Result<Chunk> {
+    let (layer, start, end, checksum) = (read_u32(r)?, read_u32(r)?, read_u32(r)?, read_u32(r)?);
+    let mut b = [0u8; 2];
+    r.read_exact(&mut b)?;
+    let codec = match b[0] {
+        0 => Codec::F16,
+        1 => Codec::Int8,
+        2 => Codec::Int4,
+        x => return Err(KvError::Store(format!("unknown codec {x}"))),
+    };
+    let len = read_u64(r)? as usize;
+    if len > 1 << 30 {
+        return Err(KvError::Store("chunk too large".into()));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok(Chunk {
+        layer,
+        start,
+        end,
+        codec,
+        compressed: b[1] != 0,
+        payload,
+        checksum,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgeprompt_engine::LayerKv;
+
+    fn prefix(n: usize, n_layers: usize) -> PrefixKv {
+        let (h, d) = (2, 16);
+        let layers = (0..n_layers)
+            .map(|l| {
+                let mut kv = LayerKv::new(h, d);
+                let k: Vec<f32> = (0..n * h * d).map(|i| (i + l) as f32 * 0.01).collect();
+                kv.append(&k, &k, n);
+                Arc::new(kv)
+            })
+            .collect();
+        PrefixKv {
+            fingerprint: "fp".into(),
+            token_ids: (0..n as u32).collect(),
+            layers,
+        }
+    }
+
+    #[test]
+    fn memory_store_evicts_by_bytes_lru() {
+        let p = Arc::new(prefix(10, 2)); // 2 layers x 10 tok x 2 heads x 16 x 2 (K,V) x 2 B
+        let one = p.bytes();
+        let s = MemoryStore::new(2 * one + 1);
+        s.put("a", p.clone());
+        s.put("b", p.clone());
+        assert!(s.get("a").is_some()); // a is now most recent
+        s.put("c", p.clone());
+        assert!(s.get("b").is_none(), "least recently used is evicted");
+        assert!(s.get("a").is_some() && s.get("c").is_some());
+        assert_eq!(s.bytes(), 2 * one);
+        s.put("huge", Arc::new(prefix(100, 2)));
+        assert!(s.get("huge").is_none());
+    }
+
+    #[test]
+    fn disk_store_roundtrips_survives_reopen_and_detects_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = prefix(300, 3); // two chunks per layer
+        {
+            let s = DiskStore::open(dir.path()).unwrap();
+            assert!(s.get("k1").unwrap().is_none());
+            s.put("k1", &p).unwrap();
+        }
+        let s = DiskStore::open(dir.path()).unwrap();
+        let got = s.get("k1").unwrap().unwrap();
+        assert_eq!(got.token_ids, p.token_ids);
+        assert_eq!(got.layers, p.layers);
+        // No temporary files are left behind.
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(files.len(), 1);
+        // Flip one payload byte near the end: the checksum catches it.
+        let path = dir.path().join("k1.kv");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        assert!(s.get("k1").is_err());
+        assert!(s.get("../etc/passwd").is_err());
+    }
+}
