@@ -145,6 +145,13 @@ mod simd {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
     });
 
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn half8(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
     /// Same arithmetic as `attend_impl` (16 dot lanes, the same reduction tree, no FMA), with
     /// f16 keys and values converted in registers instead of through a buffer.
     #[cfg(target_arch = "x86_64")]
@@ -155,7 +162,6 @@ mod simd {
         let chunks = d / 16;
         let qp = q.as_ptr();
         let (kp, vp) = (keys.as_ptr() as *const u16, values.as_ptr() as *const u16);
-        let half8 = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let acc = st.acc.as_mut_ptr();
         for j in 0..n {
             let kr = kp.add(j * d);

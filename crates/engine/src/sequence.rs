@@ -110,3 +110,106 @@ impl Sequence {
         })
     }
 }
+
+/// A prefill run one layer at a time against a prefix that arrives layer by layer (the edge's
+/// pipeline: layer `l` of the private prompt runs as soon as cloud layer `l` is here).
+pub struct PrefillPass {
+    ids: Vec<u32>,
+    x: Vec<f32>,
+    kv: Vec<LayerKv>,
+    next_layer: usize,
+    prefix_len: usize,
+}
+
+impl PrefillPass {
+    /// Start a pass for private tokens `ids` that follow a prefix of `prefix_len` tokens.
+    pub fn new(model: &Model, ids: &[u32], prefix_len: usize) -> Result<Self> {
+        if ids.is_empty() {
+            return Err(crate::EngineError::Input("no tokens to run".into()));
+        }
+        Ok(Self {
+            ids: ids.to_vec(),
+            x: model.embed(ids)?,
+            kv: (0..model.cfg.n_layer)
+                .map(|_| model.new_layer_kv())
+                .collect(),
+            next_layer: 0,
+            prefix_len,
+        })
+    }
+
+    pub fn next_layer(&self) -> usize {
+        self.next_layer
+    }
+
+    /// Run the next layer with that layer's prefix KV (`None` for a pass without prefix).
+    pub fn run_layer(&mut self, model: &Model, prefix: Option<&LayerKv>) -> Result<()> {
+        let l = self.next_layer;
+        if l >= model.cfg.n_layer {
+            return Err(crate::EngineError::Input("all layers already ran".into()));
+        }
+        let fits = |p: &LayerKv| {
+            p.len() == self.prefix_len
+                && p.n_kv_head == model.cfg.n_kv_head
+                && p.head_dim == model.cfg.head_dim
+        };
+        if !prefix.map_or(self.prefix_len == 0, fits) {
+            let (n, h, d) = prefix.map_or((0, 0, 0), |p| (p.len(), p.n_kv_head, p.head_dim));
+            return Err(crate::EngineError::KvMismatch(format!(
+                "layer {l}: prefix of {n} tokens x {h} heads x {d}, expected {} x {} x {}",
+                self.prefix_len, model.cfg.n_kv_head, model.cfg.head_dim
+            )));
+        }
+        let mut parts = [LayerInput {
+            prefix,
+            private: &mut self.kv[l],
+            rows: self.ids.len(),
+        }];
+        model.forward_layer(l, &mut self.x, &mut parts)?;
+        self.next_layer += 1;
+        Ok(())
+    }
+
+    /// This pass's own KV of layer `l` (complete once that layer ran).
+    pub fn layer_kv(&self, l: usize) -> &LayerKv {
+        &self.kv[l]
+    }
+
+    /// A pass without prefix, finished: its KV as a shareable prefix (the cloud's job).
+    pub fn into_prefix(self, model: &Model) -> Result<PrefixKv> {
+        if self.next_layer != model.cfg.n_layer || self.prefix_len != 0 {
+            return Err(crate::EngineError::Input(
+                "pass is not a finished prefix-free pass".into(),
+            ));
+        }
+        Ok(PrefixKv {
+            fingerprint: model.fingerprint.clone(),
+            token_ids: self.ids,
+            layers: self.kv.into_iter().map(Arc::new).collect(),
+        })
+    }
+
+    /// After the last layer: the sequence (prefix + private KV) and the last position's logits.
+    pub fn finish(self, model: &Model, prefix: Arc<PrefixKv>) -> Result<(Sequence, Vec<f32>)> {
+        if self.next_layer != model.cfg.n_layer {
+            return Err(crate::EngineError::Input(format!(
+                "pass stopped at layer {} of {}",
+                self.next_layer, model.cfg.n_layer
+            )));
+        }
+        prefix.check_fits(&model.cfg, &model.fingerprint)?;
+        if prefix.n_tokens() != self.prefix_len {
+            return Err(crate::EngineError::KvMismatch(
+                "prefix length changed".into(),
+            ));
+        }
+        let d = model.cfg.n_embd;
+        let logits = model.logits(&self.x[self.x.len() - d..])?;
+        let seq = Sequence {
+            prefix: Some(prefix),
+            kv: self.kv,
+            tokens: self.ids,
+        };
+        Ok((seq, logits))
+    }
+}

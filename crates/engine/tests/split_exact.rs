@@ -124,3 +124,25 @@ fn split_prefix_is_exact_smollm2() {
 fn split_prefix_is_exact_qwen05() {
     check(&common::qwen05(), 20);
 }
+
+/// The layer-at-a-time pass (the edge's pipeline) gives the same bits as a whole prefill.
+#[test]
+fn layerwise_pass_matches_prefill() {
+    use edgeprompt_engine::sequence::PrefillPass;
+    let model = common::smollm2();
+    let p = &pairs(&model, 20)[3];
+    let mut cloud = Sequence::new(&model);
+    cloud.prefill(&model, &p.cloud).unwrap();
+    let prefix = Arc::new(cloud.export_prefix(&model).unwrap());
+    let mut pass = PrefillPass::new(&model, &p.edge, p.cloud.len()).unwrap();
+    for layer in &prefix.layers {
+        pass.run_layer(&model, Some(layer)).unwrap();
+    }
+    let (mut seq, logits) = pass.finish(&model, prefix.clone()).unwrap();
+    let mut whole = Sequence::with_prefix(&model, prefix).unwrap();
+    let want = whole.prefill(&model, &p.edge).unwrap();
+    assert_eq!(logits, want);
+    let (a, _) = decode(&model, &mut seq, logits);
+    let (b, _) = decode(&model, &mut whole, want);
+    assert_eq!(a, b);
+}

@@ -130,16 +130,19 @@ mod avx2 {
         }
     }
 
+    /// 16 bytes of nibbles -> 32 values (low nibbles first), ggml order.
+    #[inline(always)]
+    unsafe fn nib(p: *const u8) -> __m256i {
+        let b = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(b, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+
     /// One block's 32 values as signed bytes (same values as `Format::unpack`).
     #[inline(always)]
     unsafe fn load_block(f: Format, blk: *const u8) -> __m256i {
-        let nib = |p: *const u8| {
-            let b = _mm_loadu_si128(p as *const __m128i);
-            let m = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(b, m);
-            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-            _mm256_set_m128i(hi, lo)
-        };
         match f {
             Format::Q8_0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
             Format::Q4_0 => _mm256_sub_epi8(nib(blk.add(2)), _mm256_set1_epi8(8)),
@@ -257,19 +260,38 @@ mod avx2 {
     ) -> f32 {
         let nb = w.d.len();
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
-        let sc = |b: usize| half_scales.then(|| w.sc.as_ptr().add(2 * b));
+        let scp = w.sc.as_ptr();
         let mut b0 = from;
         while b0 + 8 <= nb {
-            let v: [__m256i; 8] = std::array::from_fn(|i| {
-                block_i32(wq.add((b0 + i) * QK), aq.add((b0 + i) * QK), sc(b0 + i))
-            });
+            // A plain loop, not a closure: closures do not inherit target features, and the
+            // intrinsics would become calls.
+            let mut v = [_mm256_setzero_si256(); 8];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = block_i32(
+                    wq.add((b0 + i) * QK),
+                    aq.add((b0 + i) * QK),
+                    if half_scales {
+                        Some(scp.add(2 * (b0 + i)))
+                    } else {
+                        None
+                    },
+                );
+            }
             acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&v), has_min));
             b0 += 8;
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
         for b in b0..nb {
-            let v = block_i32(wq.add(b * QK), aq.add(b * QK), sc(b));
+            let v = block_i32(
+                wq.add(b * QK),
+                aq.add(b * QK),
+                if half_scales {
+                    Some(scp.add(2 * b))
+                } else {
+                    None
+                },
+            );
             let mut parts = [0i32; 8];
             _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, v);
             lanes[b % 8] += block_term(w, a, b, parts.iter().sum(), has_min);
@@ -349,8 +371,10 @@ mod avx512 {
                 v[2 * i] = _mm512_castsi512_si256(p);
                 v[2 * i + 1] = _mm512_extracti64x4_epi64(p, 1);
             }
-            let lo: [__m256i; 8] = std::array::from_fn(|i| v[i]);
-            let hi: [__m256i; 8] = std::array::from_fn(|i| v[8 + i]);
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            lo.copy_from_slice(&v[..8]);
+            hi.copy_from_slice(&v[8..]);
             acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&lo), has_min));
             acc = _mm256_add_ps(acc, terms8(w, a, b0 + 8, sums8(&hi), has_min));
             b0 += 16;

@@ -1,0 +1,19 @@
+//! The cloud node: holds named cloud prompts, prefills each once with the shared model, caches
+//! the KV and streams it to edges over gRPC in layer-major chunks. A cold prompt streams layer
+//! `l` as soon as layer `l` is computed.
+
+mod prompts;
+mod service;
+
+pub use prompts::{PromptSpec, PromptsFile};
+pub use service::{CloudNode, CloudService};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    #[error("prompts file {path}: {msg}")]
+    Prompts { path: String, msg: String },
+    #[error(transparent)]
+    Engine(#[from] edgeprompt_engine::EngineError),
+    #[error(transparent)]
+    Kv(#[from] edgeprompt_kv::KvError),
+}

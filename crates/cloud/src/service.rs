@@ -1,0 +1,257 @@
+//! The gRPC service.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use edgeprompt_engine::sequence::PrefillPass;
+use edgeprompt_engine::{Message, Model, PrefixKv};
+use edgeprompt_kv::{content_address, Chunk, Codec, MemoryStore};
+use edgeprompt_protocol::cloud_kv_server::CloudKv;
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header, PromptRef};
+use tokio::sync::{mpsc, Mutex};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::{CloudError, PromptSpec};
+
+/// Tokens per streamed chunk.
+const CHUNK_TOKENS: usize = 256;
+
+struct Prompt {
+    id: String,
+    token_ids: Vec<u32>,
+    address: String,
+    /// Held while the prompt's KV is being computed, so it is computed once.
+    compute: Mutex<()>,
+}
+
+pub struct CloudNode {
+    model: Arc<Model>,
+    prompts: HashMap<String, Arc<Prompt>>,
+    by_address: HashMap<String, String>,
+    cache: MemoryStore,
+}
+
+impl CloudNode {
+    pub fn new(
+        model: Arc<Model>,
+        specs: &[PromptSpec],
+        cache_bytes: usize,
+    ) -> Result<Self, CloudError> {
+        let chat = model.chat.as_ref().ok_or_else(|| {
+            edgeprompt_engine::EngineError::Unsupported("the model has no chat template".into())
+        })?;
+        let mut prompts = HashMap::new();
+        let mut by_address = HashMap::new();
+        for s in specs {
+            let text = chat.render(&[Message::new("system", &s.system)], false)?;
+            let token_ids = model.tokenizer.encode(&text)?;
+            let address = content_address(&model.fingerprint, &token_ids);
+            by_address.insert(address.clone(), s.id.clone());
+            prompts.insert(
+                s.id.clone(),
+                Arc::new(Prompt {
+                    id: s.id.clone(),
+                    token_ids,
+                    address,
+                    compute: Mutex::new(()),
+                }),
+            );
+        }
+        Ok(Self {
+            model,
+            prompts,
+            by_address,
+            cache: MemoryStore::new(cache_bytes),
+        })
+    }
+
+    pub fn prompt_ids(&self) -> Vec<String> {
+        self.prompts.keys().cloned().collect()
+    }
+
+    /// Token count of a prompt (for reporting).
+    pub fn prompt_tokens(&self, id: &str) -> Option<usize> {
+        self.prompts.get(id).map(|p| p.token_ids.len())
+    }
+
+    /// Compute (or fetch from cache) the KV of a prompt without streaming it.
+    pub async fn warm(self: &Arc<Self>, id: &str) -> Result<Arc<PrefixKv>, Status> {
+        let p = self
+            .prompts
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(id.to_string()))?;
+        let (tx, mut rx) = mpsc::channel(64);
+        let me = self.clone();
+        let task = tokio::spawn(async move { me.produce(p, Codec::F16, None, tx).await });
+        while rx.recv().await.is_some() {}
+        task.await.map_err(|e| Status::internal(e.to_string()))?
+    }
+
+    fn resolve(&self, req: &FetchRequest) -> Result<Arc<Prompt>, Status> {
+        let id = match &req.prompt {
+            Some(PromptRef::Id(id)) => id.clone(),
+            Some(PromptRef::ContentAddress(a)) => self
+                .by_address
+                .get(&hex::encode(a))
+                .cloned()
+                .ok_or_else(|| Status::not_found("no cloud prompt with that content address"))?,
+            None => {
+                return Err(Status::invalid_argument(
+                    "the request names no cloud prompt",
+                ))
+            }
+        };
+        self.prompts
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("unknown cloud prompt {id:?}")))
+    }
+
+    /// Send the header and the chunks of `p` into `tx`, computing the KV first if it is not
+    /// cached (layer by layer, each layer sent as soon as it is computed).
+    async fn produce(
+        self: Arc<Self>,
+        p: Arc<Prompt>,
+        codec: Codec,
+        zstd: Option<i32>,
+        tx: mpsc::Sender<Result<FetchMessage, Status>>,
+    ) -> Result<Arc<PrefixKv>, Status> {
+        let cfg = &self.model.cfg;
+        let header = Header {
+            prompt_id: p.id.clone(),
+            content_address: hex::decode(&p.address).unwrap_or_default(),
+            token_ids: p.token_ids.clone(),
+            n_layers: cfg.n_layer as u32,
+            n_kv_head: cfg.n_kv_head as u32,
+            head_dim: cfg.head_dim as u32,
+            codec: codec.name().into(),
+            compressed: zstd.is_some(),
+            model_fingerprint: self.model.fingerprint.clone(),
+        };
+        let _ = tx
+            .send(Ok(FetchMessage {
+                body: Some(Body::Header(header)),
+            }))
+            .await;
+        let guard = p.compute.lock().await;
+        if let Some(kv) = self.cache.get(&p.address) {
+            drop(guard);
+            for (l, layer) in kv.layers.iter().enumerate() {
+                send_layer(&tx, l, layer, codec, zstd).await?;
+            }
+            return Ok(kv);
+        }
+        // Cold: compute layer by layer on a blocking thread, streaming each layer.
+        let (ltx, mut lrx) = mpsc::channel::<(usize, Arc<edgeprompt_engine::LayerKv>)>(4);
+        let model = self.model.clone();
+        let ids = p.token_ids.clone();
+        let compute = tokio::task::spawn_blocking(move || -> Result<PrefixKv, Status> {
+            let err = |e: edgeprompt_engine::EngineError| Status::internal(e.to_string());
+            let mut pass = PrefillPass::new(&model, &ids, 0).map_err(err)?;
+            for l in 0..model.cfg.n_layer {
+                pass.run_layer(&model, None).map_err(err)?;
+                let _ = ltx.blocking_send((l, Arc::new(pass.layer_kv(l).clone())));
+            }
+            pass.into_prefix(&model).map_err(err)
+        });
+        while let Some((l, layer)) = lrx.recv().await {
+            // A client that went away does not stop the computation: the cache still gets it.
+            let _ = send_layer(&tx, l, &layer, codec, zstd).await;
+        }
+        let kv = Arc::new(
+            compute
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??,
+        );
+        self.cache.put(&p.address, kv.clone());
+        drop(guard);
+        tracing::info!(prompt = %p.id, tokens = p.token_ids.len(), "cloud prompt prefilled and cached");
+        Ok(kv)
+    }
+}
+
+async fn send_layer(
+    tx: &mpsc::Sender<Result<FetchMessage, Status>>,
+    l: usize,
+    layer: &edgeprompt_engine::LayerKv,
+    codec: Codec,
+    zstd: Option<i32>,
+) -> Result<(), Status> {
+    let mut s = 0;
+    loop {
+        let e = (s + CHUNK_TOKENS).min(layer.len());
+        let c = Chunk::encode(l as u32, layer, s, e, codec, zstd)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        tx.send(Ok(FetchMessage {
+            body: Some(Body::Chunk(c.into())),
+        }))
+        .await
+        .map_err(|_| Status::cancelled("client went away"))?;
+        s = e;
+        if s >= layer.len() {
+            return Ok(());
+        }
+    }
+}
+
+type FetchStream = Pin<Box<dyn Stream<Item = Result<FetchMessage, Status>> + Send>>;
+
+/// The gRPC face of a cloud node.
+#[derive(Clone)]
+pub struct CloudService(pub Arc<CloudNode>);
+
+impl CloudService {
+    pub fn server(
+        node: Arc<CloudNode>,
+    ) -> edgeprompt_protocol::cloud_kv_server::CloudKvServer<Self> {
+        edgeprompt_protocol::cloud_kv_server::CloudKvServer::new(Self(node))
+            .max_encoding_message_size(64 << 20)
+    }
+}
+
+#[tonic::async_trait]
+impl CloudKv for CloudService {
+    type FetchStream = FetchStream;
+
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
+        let this = &self.0;
+        let req = req.into_inner();
+        if req.model_fingerprint != this.model.fingerprint {
+            return Err(Status::failed_precondition(format!(
+                "model fingerprint mismatch: the cloud runs {}, the edge has {}",
+                &this.model.fingerprint[..12],
+                req.model_fingerprint
+                    .get(..12)
+                    .unwrap_or(&req.model_fingerprint)
+            )));
+        }
+        let p = this.resolve(&req)?;
+        let codec = if req.accept_codecs.is_empty() {
+            Codec::F16
+        } else {
+            req.accept_codecs
+                .iter()
+                .find_map(|c| Codec::parse(c))
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "no supported codec in {:?}",
+                        req.accept_codecs
+                    ))
+                })?
+        };
+        let zstd = req.accept_zstd.then_some(3);
+        let (tx, rx) = mpsc::channel(64);
+        let me = this.clone();
+        tokio::spawn(async move {
+            let err_tx = tx.clone();
+            if let Err(e) = me.produce(p, codec, zstd, tx).await {
+                let _ = err_tx.send(Err(e)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

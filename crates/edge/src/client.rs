@@ -1,0 +1,185 @@
+//! gRPC client: one `FetchRequest` up, a header and verified layers down.
+
+use std::time::Instant;
+
+use edgeprompt_engine::{LayerKv, Model};
+use edgeprompt_kv::{Chunk, Codec, Reassembler};
+use edgeprompt_protocol::cloud_kv_client::CloudKvClient;
+use edgeprompt_protocol::{fetch_message::Body, FetchRequest, PromptRef};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use crate::{EdgeError, Result};
+
+#[derive(Debug, Clone)]
+pub struct CloudHeader {
+    pub prompt_id: String,
+    pub token_ids: Vec<u32>,
+    pub n_layers: usize,
+    pub codec: String,
+    pub content_address: String,
+}
+
+/// One layer of cloud KV, complete and verified, with when it arrived and its wire size.
+pub struct LayerArrival {
+    pub layer: usize,
+    pub kv: LayerKv,
+    pub at: Instant,
+    pub wire_bytes: usize,
+}
+
+pub struct CloudClient {
+    url: String,
+    inner: CloudKvClient<Channel>,
+}
+
+impl CloudClient {
+    pub async fn connect(url: &str) -> Result<Self> {
+        let err = |e: String| EdgeError::Connect {
+            url: url.to_string(),
+            msg: e,
+        };
+        let ch = Channel::from_shared(url.to_string())
+            .map_err(|e| err(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Self {
+            url: url.to_string(),
+            inner: CloudKvClient::new(ch).max_decoding_message_size(64 << 20),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Ask for a cloud prompt's KV. Returns the header and a channel of layers in order; a
+    /// chunk that fails its checksum, comes out of order or does not fit the model ends the
+    /// stream with an error, and nothing of it is used.
+    pub async fn fetch(
+        &mut self,
+        model: &Model,
+        prompt: PromptRef,
+        codecs: &[Codec],
+        zstd: bool,
+    ) -> Result<(CloudHeader, mpsc::Receiver<Result<LayerArrival>>)> {
+        let req = FetchRequest {
+            prompt: Some(prompt),
+            model_fingerprint: model.fingerprint.clone(),
+            accept_codecs: codecs.iter().map(|c| c.name().to_string()).collect(),
+            accept_zstd: zstd,
+        };
+        let mut stream = self
+            .inner
+            .fetch(req)
+            .await
+            .map_err(|s| EdgeError::Refused(format!("{:?}: {}", s.code(), s.message())))?
+            .into_inner();
+        let first = stream
+            .message()
+            .await
+            .map_err(|s| EdgeError::Refused(format!("{:?}: {}", s.code(), s.message())))?
+            .ok_or_else(|| EdgeError::Stream("stream ended before the header".into()))?;
+        let h = match first.body {
+            Some(Body::Header(h)) => h,
+            _ => return Err(EdgeError::Stream("first message is not a header".into())),
+        };
+        let cfg = &model.cfg;
+        if h.model_fingerprint != model.fingerprint
+            || h.n_layers as usize != cfg.n_layer
+            || h.n_kv_head as usize != cfg.n_kv_head
+            || h.head_dim as usize != cfg.head_dim
+        {
+            return Err(EdgeError::Stream(format!(
+                "header does not fit this model: {} layers x {} heads x {}",
+                h.n_layers, h.n_kv_head, h.head_dim
+            )));
+        }
+        let header = CloudHeader {
+            prompt_id: h.prompt_id,
+            token_ids: h.token_ids,
+            n_layers: cfg.n_layer,
+            codec: h.codec,
+            content_address: hex::encode(&h.content_address),
+        };
+        let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
+        let mut re = Reassembler::new(
+            cfg.n_layer,
+            header.token_ids.len(),
+            cfg.n_kv_head,
+            cfg.head_dim,
+        );
+        tokio::spawn(async move {
+            let mut bytes = 0;
+            loop {
+                let msg = match stream.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) if re.is_complete() => return,
+                    Ok(None) => {
+                        let _ = tx
+                            .send(Err(EdgeError::Stream(format!(
+                                "stream ended after {} of {} layers",
+                                re.layers_done(),
+                                re_layers(&re)
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(s) => {
+                        let _ = tx
+                            .send(Err(EdgeError::Stream(format!(
+                                "{:?}: {}",
+                                s.code(),
+                                s.message()
+                            ))))
+                            .await;
+                        return;
+                    }
+                };
+                let chunk = match msg.body {
+                    Some(Body::Chunk(c)) => c,
+                    _ => {
+                        let _ = tx
+                            .send(Err(EdgeError::Stream(
+                                "unexpected message after the header".into(),
+                            )))
+                            .await;
+                        return;
+                    }
+                };
+                bytes += chunk.payload.len();
+                let result = Chunk::try_from(chunk)
+                    .map_err(EdgeError::Stream)
+                    .and_then(|c| re.push(&c).map_err(EdgeError::from));
+                match result {
+                    Ok(Some((layer, kv))) => {
+                        let a = LayerArrival {
+                            layer,
+                            kv,
+                            at: Instant::now(),
+                            wire_bytes: std::mem::take(&mut bytes),
+                        };
+                        if tx.send(Ok(a)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok((header, rx))
+    }
+}
+
+fn re_layers(re: &Reassembler) -> String {
+    if re.is_complete() {
+        "all".into()
+    } else {
+        "the expected".into()
+    }
+}

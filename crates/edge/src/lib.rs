@@ -1,0 +1,26 @@
+//! The edge node: fetches a cloud prompt's KV layer by layer and computes the private prompt's
+//! layer `l` as soon as cloud layer `l` has arrived (transfer overlaps compute, EdgePrompt
+//! eq. 7), then decodes locally. Nothing of the private prompt is sent: the only message to
+//! the cloud is `FetchRequest`.
+
+pub mod client;
+pub mod pipeline;
+
+pub use client::{CloudClient, CloudHeader, LayerArrival};
+pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error("cannot reach the cloud at {url}: {msg}")]
+    Connect { url: String, msg: String },
+    #[error("cloud refused: {0}")]
+    Refused(String),
+    #[error("cloud stream: {0}")]
+    Stream(String),
+    #[error("cloud KV rejected: {0}")]
+    Kv(#[from] edgeprompt_kv::KvError),
+    #[error(transparent)]
+    Engine(#[from] edgeprompt_engine::EngineError),
+}
+
+pub type Result<T> = std::result::Result<T, EdgeError>;
