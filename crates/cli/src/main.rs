@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 mod models;
+mod nodes;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,14 @@ struct Cli {
 enum Command {
     /// Answer one chat turn locally, streaming, and print TTFT and throughput.
     Generate(generate::Args),
+    /// Cloud node: prefill named prompts once, stream their KV to edges over gRPC.
+    Cloud(nodes::CloudArgs),
+    /// Edge node, one chat turn: fetch the cloud prompt's KV, compute the private prompt here.
+    Edge(nodes::EdgeArgs),
+    /// Shaping TCP proxy (bandwidth, RTT) with named profiles.
+    Link(nodes::LinkArgs),
+    /// Cloud, link and edge on loopback answering a chat with a private prompt.
+    Demo(nodes::DemoArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
     /// Benchmarks (machine, settings and baselines printed with every result).
@@ -31,13 +40,17 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::Generate(a) => generate::run(a),
         Command::Info(a) => models::info(a),
+        Command::Cloud(a) => nodes::cloud(a),
+        Command::Edge(a) => nodes::edge(a),
+        Command::Link(a) => nodes::link(a),
+        Command::Demo(a) => nodes::demo(a),
         Command::Bench(b) => bench::run(b),
     }
 }

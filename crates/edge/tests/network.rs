@@ -164,7 +164,7 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
     let m = model();
     let url = start_cloud(m.clone()).await;
     let mut client = CloudClient::connect(&url).await.unwrap();
-    let err = client
+    let Err(err) = client
         .fetch(
             &m,
             PromptRef::Id("no-such-prompt".into()),
@@ -172,13 +172,14 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
             false,
         )
         .await
-        .err()
-        .expect("unknown prompt is refused");
+    else {
+        panic!("unknown prompt is refused")
+    };
     assert!(
         err.to_string().contains("NotFound") && err.to_string().contains("no-such-prompt"),
         "{err}"
     );
-    let err = client
+    let Err(err) = client
         .fetch(
             &m,
             PromptRef::ContentAddress(vec![7; 32]),
@@ -186,8 +187,9 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
             false,
         )
         .await
-        .err()
-        .expect("unknown address is refused");
+    else {
+        panic!("unknown address is refused")
+    };
     assert!(err.to_string().contains("NotFound"), "{err}");
 
     // An edge with a different model file (same shapes, other weights) is refused.
@@ -200,7 +202,9 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
     let mut raw = edgeprompt_protocol::cloud_kv_client::CloudKvClient::connect(url.clone())
         .await
         .unwrap();
-    let status = raw.fetch(req).await.err().expect("wrong model is refused");
+    let Err(status) = raw.fetch(req).await else {
+        panic!("wrong model is refused")
+    };
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(
         status.message().contains("fingerprint"),

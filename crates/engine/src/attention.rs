@@ -133,7 +133,7 @@ mod simd {
 
     pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
         #[cfg(target_arch = "x86_64")]
-        if *HAS_AVX2 && st.dim % 16 == 0 {
+        if *HAS_AVX2 && st.dim.is_multiple_of(16) {
             // SAFETY: the CPU supports the features enabled on attend_avx2.
             return unsafe { attend_avx2(st, q, k, v, n) };
         }

@@ -116,8 +116,9 @@ impl Link {
     }
 }
 
-/// Copy one direction, pacing by bandwidth and delaying by half the RTT. Delivery times are
-/// monotonic, so sleeping until each chunk's time keeps order and models a pipe.
+/// Copy one direction: each chunk leaves the wire after the ones before it (bandwidth) and
+/// is delivered half an RTT later. Reading and delivering are separate tasks, so the latency
+/// is paid once per chunk in flight, not once per chunk in sequence.
 async fn pump(
     mut r: tokio::net::tcp::OwnedReadHalf,
     mut w: tokio::net::tcp::OwnedWriteHalf,
@@ -125,6 +126,17 @@ async fn pump(
     c: Arc<Counters>,
     up: bool,
 ) {
+    // Bounded: a full pipe pushes back on the sender like a real link's buffers.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(256);
+    let deliver = tokio::spawn(async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if w.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
     let mut buf = vec![0u8; 16 * 1024];
     let mut wire_free = Instant::now();
     loop {
@@ -134,15 +146,19 @@ async fn pump(
         };
         let counter = if up { &c.up } else { &c.down };
         counter.fetch_add(n as u64, Ordering::Relaxed);
-        let now = Instant::now();
-        let start = wire_free.max(now);
-        wire_free = start + p.serialization(n);
-        tokio::time::sleep_until(wire_free + p.rtt / 2).await;
-        if w.write_all(&buf[..n]).await.is_err() {
+        wire_free = wire_free.max(Instant::now()) + p.serialization(n);
+        // Pace the reader to the wire so the buffer holds at most what is in flight.
+        tokio::time::sleep_until(wire_free).await;
+        if tx
+            .send((wire_free + p.rtt / 2, buf[..n].to_vec()))
+            .await
+            .is_err()
+        {
             break;
         }
     }
-    let _ = w.shutdown().await;
+    drop(tx);
+    let _ = deliver.await;
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ impl QMatrix {
     pub fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
         let bv = format.block_values();
         let expect = n * (k / bv) * format.block_bytes();
-        (k % bv == 0 && data.len() == expect).then_some(Self { format, n, k, data })
+        (k.is_multiple_of(bv) && data.len() == expect).then_some(Self { format, n, k, data })
     }
 
     pub fn out_dim(&self) -> usize {

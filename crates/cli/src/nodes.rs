@@ -1,0 +1,401 @@
+//! `edgeprompt cloud`, `edgeprompt link`, `edgeprompt edge` and `edgeprompt demo`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec, PromptsFile};
+use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
+use edgeprompt_engine::sample::Sampler;
+use edgeprompt_engine::{Message, Model, SamplingParams, Sequence};
+use edgeprompt_kv::Codec;
+use edgeprompt_link::{Link, Profile};
+use edgeprompt_protocol::PromptRef;
+use tokio_stream::wrappers::TcpListenerStream;
+
+#[derive(clap::Args)]
+pub struct CloudArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    /// TOML file with [[prompt]] id = "...", system = "..."
+    #[arg(long)]
+    prompts: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: String,
+    /// Bytes of prompt KV the cloud keeps in memory (LRU).
+    #[arg(long, default_value_t = 1 << 30)]
+    cache_bytes: usize,
+}
+
+#[derive(clap::Args)]
+pub struct LinkArgs {
+    #[arg(long)]
+    listen: String,
+    #[arg(long)]
+    upstream: String,
+    /// Named profile: 6g, 5g, wifi, 4g, constrained, loopback.
+    #[arg(long)]
+    profile: Option<String>,
+    /// e.g. 100mbit (overrides the profile's).
+    #[arg(long)]
+    bandwidth: Option<String>,
+    /// e.g. 20ms (overrides the profile's).
+    #[arg(long)]
+    rtt: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct EdgeArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    /// Cloud URL, e.g. http://127.0.0.1:50051
+    #[arg(long)]
+    cloud: String,
+    /// Registered cloud prompt id.
+    #[arg(long)]
+    prompt_id: String,
+    /// The system message of that prompt (the edge renders the template split with it).
+    #[arg(long)]
+    system: String,
+    /// The private message: it stays on this machine.
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Wait for all cloud layers before computing (for comparison).
+    #[arg(long)]
+    no_pipeline: bool,
+}
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    #[arg(long, default_value = DEMO_SYSTEM)]
+    system: String,
+    #[arg(long, default_value = DEMO_USER)]
+    prompt: String,
+    /// Link profile between edge and cloud.
+    #[arg(long, default_value = "5g")]
+    link: String,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    #[arg(long, default_value_t = 96)]
+    max_tokens: usize,
+}
+
+const DEMO_SYSTEM: &str = "You are the coding assistant for the Acme Payments Python SDK. Answer briefly with \
+corrected code.\n\
+SDK reference:\n\
+- `acme.Client(api_key: str, timeout: float = 10.0)` creates a client. Keys start with `sk_live_` or `sk_test_`.\n\
+- `client.charges.create(amount: int, currency: str, source: str, idempotency_key: str | None = None)` \
+charges `amount` in the smallest currency unit (cents). Returns a `Charge` with `.id` and `.status` \
+(`succeeded`, `pending`, `failed`).\n\
+- `client.refunds.create(charge_id: str, amount: int | None = None)` refunds all or part of a charge.\n\
+- `client.customers.retrieve(customer_id: str)` returns a `Customer` with `.email` and `.default_source`.\n\
+- Errors: `acme.CardError` (declined card, has `.code`), `acme.RateLimitError` (retry with backoff), \
+`acme.AuthenticationError` (bad key).\n\
+- Always pass an `idempotency_key` when retrying a charge, so a retry never charges twice.\n\
+- Amounts are integers: 12.50 EUR is `1250`.";
+const DEMO_USER: &str =
+    "Our internal billing job (do not share) fails for customer cus_8842 of Dana Whitfield:\n\
+```python\n\
+client = acme.Client(api_key=\"sk_live_51Hx9InternalKey\")\n\
+charge = client.charges.create(amount=12.50, currency=\"eur\", source=cust.default_source)\n\
+```\n\
+What is wrong?";
+
+fn parse_ms(s: &str) -> anyhow::Result<std::time::Duration> {
+    let n: f64 = s
+        .trim()
+        .trim_end_matches("ms")
+        .parse()
+        .context("rtt like 20ms")?;
+    Ok(std::time::Duration::from_secs_f64(n / 1000.0))
+}
+
+fn profile(name: Option<&str>, bw: Option<&str>, rtt: Option<&str>) -> anyhow::Result<Profile> {
+    let mut p = match name {
+        Some(n) => Profile::named(n).with_context(|| format!("unknown link profile {n}"))?,
+        None => Profile::UNLIMITED,
+    };
+    if let Some(b) = bw {
+        p.bandwidth_bps =
+            Profile::parse_bandwidth(b).with_context(|| format!("bad bandwidth {b}"))?;
+    }
+    if let Some(r) = rtt {
+        p.rtt = parse_ms(r)?;
+    }
+    Ok(p)
+}
+
+async fn serve_cloud(node: Arc<CloudNode>, listen: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudService::server(node))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    Ok(addr)
+}
+
+pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::models::load(&a.model)?);
+    let specs = PromptsFile::load(&a.prompts)?.prompts;
+    let node = Arc::new(CloudNode::new(model, &specs, a.cache_bytes)?);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let addr = serve_cloud(node.clone(), &a.listen).await?;
+        eprintln!("cloud serving {} prompt(s) on {addr}", specs.len());
+        for id in node.prompt_ids() {
+            let t = Instant::now();
+            node.warm(&id)
+                .await
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+            eprintln!(
+                "  {id}: {} tokens prefilled in {:.2} s",
+                node.prompt_tokens(&id).unwrap_or(0),
+                t.elapsed().as_secs_f64()
+            );
+        }
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    })
+}
+
+pub fn link(a: LinkArgs) -> anyhow::Result<()> {
+    let p = profile(
+        a.profile.as_deref(),
+        a.bandwidth.as_deref(),
+        a.rtt.as_deref(),
+    )?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let link = Link::start(&a.listen, a.upstream.clone(), p).await?;
+        eprintln!(
+            "link {} -> {} ({:.0} Mbit/s, RTT {:?})",
+            link.addr,
+            a.upstream,
+            p.bandwidth_bps as f64 / 1e6,
+            p.rtt
+        );
+        tokio::signal::ctrl_c().await?;
+        eprintln!(
+            "bytes up {}, down {}",
+            link.counters.up(),
+            link.counters.down()
+        );
+        Ok(())
+    })
+}
+
+/// What one edge request measured.
+struct EdgeRun {
+    text: String,
+    ttft: f64,
+    prefill_done: f64,
+    tokens: usize,
+    total: f64,
+    timeline: Timeline,
+}
+
+/// One chat turn as the edge sees it.
+struct Turn<'a> {
+    prompt_id: &'a str,
+    system: &'a str,
+    user: &'a str,
+    codec: Codec,
+    pipeline: bool,
+    max_tokens: usize,
+    echo: bool,
+}
+
+async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Result<EdgeRun> {
+    let Turn {
+        prompt_id,
+        system,
+        user,
+        codec,
+        pipeline,
+        max_tokens,
+        echo,
+    } = t;
+    let chat = model.chat.as_ref().context("no chat template")?;
+    let split = chat.split(system, &[Message::new("user", user)])?;
+    let edge_ids = model.tokenizer.encode(&split.edge)?;
+    let start = Instant::now();
+    let mut client = CloudClient::connect(url).await?;
+    let (header, mut rx) = client
+        .fetch(&model, PromptRef::Id(prompt_id.into()), &[codec], false)
+        .await?;
+    if header.token_ids != model.tokenizer.encode(&split.cloud)? {
+        bail!("the cloud's prompt {prompt_id:?} is not this system message");
+    }
+    tokio::task::spawn_blocking(move || -> anyhow::Result<EdgeRun> {
+        let (mut seq, mut logits, timeline) =
+            prefill_from_cloud(&model, &header, &mut rx, &edge_ids, start, pipeline)?;
+        let prefill_done = start.elapsed().as_secs_f64();
+        let (text, ttft, tokens) = decode(&model, &mut seq, &mut logits, max_tokens, start, echo)?;
+        Ok(EdgeRun {
+            text,
+            ttft,
+            prefill_done,
+            tokens,
+            total: start.elapsed().as_secs_f64(),
+            timeline,
+        })
+    })
+    .await?
+}
+
+/// Greedy decode with streaming; returns text, TTFT and token count.
+fn decode(
+    model: &Model,
+    seq: &mut Sequence,
+    logits: &mut Vec<f32>,
+    max_tokens: usize,
+    start: Instant,
+    echo: bool,
+) -> anyhow::Result<(String, f64, usize)> {
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let (mut ids, mut shown, mut ttft) = (Vec::new(), 0, 0.0);
+    let mut out = std::io::stdout();
+    while ids.len() < max_tokens {
+        let id = sampler.sample(logits);
+        if ids.is_empty() {
+            ttft = start.elapsed().as_secs_f64();
+        }
+        if model.tokenizer.stop_ids.contains(&id) {
+            break;
+        }
+        ids.push(id);
+        let text = model.tokenizer.decode(&ids)?;
+        if echo && !text.ends_with('\u{FFFD}') {
+            let _ = out.write_all(&text.as_bytes()[shown..]);
+            let _ = out.flush();
+            shown = text.len();
+        }
+        *logits = seq.prefill(model, &[id])?;
+    }
+    if echo {
+        println!();
+    }
+    Ok((model.tokenizer.decode(&ids)?, ttft, ids.len()))
+}
+
+pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::models::load(&a.model)?);
+    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let run = rt.block_on(edge_request(
+        model,
+        &a.cloud,
+        Turn {
+            prompt_id: &a.prompt_id,
+            system: &a.system,
+            user: &a.prompt,
+            codec,
+            pipeline: !a.no_pipeline,
+            max_tokens: a.max_tokens,
+            echo: true,
+        },
+    ))?;
+    eprintln!(
+        "TTFT {:.3} s (prefill done {:.3} s), {} tokens in {:.2} s, {} KV bytes down",
+        run.ttft,
+        run.prefill_done,
+        run.tokens,
+        run.total,
+        run.timeline.bytes_down()
+    );
+    Ok(())
+}
+
+pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::models::load(&a.model)?);
+    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let link_profile = profile(Some(&a.link), None, None)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let specs = [PromptSpec {
+            id: "acme-support".into(),
+            system: a.system.clone(),
+        }];
+        let node = Arc::new(CloudNode::new(model.clone(), &specs, 1 << 30)?);
+        let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0").await?;
+        let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), link_profile).await?;
+        let url = format!("http://{}", link.addr);
+        println!("== EdgePrompt demo: {} ==", model.cfg.name);
+        println!("cloud on {cloud_addr}, edge reaches it through a {} link ({:.0} Mbit/s, RTT {:?}) on {}", a.link, link_profile.bandwidth_bps as f64 / 1e6, link_profile.rtt, link.addr);
+        let t = Instant::now();
+        node.warm("acme-support").await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+        println!(
+            "cloud prefilled the public prompt once: {} tokens in {:.2} s (cached for every edge)",
+            node.prompt_tokens("acme-support").unwrap_or(0),
+            t.elapsed().as_secs_f64()
+        );
+        println!("\nuser (private, stays on the edge): {}\n\nassistant: ", a.prompt);
+        let (up0, down0) = (link.counters.up(), link.counters.down());
+        let run = edge_request(
+            model.clone(),
+            &url,
+            Turn {
+                prompt_id: "acme-support",
+                system: &a.system,
+                user: &a.prompt,
+                codec,
+                pipeline: true,
+                max_tokens: a.max_tokens,
+                echo: true,
+            },
+        ).await?;
+        let (up, down) = (link.counters.up() - up0, link.counters.down() - down0);
+        println!("\n-- EdgePrompt (cloud KV over the link, private prompt on the edge) --");
+        println!(
+            "TTFT {:.3} s = KV transfer overlapped with edge compute (prefill done at {:.3} s) + first token",
+            run.ttft, run.prefill_done
+        );
+        println!("{} tokens, {:.2} s total; bytes down {down} (KV payload {}), bytes up {up} (the request only; no edge-prompt bytes)", run.tokens, run.total, run.timeline.bytes_down());
+        println!("\nlayer timeline (s since request): arrived | compute start-end");
+        let n = run.timeline.layers.len();
+        for l in run.timeline.layers.iter().filter(|l| l.layer < 3 || l.layer + 3 >= n) {
+            println!(
+                "  layer {:2}: {:7.3} | {:7.3}-{:7.3} {}",
+                l.layer,
+                l.arrived,
+                l.compute_start,
+                l.compute_end,
+                "#".repeat(((l.compute_end - l.compute_start) * 400.0).round() as usize).chars().take(40).collect::<String>()
+            );
+            if l.layer == 2 && n > 6 {
+                println!("  ...");
+            }
+        }
+        // Edge only: the same request with the public prompt prefilled on the edge.
+        let chat = model.chat.as_ref().context("no chat template")?;
+        let full = chat.render(&[Message::new("system", &a.system), Message::new("user", &a.prompt)], true)?;
+        let ids = model.tokenizer.encode(&full)?;
+        let m2 = model.clone();
+        let max_tokens = a.max_tokens;
+        let (edge_only_ttft, edge_text) = tokio::task::spawn_blocking(move || -> anyhow::Result<(f64, String)> {
+            let start = Instant::now();
+            let mut seq = Sequence::new(&m2);
+            let mut logits = seq.prefill(&m2, &ids)?;
+            let (text, ttft, _) = decode(&m2, &mut seq, &mut logits, max_tokens, start, false)?;
+            Ok((ttft, text))
+        })
+        .await??;
+        println!("\n-- edge only (public prompt prefilled again on the edge) --");
+        println!("TTFT {edge_only_ttft:.3} s -> EdgePrompt TTFT is {:.2}x of it", run.ttft / edge_only_ttft);
+        println!(
+            "same answer as edge-only: {}",
+            if edge_text == run.text { "yes (split inference is exact)" } else { "NO" }
+        );
+        Ok(())
+    })
+}
