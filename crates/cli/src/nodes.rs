@@ -376,6 +376,21 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 println!("  ...");
             }
         }
+        let tl = &run.timeline.layers;
+        let inputs = edgeprompt_planner::Inputs {
+            cloud_layer_secs: vec![0.0; tl.len()],
+            layer_bytes: tl.iter().map(|l| l.wire_bytes).collect(),
+            bandwidth_bps: link_profile.bandwidth_bps as f64,
+            rtt_secs: link_profile.rtt.as_secs_f64(),
+            edge_layer_secs: tl.iter().map(|l| l.compute_end - l.compute_start).collect(),
+            head_secs: run.ttft - tl.last().map_or(0.0, |l| l.compute_end),
+        };
+        let p = edgeprompt_planner::predict(&inputs);
+        println!(
+            "\nplanner (EdgePrompt eqs. 6-7, measured per-layer compute and link bandwidth): regime {:?}; \
+             predicted TTFT {:.3} s pipelined ({:.3} s without pipelining); measured {:.3} s",
+            p.regime, p.pipelined_secs, p.sequential_secs, run.ttft
+        );
         // Edge only: the same request with the public prompt prefilled on the edge.
         let chat = model.chat.as_ref().context("no chat template")?;
         let full = chat.render(&[Message::new("system", &a.system), Message::new("user", &a.prompt)], true)?;

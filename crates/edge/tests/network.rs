@@ -73,14 +73,27 @@ fn edge_ids(model: &Model, system: &str, user: &str) -> (Vec<u32>, Vec<u32>) {
     )
 }
 
-fn greedy(model: &Model, seq: &mut Sequence, mut logits: Vec<f32>, n: usize) -> Vec<u32> {
+/// Greedy tokens; with `forced`, feed those tokens instead (teacher forcing) and return the
+/// model's own argmax at each step.
+fn greedy_forced(
+    model: &Model,
+    seq: &mut Sequence,
+    mut logits: Vec<f32>,
+    n: usize,
+    forced: Option<&[u32]>,
+) -> Vec<u32> {
     let mut out = Vec::new();
-    for _ in 0..n {
+    for i in 0..n {
         let id = argmax(&logits);
         out.push(id);
-        logits = seq.prefill(model, &[id]).unwrap();
+        let next = forced.map_or(id, |f| f[i]);
+        logits = seq.prefill(model, &[next]).unwrap();
     }
     out
+}
+
+fn greedy(model: &Model, seq: &mut Sequence, logits: Vec<f32>, n: usize) -> Vec<u32> {
+    greedy_forced(model, seq, logits, n, None)
 }
 
 /// Fetch over gRPC and decode `n` greedy tokens; returns tokens and bytes down.
@@ -91,6 +104,18 @@ async fn over_network(
     codec: Codec,
     pipeline: bool,
     n: usize,
+) -> (Vec<u32>, usize) {
+    over_network_forced(url, prompt, user, codec, pipeline, n, None).await
+}
+
+async fn over_network_forced(
+    url: &str,
+    prompt: &str,
+    user: &str,
+    codec: Codec,
+    pipeline: bool,
+    n: usize,
+    forced: Option<Vec<u32>>,
 ) -> (Vec<u32>, usize) {
     let m = model();
     let mut client = CloudClient::connect(url).await.unwrap();
@@ -107,7 +132,8 @@ async fn over_network(
     tokio::task::spawn_blocking(move || {
         let (mut seq, logits, tl) =
             prefill_from_cloud(&m, &header, &mut rx, &ids, Instant::now(), pipeline).unwrap();
-        (greedy(&m, &mut seq, logits, n), tl.bytes_down())
+        let out = greedy_forced(&m, &mut seq, logits, n, forced.as_deref());
+        (out, tl.bytes_down())
     })
     .await
     .unwrap()
@@ -144,10 +170,14 @@ async fn quantized_codecs_trade_bytes_for_agreement() {
     let (f16, f16_bytes) = over_network(&url, "coding", user, Codec::F16, true, n).await;
     for (codec, max_ratio) in [(Codec::Int8, 0.55), (Codec::Int4, 0.32)] {
         let (got, bytes) = over_network(&url, "coding", user, codec, true, n).await;
-        let agree = got.iter().zip(&f16).take_while(|(a, b)| a == b).count();
+        let run = got.iter().zip(&f16).take_while(|(a, b)| a == b).count();
+        // Teacher-forced: both follow the f16 tokens; count positions whose argmax agrees.
+        let (forced, _) =
+            over_network_forced(&url, "coding", user, codec, true, n, Some(f16.clone())).await;
+        let agree = forced.iter().zip(&f16).filter(|(a, b)| a == b).count();
         let ratio = bytes as f64 / f16_bytes as f64;
         eprintln!(
-            "{}: {bytes} bytes ({:.1}% of f16's {f16_bytes}); greedy agreement with f16 {agree}/{n} tokens before the first divergence",
+            "{}: {bytes} bytes ({:.1}% of f16's {f16_bytes}); next-token agreement with f16 {agree}/{n} (teacher-forced), free-running identical for the first {run} tokens",
             codec.name(),
             100.0 * ratio
         );
@@ -294,4 +324,98 @@ async fn the_edge_uploads_nothing_of_the_private_prompt() {
         contains(b"support"),
         "the capture does see the request (prompt id)"
     );
+}
+
+/// A proxy that flips one byte of what the cloud sends, after `offset` bytes.
+async fn corrupting_proxy(upstream: String, offset: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = upstream.trim_start_matches("http://").to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(&up).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            tokio::spawn(async move {
+                let (mut buf, mut seen) = (vec![0u8; 1 << 16], 0usize);
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if seen <= offset && offset < seen + n {
+                        buf[offset - seen] ^= 0x20;
+                    }
+                    seen += n;
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A byte flipped in transit inside the KV stream: the edge rejects the stream with an error
+/// and uses nothing of it; the cloud goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_stream_is_rejected_and_the_cloud_keeps_serving() {
+    let m = model();
+    let url = start_cloud(m.clone()).await;
+    let (_, ids) = edge_ids(&m, SUPPORT, "Hello");
+    for offset in [20_000usize, 300_000, 900_000] {
+        let bad = corrupting_proxy(url.clone(), offset).await;
+        let mut client = CloudClient::connect(&bad).await.unwrap();
+        let fetched = client
+            .fetch(&m, PromptRef::Id("support".into()), &[Codec::F16], false)
+            .await;
+        let outcome = match fetched {
+            Err(e) => Err(e.to_string()),
+            Ok((header, mut rx)) => {
+                let (m2, ids2) = (m.clone(), ids.clone());
+                tokio::task::spawn_blocking(move || {
+                    prefill_from_cloud(&m2, &header, &mut rx, &ids2, Instant::now(), true)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let err = outcome.expect_err("a corrupted stream must not be used");
+        eprintln!("flip at byte {offset}: {err}");
+        assert!(!err.is_empty());
+    }
+    let (got, _) = over_network(&url, "support", "Hello", Codec::F16, true, 8).await;
+    assert_eq!(got, in_process(SUPPORT, "Hello", 8));
+}
+
+/// Many edges at once, two prompts, cold: every edge gets exactly its in-process answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_edges_at_once() {
+    let url = start_cloud(model()).await;
+    let asks = [
+        ("support", "Can I bring my bike?"),
+        ("coding", "Is `v[0]` safe on an empty Vec?"),
+        ("support", "My train was 90 minutes late."),
+        ("coding", "Should I unwrap here?"),
+        ("support", "Can I change my seat?"),
+        ("coding", "How do I avoid an index loop?"),
+    ];
+    let tasks: Vec<_> = asks
+        .iter()
+        .map(|&(p, u)| {
+            let url = url.clone();
+            tokio::spawn(async move { over_network(&url, p, u, Codec::F16, true, 12).await.0 })
+        })
+        .collect();
+    for (t, (p, u)) in tasks.into_iter().zip(asks) {
+        let got = t.await.unwrap();
+        let system = if p == "support" { SUPPORT } else { CODING };
+        assert_eq!(got, in_process(system, u, 12), "{p}: {u}");
+    }
 }

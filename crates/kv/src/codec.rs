@@ -3,7 +3,8 @@
 //!
 //! - f16: the engine's own values, lossless;
 //! - int8: per (token, head) row, an f16 scale (max |x| / 127) and `head_dim` signed bytes;
-//! - int4: per group of 32 values, an f16 scale (max |x| / 7) and 16 bytes of nibbles (x/scale + 8).
+//! - int4: per group of 32 values, an f16 scale ((max - min) / 15), an f16 minimum and 16 bytes
+//!   of nibbles (x - min) / scale: asymmetric, since K rows are often far from zero-centred.
 //!
 //! Any of them may be zstd-compressed afterwards.
 
@@ -43,7 +44,7 @@ impl Codec {
         match self {
             Codec::F16 => 2 * head_dim,
             Codec::Int8 => 2 + head_dim,
-            Codec::Int4 => head_dim.div_ceil(GROUP) * (2 + GROUP / 2),
+            Codec::Int4 => head_dim.div_ceil(GROUP) * (4 + GROUP / 2),
         }
     }
 
@@ -66,17 +67,23 @@ impl Codec {
             }
             Codec::Int4 => {
                 for g in row.chunks(GROUP) {
-                    let amax = g.iter().fold(0f32, |a, x| a.max(x.to_f32().abs()));
-                    let d = f16::from_f32(amax / 7.0);
+                    let (lo, hi) = g
+                        .iter()
+                        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), x| {
+                            (a.min(x.to_f32()), b.max(x.to_f32()))
+                        });
+                    let d = f16::from_f32((hi - lo) / 15.0);
+                    let m = f16::from_f32(lo);
                     let id = if d.to_f32() > 0.0 {
                         1.0 / d.to_f32()
                     } else {
                         0.0
                     };
                     out.extend(d.to_le_bytes());
+                    out.extend(m.to_le_bytes());
                     let q = |i: usize| -> u8 {
-                        g.get(i).map_or(8, |x| {
-                            ((x.to_f32() * id).round().clamp(-7.0, 7.0) as i8 + 8) as u8
+                        g.get(i).map_or(0, |x| {
+                            ((x.to_f32() - m.to_f32()) * id).round().clamp(0.0, 15.0) as u8
                         })
                     };
                     out.extend((0..GROUP / 2).map(|j| q(2 * j) | (q(2 * j + 1) << 4)));
@@ -94,12 +101,13 @@ impl Codec {
             }
             Codec::Int4 => {
                 let mut left = head_dim;
-                for g in b.chunks_exact(2 + GROUP / 2) {
+                for g in b.chunks_exact(4 + GROUP / 2) {
                     let d = f16::from_le_bytes([g[0], g[1]]).to_f32();
-                    let vals = g[2..]
+                    let m = f16::from_le_bytes([g[2], g[3]]).to_f32();
+                    let vals = g[4..]
                         .iter()
                         .flat_map(|&x| [x & 0xF, x >> 4])
-                        .map(|q| f16::from_f32((q as i32 - 8) as f32 * d));
+                        .map(|q| f16::from_f32(q as f32 * d + m));
                     let n = left.min(GROUP);
                     out.extend(vals.take(n));
                     left -= n;
@@ -214,7 +222,7 @@ mod tests {
         assert_eq!(roundtrip(Codec::F16, None), 0.0);
         assert_eq!(roundtrip(Codec::F16, Some(3)), 0.0);
         assert!(roundtrip(Codec::Int8, None) <= 2.0 / 127.0 * 0.51 + 1e-3);
-        assert!(roundtrip(Codec::Int4, Some(1)) <= 2.0 / 7.0 * 0.51 + 1e-2);
+        assert!(roundtrip(Codec::Int4, Some(1)) <= 4.0 / 15.0 * 0.51 + 1e-2);
     }
 
     #[test]
