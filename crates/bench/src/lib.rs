@@ -3,6 +3,9 @@
 
 pub mod engine;
 pub mod machine;
+pub mod plot;
+pub mod sharegpt;
+pub mod ttft;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -16,4 +19,10 @@ pub enum BenchError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    #[error("data: {0}")]
+    Data(String),
+    #[error("edge: {0}")]
+    Edge(#[from] edgeprompt_edge::EdgeError),
+    #[error("cloud: {0}")]
+    Cloud(#[from] edgeprompt_cloud::CloudError),
 }

@@ -8,6 +8,30 @@ use edgeprompt_bench::engine;
 pub enum Bench {
     /// Engine prefill/decode tok/s vs candle's stock quantized model and llama.cpp.
     Engine(EngineArgs),
+    /// TTFT over link profiles: edge-only vs EdgePrompt pipelined/sequential vs the planner.
+    Ttft(TtftArgs),
+}
+
+#[derive(clap::Args)]
+pub struct TtftArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    #[arg(long, default_value_t = 512)]
+    edge_len: usize,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "6g,5g,wifi,4g,constrained"
+    )]
+    profiles: Vec<String>,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -33,6 +57,32 @@ pub struct EngineArgs {
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Ttft(a) => {
+            let sharegpt =
+                super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json");
+            anyhow::ensure!(
+                sharegpt.exists(),
+                "ShareGPT missing: run `python3 scripts/models.py sharegpt`"
+            );
+            let s = edgeprompt_bench::ttft::Settings {
+                model: super::models::resolve(&a.model)?,
+                sharegpt,
+                cloud_lens: a.cloud_lens,
+                edge_len: a.edge_len,
+                profiles: a.profiles,
+                codec: edgeprompt_kv::Codec::parse(&a.codec)
+                    .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?,
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::ttft::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/ttft.json and SVG plots",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
         Bench::Engine(a) => {
             let settings = engine::Settings {
                 model: super::models::resolve(&a.model)?,

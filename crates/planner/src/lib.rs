@@ -67,9 +67,9 @@ pub fn predict(x: &Inputs) -> Prediction {
     let first_byte = x.rtt_secs;
     // Pipeline: layer l can start when it has arrived and layer l-1 is done.
     let (mut arrived, mut done) = (first_byte, first_byte);
-    for l in 0..n {
-        arrived += supply[l];
-        done = done.max(arrived) + x.edge_layer_secs[l];
+    for (s, c) in supply.iter().zip(&x.edge_layer_secs) {
+        arrived += s;
+        done = done.max(arrived) + c;
     }
     let pipelined = done + x.head_secs;
     let transfer: f64 = supply.iter().sum();

@@ -27,11 +27,15 @@ pub struct QMatrix {
 
 /// A weight row unpacked to one i8 per value plus per-block float scale and min, and for
 /// q6_K an integer scale per half block (folded into the exact integer dot).
+#[derive(Clone)]
 struct Unpacked {
     q: Vec<i8>,
     d: Vec<f32>,
     m: Vec<f32>,
     sc: Vec<i32>,
+    /// 128 * (scaled) sum of each block's values: undoes the +128 offset of `QuantRow::u`
+    /// (AVX-512 VNNI path only).
+    corr: Vec<i32>,
 }
 
 impl Unpacked {
@@ -42,6 +46,7 @@ impl Unpacked {
             d: vec![0.0; nb],
             m: vec![0.0; nb],
             sc: vec![1; 2 * nb],
+            corr: vec![0; nb],
         }
     }
 }
@@ -49,6 +54,8 @@ impl Unpacked {
 /// A row of activations quantized to blocks of 32 i8 values.
 pub(crate) struct QuantRow {
     pub q: Vec<i8>,
+    /// `q + 128` as unsigned bytes, for `vpdpbusd` (unsigned x signed, no saturation).
+    pub u: Vec<u8>,
     pub d: Vec<f32>,
     /// d * sum(q) per block: the block's sum, for formats with a min.
     pub s: Vec<f32>,
@@ -122,6 +129,7 @@ pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
     let nb = x.len() / QK;
     let mut r = QuantRow {
         q: vec![0; x.len()],
+        u: Vec::new(),
         d: vec![0.0; nb],
         s: vec![0.0; nb],
     };
@@ -137,6 +145,7 @@ pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
         r.d[b] = d;
         r.s[b] = d * sum as f32;
     }
+    r.u = r.q.iter().map(|&q| (q as i16 + 128) as u8).collect();
     r
 }
 

@@ -39,8 +39,15 @@ pub(super) fn dots_all_paths(
             out.push(("avx2", unsafe { avx2::dot(w, a, has_min, half) }));
         }
         if *LEVEL == Level::Avx512Vnni {
+            let mut w2 = w.clone();
+            avx512::corrections(&mut w2);
             // SAFETY: detected at run time.
-            out.push(("avx512vnni", unsafe { avx512::dot(w, a, has_min, half) }));
+            out.push(("avx512vnni", unsafe {
+                avx512::dot(&w2, a, has_min, half, false)
+            }));
+            out.push(("avx512vnni+offset", unsafe {
+                avx512::dot(&w2, a, has_min, half, true)
+            }));
         }
     }
     out
@@ -324,14 +331,37 @@ mod avx512 {
         out: &mut [f32],
     ) {
         super::avx2::unpack(f, row, w);
+        // The +128 offset needs a per-row correction pass: worth it only when several
+        // activation rows share the unpacked weights. Both variants give the same integers.
+        let offset = acts.len() >= 4;
+        if offset {
+            corrections(w);
+        }
         for (o, a) in out.iter_mut().zip(acts) {
-            *o = dot(w, a, f.has_min(), f.has_half_scales());
+            *o = dot(w, a, f.has_min(), f.has_half_scales(), offset);
+        }
+    }
+
+    /// `corr[b] = 128 * (sc0 * sum(first half) + sc1 * sum(second half))`.
+    #[inline(always)]
+    pub(super) fn corrections(w: &mut Unpacked) {
+        for (b, c) in w.corr.iter_mut().enumerate() {
+            let q = &w.q[b * QK..(b + 1) * QK];
+            let h0: i32 = q[..16].iter().map(|&x| x as i32).sum();
+            let h1: i32 = q[16..].iter().map(|&x| x as i32).sum();
+            *c = 128 * (w.sc[2 * b] * h0 + w.sc[2 * b + 1] * h1);
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
     #[inline]
-    pub(super) unsafe fn dot(w: &Unpacked, a: &QuantRow, has_min: bool, half_scales: bool) -> f32 {
+    pub(super) unsafe fn dot(
+        w: &Unpacked,
+        a: &QuantRow,
+        has_min: bool,
+        half_scales: bool,
+        offset: bool,
+    ) -> f32 {
         let nb = w.d.len();
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let mut acc = _mm256_setzero_ps();
@@ -341,11 +371,17 @@ mod avx512 {
             for i in 0..8 {
                 let b = b0 + 2 * i;
                 let wv = _mm512_loadu_si512(wq.add(b * QK) as *const _);
-                let av = _mm512_loadu_si512(aq.add(b * QK) as *const _);
-                // |w| (unsigned) times a with w's sign.
-                let neg = _mm512_movepi8_mask(wv);
-                let aw = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
-                let mut p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), aw);
+                let mut p = if offset {
+                    // (a + 128) * w summed exactly; the offset is removed per block below.
+                    let au = _mm512_loadu_si512(a.u.as_ptr().add(b * QK) as *const _);
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), au, wv)
+                } else {
+                    // |w| (unsigned) times a with w's sign.
+                    let av = _mm512_loadu_si512(aq.add(b * QK) as *const _);
+                    let neg = _mm512_movepi8_mask(wv);
+                    let aw = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), aw)
+                };
                 if half_scales {
                     let s = w.sc.as_ptr().add(2 * b);
                     let m = _mm512_setr_epi32(
@@ -375,8 +411,14 @@ mod avx512 {
             let mut hi = [_mm256_setzero_si256(); 8];
             lo.copy_from_slice(&v[..8]);
             hi.copy_from_slice(&v[8..]);
-            acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&lo), has_min));
-            acc = _mm256_add_ps(acc, terms8(w, a, b0 + 8, sums8(&hi), has_min));
+            let (mut s_lo, mut s_hi) = (sums8(&lo), sums8(&hi));
+            if offset {
+                let corr = w.corr.as_ptr() as *const __m256i;
+                s_lo = _mm256_sub_epi32(s_lo, _mm256_loadu_si256(corr.add(b0 / 8)));
+                s_hi = _mm256_sub_epi32(s_hi, _mm256_loadu_si256(corr.add(b0 / 8 + 1)));
+            }
+            acc = _mm256_add_ps(acc, terms8(w, a, b0, s_lo, has_min));
+            acc = _mm256_add_ps(acc, terms8(w, a, b0 + 8, s_hi, has_min));
             b0 += 16;
         }
         finish(w, a, has_min, half_scales, b0, acc)

@@ -1,0 +1,36 @@
+//! ShareGPT text for workloads. The packaged JSON is truncated, so records are parsed one by
+//! one and the incomplete tail is dropped.
+
+use std::path::Path;
+
+use crate::BenchError;
+
+/// Texts of the conversation turns of up to `max_records` complete records.
+pub fn turns(path: &Path, max_records: usize) -> Result<Vec<String>, BenchError> {
+    let bytes = std::fs::read(path)?;
+    let mut pos = bytes
+        .iter()
+        .position(|&b| b == b'[')
+        .ok_or_else(|| BenchError::Data("ShareGPT: no JSON array".into()))?
+        + 1;
+    let mut out = Vec::new();
+    for _ in 0..max_records {
+        while pos < bytes.len() && matches!(bytes[pos], b' ' | b'\n' | b'\r' | b'\t' | b',') {
+            pos += 1;
+        }
+        let mut it =
+            serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<serde_json::Value>();
+        let rec = match it.next() {
+            Some(Ok(v)) => v,
+            _ => break, // the truncated tail
+        };
+        pos += it.byte_offset();
+        if let Some(conv) = rec["conversations"].as_array() {
+            out.extend(
+                conv.iter()
+                    .filter_map(|t| t["value"].as_str().map(str::to_string)),
+            );
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,272 @@
+//! `edgeprompt bench ttft`: time to first token for a cloud prompt of 64..1024 tokens plus a
+//! private edge prompt (512 tokens, EdgePrompt §3 setup) over each link profile: edge-only
+//! (the edge prefills everything), EdgePrompt pipelined and non-pipelined, and the planner's
+//! prediction, all measured in one run on real gRPC through the shaping link.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
+use edgeprompt_engine::sample::argmax;
+use edgeprompt_engine::{Message, Model, Sequence};
+use edgeprompt_kv::Codec;
+use edgeprompt_link::{Link, Profile};
+use edgeprompt_planner::{predict, Inputs, Regime};
+use edgeprompt_protocol::PromptRef;
+use serde::Serialize;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::machine::Machine;
+use crate::plot::{line_chart, Series};
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    pub sharegpt: PathBuf,
+    pub cloud_lens: Vec<usize>,
+    pub edge_len: usize,
+    pub profiles: Vec<String>,
+    pub codec: Codec,
+    pub threads: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub profile: String,
+    pub cloud_tokens: usize,
+    pub edge_tokens: usize,
+    pub edge_only_s: f64,
+    pub pipelined_s: f64,
+    pub sequential_s: f64,
+    pub predicted_pipelined_s: f64,
+    pub predicted_sequential_s: f64,
+    pub regime: Regime,
+    pub kv_bytes_down: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub threads: usize,
+    pub codec: String,
+    pub profiles: Vec<(String, Profile)>,
+    pub rows: Vec<Row>,
+}
+
+/// Text of about `n` tokens cut from `source`, ending on a token boundary.
+fn text_of(model: &Model, source: &str, n: usize) -> Result<String, BenchError> {
+    let ids = model.tokenizer.encode(source)?;
+    if ids.len() < n {
+        return Err(BenchError::Data(format!(
+            "need {n} tokens of text, have {}",
+            ids.len()
+        )));
+    }
+    Ok(model.tokenizer.decode(&ids[..n])?)
+}
+
+struct Case {
+    id: String,
+    system: String,
+    cloud_ids: Vec<u32>,
+    edge_ids: Vec<u32>,
+}
+
+async fn edge_ttft(
+    model: &Arc<Model>,
+    url: &str,
+    c: &Case,
+    codec: Codec,
+    pipeline: bool,
+) -> Result<(f64, Timeline), BenchError> {
+    let start = Instant::now();
+    let mut client = CloudClient::connect(url).await?;
+    let (header, mut rx) = client
+        .fetch(model, PromptRef::Id(c.id.clone()), &[codec], false)
+        .await?;
+    let (m, ids) = (model.clone(), c.edge_ids.clone());
+    let (ttft, tl) = tokio::task::spawn_blocking(move || -> Result<(f64, Timeline), BenchError> {
+        let (_, logits, tl) = prefill_from_cloud(&m, &header, &mut rx, &ids, start, pipeline)?;
+        let _first = argmax(&logits);
+        Ok((start.elapsed().as_secs_f64(), tl))
+    })
+    .await
+    .map_err(|e| BenchError::Data(e.to_string()))??;
+    Ok((ttft, tl))
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
+    let machine = Machine::detect();
+    let model = Arc::new(Model::load(&s.model)?);
+    let chat = model
+        .chat
+        .as_ref()
+        .ok_or_else(|| BenchError::Data("model has no chat template".into()))?;
+    let turns = crate::sharegpt::turns(&s.sharegpt, 400)?;
+    let half = turns.len() / 2;
+    let (cloud_src, edge_src) = (turns[..half].join("\n"), turns[half..].join("\n"));
+    let user = text_of(&model, &edge_src, s.edge_len.saturating_sub(8))?;
+    let mut cases = Vec::new();
+    for &n in &s.cloud_lens {
+        let system = text_of(&model, &cloud_src, n.saturating_sub(6))?;
+        let split = chat.split(&system, &[Message::new("user", &user)])?;
+        cases.push(Case {
+            id: format!("c{n}"),
+            system,
+            cloud_ids: model.tokenizer.encode(&split.cloud)?,
+            edge_ids: model.tokenizer.encode(&split.edge)?,
+        });
+    }
+    eprintln!(
+        "machine: {} ({} cores), rev {}; model {}; threads {}; codec {}",
+        machine.cpu,
+        machine.cores,
+        machine.git_rev,
+        model.cfg.name,
+        s.threads,
+        s.codec.name()
+    );
+    // Edge-only: the edge prefills the cloud prompt and its own.
+    let mut edge_only = Vec::new();
+    for c in &cases {
+        let ids: Vec<u32> = c.cloud_ids.iter().chain(&c.edge_ids).copied().collect();
+        let t = Instant::now();
+        let mut seq = Sequence::new(&model);
+        let logits = seq.prefill_chunked(&model, &ids, 512)?;
+        let _ = argmax(&logits);
+        edge_only.push(t.elapsed().as_secs_f64());
+        eprintln!(
+            "  edge-only {} + {} tokens: TTFT {:.3} s",
+            c.cloud_ids.len(),
+            c.edge_ids.len(),
+            edge_only.last().unwrap_or(&0.0)
+        );
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut rows = Vec::new();
+    let mut profiles = Vec::new();
+    let mut timeline_example = None;
+    rt.block_on(async {
+        let specs: Vec<PromptSpec> = cases.iter().map(|c| PromptSpec { id: c.id.clone(), system: c.system.clone() }).collect();
+        let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let cloud_addr = listener.local_addr()?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CloudService::server(node.clone()))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        for c in &cases {
+            node.warm(&c.id).await.map_err(|e| BenchError::Data(e.message().to_string()))?;
+        }
+        for name in &s.profiles {
+            let p = Profile::named(name).ok_or_else(|| BenchError::Data(format!("unknown profile {name}")))?;
+            profiles.push((name.clone(), p));
+            let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), p).await?;
+            let url = format!("http://{}", link.addr);
+            for (c, &eo) in cases.iter().zip(&edge_only) {
+                let (pipe, tl) = edge_ttft(&model, &url, c, s.codec, true).await?;
+                let (seq, _) = edge_ttft(&model, &url, c, s.codec, false).await?;
+                let l = &tl.layers;
+                let pred = predict(&Inputs {
+                    cloud_layer_secs: vec![0.0; l.len()],
+                    layer_bytes: l.iter().map(|x| x.wire_bytes).collect(),
+                    bandwidth_bps: p.bandwidth_bps as f64,
+                    rtt_secs: p.rtt.as_secs_f64(),
+                    edge_layer_secs: l.iter().map(|x| x.compute_end - x.compute_start).collect(),
+                    head_secs: (pipe - l.last().map_or(0.0, |x| x.compute_end)).max(0.0),
+                });
+                eprintln!(
+                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | sequential {seq:.3} s | predicted {:.3} s ({:?})",
+                    c.cloud_ids.len(),
+                    c.edge_ids.len(),
+                    pipe / eo,
+                    pred.pipelined_secs,
+                    pred.regime
+                );
+                if timeline_example.is_none() && name == "constrained" && std::ptr::eq(c, cases.last().unwrap_or(c)) {
+                    timeline_example = Some(tl.clone());
+                }
+                rows.push(Row {
+                    profile: name.clone(),
+                    cloud_tokens: c.cloud_ids.len(),
+                    edge_tokens: c.edge_ids.len(),
+                    edge_only_s: eo,
+                    pipelined_s: pipe,
+                    sequential_s: seq,
+                    predicted_pipelined_s: pred.pipelined_secs,
+                    predicted_sequential_s: pred.sequential_secs,
+                    regime: pred.regime,
+                    kv_bytes_down: tl.bytes_down(),
+                });
+            }
+        }
+        Ok::<_, BenchError>(())
+    })?;
+    let report = Report {
+        machine,
+        model: model.cfg.name.clone(),
+        threads: s.threads,
+        codec: s.codec.name().into(),
+        profiles,
+        rows,
+    };
+    write_outputs(&report, &s.out, timeline_example.as_ref())?;
+    Ok(report)
+}
+
+fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<(), BenchError> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("ttft.json"), serde_json::to_string_pretty(r)?)?;
+    for (name, p) in &r.profiles {
+        let rows: Vec<&Row> = r.rows.iter().filter(|x| &x.profile == name).collect();
+        let series = |label: &str, f: &dyn Fn(&Row) -> f64, dashed: bool| Series {
+            name: label.into(),
+            points: rows.iter().map(|x| (x.cloud_tokens as f64, f(x))).collect(),
+            dashed,
+        };
+        let svg = line_chart(
+            &format!(
+                "TTFT, {}: {} ({:.0} Mbit/s, RTT {:?}), edge prompt {} tokens",
+                r.model,
+                name,
+                p.bandwidth_bps as f64 / 1e6,
+                p.rtt,
+                rows.first().map_or(0, |x| x.edge_tokens)
+            ),
+            "cloud prompt tokens",
+            "TTFT (s)",
+            &[
+                series("edge only", &|x| x.edge_only_s, false),
+                series("EdgePrompt pipelined", &|x| x.pipelined_s, false),
+                series("EdgePrompt sequential", &|x| x.sequential_s, false),
+                series("planner (pipelined)", &|x| x.predicted_pipelined_s, true),
+            ],
+        );
+        std::fs::write(out.join(format!("ttft-{name}.svg")), svg)?;
+    }
+    if let Some(tl) = timeline {
+        let pts = |f: &dyn Fn(&edgeprompt_edge::LayerTiming) -> f64| -> Vec<(f64, f64)> {
+            tl.layers.iter().map(|l| (l.layer as f64, f(l))).collect()
+        };
+        let svg = line_chart(
+            "Layer pipeline (constrained link, longest cloud prompt): cloud layer arrives vs edge layer computes",
+            "layer",
+            "seconds since request",
+            &[
+                Series { name: "cloud layer arrived".into(), points: pts(&|l| l.arrived), dashed: false },
+                Series { name: "edge compute start".into(), points: pts(&|l| l.compute_start), dashed: true },
+                Series { name: "edge compute end".into(), points: pts(&|l| l.compute_end), dashed: false },
+            ],
+        );
+        std::fs::write(out.join("pipeline-timeline.svg"), svg)?;
+    }
+    Ok(())
+}
