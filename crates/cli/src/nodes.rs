@@ -44,6 +44,9 @@ pub struct LinkArgs {
     /// e.g. 20ms (overrides the profile's).
     #[arg(long)]
     rtt: Option<String>,
+    /// Probability in [0, 1) that a chunk needs a retransmission (arrives one RTO late).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
 }
 
 #[derive(clap::Args)]
@@ -178,11 +181,12 @@ pub fn link(a: LinkArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         let link = Link::start(&a.listen, a.upstream.clone(), p).await?;
         eprintln!(
-            "link {} -> {} ({:.0} Mbit/s, RTT {:?})",
+            "link {} -> {} ({:.0} Mbit/s, RTT {:?}, loss {})",
             link.addr,
             a.upstream,
             p.bandwidth_bps as f64 / 1e6,
-            p.rtt
+            p.rtt,
+            p.loss
         );
         tokio::signal::ctrl_c().await?;
         eprintln!(

@@ -1,6 +1,10 @@
-//! A shaping TCP proxy: bandwidth (token-bucket pacing), RTT (half each way) and byte
-//! counters per direction, so experiments emulate 6G, 5G, Wi-Fi or constrained links on one
-//! machine, reproducibly.
+//! A shaping TCP proxy: bandwidth (pacing), RTT (half each way), loss and byte counters per
+//! direction, so experiments emulate 6G, 5G, Wi-Fi or constrained links on one machine,
+//! reproducibly.
+//!
+//! Loss is modelled at the level TCP shows it to an application: a lost segment arrives one
+//! retransmission timeout late (max(200 ms, 2 RTT)) and holds back everything behind it. The
+//! draws come from a fixed-seed generator, so a run is repeatable.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,19 +19,28 @@ pub struct Profile {
     /// Bits per second each way; 0 = unlimited.
     pub bandwidth_bps: u64,
     pub rtt: Duration,
+    /// Probability that a 16 KiB chunk needs a retransmission.
+    pub loss: f64,
 }
 
 impl Profile {
     pub const UNLIMITED: Profile = Profile {
         bandwidth_bps: 0,
         rtt: Duration::ZERO,
+        loss: 0.0,
     };
+
+    /// Retransmission timeout applied to a lost chunk.
+    pub fn rto(&self) -> Duration {
+        (self.rtt * 2).max(Duration::from_millis(200))
+    }
 
     /// Named profiles (rough medians of each access technology).
     pub fn named(name: &str) -> Option<Self> {
         let p = |mbit: u64, ms: u64| Profile {
             bandwidth_bps: mbit * 1_000_000,
             rtt: Duration::from_millis(ms),
+            loss: 0.0,
         };
         Some(match name {
             "6g" => p(10_000, 1),
@@ -139,6 +152,11 @@ async fn pump(
     });
     let mut buf = vec![0u8; 16 * 1024];
     let mut wire_free = Instant::now();
+    let mut rng: u64 = if up {
+        0x9E37_79B9_7F4A_7C15
+    } else {
+        0xD1B5_4A32_D192_ED03
+    };
     loop {
         let n = match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -149,11 +167,14 @@ async fn pump(
         wire_free = wire_free.max(Instant::now()) + p.serialization(n);
         // Pace the reader to the wire so the buffer holds at most what is in flight.
         tokio::time::sleep_until(wire_free).await;
-        if tx
-            .send((wire_free + p.rtt / 2, buf[..n].to_vec()))
-            .await
-            .is_err()
-        {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let draw = (rng >> 11) as f64 / (1u64 << 53) as f64;
+        let lost = p.loss > 0.0 && draw < p.loss;
+        let late = if lost { p.rto() } else { Duration::ZERO };
+        let at = wire_free + p.rtt / 2 + late;
+        if tx.send((at, buf[..n].to_vec())).await.is_err() {
             break;
         }
     }
@@ -192,6 +213,7 @@ mod tests {
         let p = Profile {
             bandwidth_bps: 16_000_000,
             rtt: Duration::from_millis(20),
+            loss: 0.0,
         };
         let link = Link::start("127.0.0.1:0", up, p).await.unwrap();
         let mut s = TcpStream::connect(link.addr).await.unwrap();
@@ -205,5 +227,38 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(100));
         assert_eq!(link.counters.up(), 200_000);
         assert_eq!(link.counters.down(), 8);
+    }
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn loss_delays_but_never_drops_or_reorders() {
+        let sink = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = sink.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = sink.accept().await.unwrap();
+            let mut v = Vec::new();
+            s.read_to_end(&mut v).await.unwrap();
+            s.write_all(&v).await.unwrap();
+        });
+        let p = Profile {
+            bandwidth_bps: 0,
+            rtt: Duration::from_millis(2),
+            loss: 0.5,
+        };
+        let link = Link::start("127.0.0.1:0", up, p).await.unwrap();
+        let mut s = TcpStream::connect(link.addr).await.unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let t = Instant::now();
+        s.write_all(&data).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, data, "TCP semantics: everything arrives, in order");
+        // With half the chunks lost, at least one retransmission timeout was paid.
+        assert!(t.elapsed() >= p.rto());
     }
 }
