@@ -126,7 +126,8 @@ impl Format {
     pub fn dequantize(self, row: &[u8], k: usize) -> Vec<f32> {
         let mut un = Unpacked::new(k);
         self.unpack(row, &mut un);
-        un.q.iter()
+        un.q[..k]
+            .iter()
             .enumerate()
             .map(|(i, &q)| {
                 let b = i / QK;

@@ -97,7 +97,7 @@ fn reduce(lanes: &[f32; 8]) -> f32 {
 
 fn dot_scalar(w: &Unpacked, a: &QuantRow, has_min: bool) -> f32 {
     let mut lanes = [0f32; 8];
-    for b in 0..w.d.len() {
+    for b in 0..w.nb {
         let half = |h: usize| -> i32 {
             let r = b * QK + h * 16..b * QK + (h + 1) * 16;
             w.q[r.clone()]
@@ -265,13 +265,13 @@ mod avx2 {
         from: usize,
         mut acc: __m256,
     ) -> f32 {
-        let nb = w.d.len();
+        let nb = w.nb;
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let scp = w.sc.as_ptr();
         let mut b0 = from;
-        while b0 + 8 <= nb {
+        while b0 < nb {
             // A plain loop, not a closure: closures do not inherit target features, and the
-            // intrinsics would become calls.
+            // intrinsics would become calls. Blocks past `nb` are zero padding.
             let mut v = [_mm256_setzero_si256(); 8];
             for (i, vi) in v.iter_mut().enumerate() {
                 *vi = block_i32(
@@ -284,25 +284,21 @@ mod avx2 {
                     },
                 );
             }
-            acc = _mm256_add_ps(acc, terms8(w, a, b0, sums8(&v), has_min));
+            let t = terms8(w, a, b0, sums8(&v), has_min);
+            let sum = _mm256_add_ps(acc, t);
+            let real = nb - b0;
+            acc = if real >= 8 {
+                sum
+            } else {
+                // Only the real blocks' lanes take the addition (as the portable path does).
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(real as i32), lane);
+                _mm256_blendv_ps(acc, sum, _mm256_castsi256_ps(keep))
+            };
             b0 += 8;
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        for b in b0..nb {
-            let v = block_i32(
-                wq.add(b * QK),
-                aq.add(b * QK),
-                if half_scales {
-                    Some(scp.add(2 * b))
-                } else {
-                    None
-                },
-            );
-            let mut parts = [0i32; 8];
-            _mm256_storeu_si256(parts.as_mut_ptr() as *mut __m256i, v);
-            lanes[b % 8] += block_term(w, a, b, parts.iter().sum(), has_min);
-        }
         reduce(&lanes)
     }
 
@@ -362,7 +358,7 @@ mod avx512 {
         half_scales: bool,
         offset: bool,
     ) -> f32 {
-        let nb = w.d.len();
+        let nb = w.nb;
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let mut acc = _mm256_setzero_ps();
         let mut b0 = 0;
