@@ -51,8 +51,14 @@ impl ModelConfig {
         let n_embd = meta_usize(content, &key("embedding_length"))?;
         let n_head = meta_usize(content, &key("attention.head_count"))?;
         let n_kv_head = meta_usize(content, &key("attention.head_count_kv")).unwrap_or(n_head);
-        let head_dim = n_embd / n_head;
-        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd {
+        let head_dim = n_embd / n_head.max(1);
+        if n_head == 0
+            || n_kv_head == 0
+            || n_head % n_kv_head != 0
+            || head_dim * n_head != n_embd
+            || head_dim % 2 != 0
+            || head_dim > crate::attention::MAX_HEAD_DIM
+        {
             return Err(EngineError::Unsupported(format!(
                 "head layout {n_head} heads / {n_kv_head} kv heads / width {n_embd}"
             )));

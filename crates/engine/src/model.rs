@@ -191,6 +191,16 @@ impl Model {
         if ids.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::Input("no tokens to run".into()));
         }
+        // Checked before any KV is written, so a refused batch leaves every sequence as it was.
+        for (seq, t) in batch.iter() {
+            if seq.len() + t.len() > self.max_positions() {
+                return Err(EngineError::Input(format!(
+                    "context of {} tokens exceeds the model's {}",
+                    seq.len() + t.len(),
+                    self.max_positions()
+                )));
+            }
+        }
         let mut x = self.embed(&ids)?;
         for l in 0..self.cfg.n_layer {
             let mut parts: Vec<LayerInput> = batch
