@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test suite: fetch the models (idempotent, SHA-256 verified), check formatting and lints,
-# then every test including the slow ones, on optimised code.
+# The test suite: fetch the models (idempotent, SHA-256 verified) and the openai client, check
+# formatting and lints, then run every test including the slow ones, on optimised code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 scripts/models.py smollm2 qwen05
+# The real openai client for the HTTP API tests.
+[ -x .venv-test/bin/python ] || python3 -m venv .venv-test
+.venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt
 cargo fmt --all -- --check
 cargo clippy -j2 --release --workspace --all-targets -- -D warnings
 cargo test -j2 --release --workspace -- --include-ignored

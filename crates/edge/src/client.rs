@@ -70,16 +70,11 @@ impl CloudClient {
             accept_codecs: codecs.iter().map(|c| c.name().to_string()).collect(),
             accept_zstd: zstd,
         };
-        let mut stream = self
-            .inner
-            .fetch(req)
-            .await
-            .map_err(|s| EdgeError::Refused(format!("{:?}: {}", s.code(), s.message())))?
-            .into_inner();
+        let mut stream = self.inner.fetch(req).await.map_err(refused)?.into_inner();
         let first = stream
             .message()
             .await
-            .map_err(|s| EdgeError::Refused(format!("{:?}: {}", s.code(), s.message())))?
+            .map_err(refused)?
             .ok_or_else(|| EdgeError::Stream("stream ended before the header".into()))?;
         let h = match first.body {
             Some(Body::Header(h)) => h,
@@ -173,6 +168,13 @@ impl CloudClient {
             }
         });
         Ok((header, rx))
+    }
+}
+
+fn refused(s: tonic::Status) -> EdgeError {
+    match s.code() {
+        tonic::Code::NotFound => EdgeError::NotFound(s.message().to_string()),
+        c => EdgeError::Refused(format!("{c:?}: {}", s.message())),
     }
 }
 

@@ -2,9 +2,16 @@
 //! layer `l` as soon as cloud layer `l` has arrived (transfer overlaps compute, EdgePrompt
 //! eq. 7), then decodes locally. Nothing of the private prompt is sent: the only message to
 //! the cloud is `FetchRequest`.
+//!
+//! As a server (`http`), it answers OpenAI-style requests with continuous batching
+//! (`scheduler`), every request on a cloud prompt sharing one copy of its KV (`prefixes`).
 
 pub mod client;
+pub mod http;
+pub mod metrics;
 pub mod pipeline;
+pub mod prefixes;
+pub mod scheduler;
 
 pub use client::{CloudClient, CloudHeader, LayerArrival};
 pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
@@ -13,6 +20,8 @@ pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
 pub enum EdgeError {
     #[error("cannot reach the cloud at {url}: {msg}")]
     Connect { url: String, msg: String },
+    #[error("cloud refused: NotFound: {0}")]
+    NotFound(String),
     #[error("cloud refused: {0}")]
     Refused(String),
     #[error("cloud stream: {0}")]

@@ -2,76 +2,17 @@
 //! equals split in one process, codecs trade bytes for agreement, bad requests get clear
 //! errors and the cloud keeps serving.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sample::argmax;
-use edgeprompt_engine::{Message, Model, Sequence};
+use edgeprompt_engine::{Model, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
-use tokio_stream::wrappers::TcpListenerStream;
 
-const SUPPORT: &str = "You are the support assistant of Acme Rail. Answer in two sentences. \
-Refund policy: tickets are refundable up to 24 hours before departure; after that, a 20% fee \
-applies. Seat changes are free. Pets travel free in carriers. Bikes need a reservation.";
-const CODING: &str = "You are a senior Rust reviewer. Point out one bug and suggest a fix. \
-Prefer iterators over index loops, never unwrap on user input, and keep functions short.";
-
-fn model() -> Arc<Model> {
-    static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| {
-        let dir = std::env::var_os("EDGEPROMPT_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-        let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(
-            p.exists(),
-            "{} missing: run python3 scripts/models.py",
-            p.display()
-        );
-        Arc::new(Model::load(p).unwrap())
-    })
-    .clone()
-}
-
-/// Start a cloud node on an ephemeral loopback port; returns its URL.
-async fn start_cloud(model: Arc<Model>) -> String {
-    let specs = vec![
-        PromptSpec {
-            id: "support".into(),
-            system: SUPPORT.into(),
-        },
-        PromptSpec {
-            id: "coding".into(),
-            system: CODING.into(),
-        },
-    ];
-    let node = Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CloudService::server(node))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    format!("http://{addr}")
-}
-
-fn edge_ids(model: &Model, system: &str, user: &str) -> (Vec<u32>, Vec<u32>) {
-    let s = model
-        .chat
-        .as_ref()
-        .unwrap()
-        .split(system, &[Message::new("user", user)])
-        .unwrap();
-    (
-        model.tokenizer.encode(&s.cloud).unwrap(),
-        model.tokenizer.encode(&s.edge).unwrap(),
-    )
-}
+mod common;
+use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
 
 /// Greedy tokens; with `forced`, feed those tokens instead (teacher forcing) and return the
 /// model's own argmax at each step.

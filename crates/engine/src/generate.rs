@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::model::Model;
 use crate::sample::{Sampler, SamplingParams};
 use crate::sequence::Sequence;
+use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 #[derive(Debug, Clone)]
@@ -71,51 +72,103 @@ impl<'m> Generator<'m> {
         let mut logits = seq.prefill_chunked(self.model, prompt, opts.prefill_chunk)?;
         let prefill_secs = start.elapsed().as_secs_f64();
         let mut sampler = Sampler::new(opts.sampling.clone());
-        let mut ids = Vec::new();
-        let mut text = String::new();
-        let mut emitted = 0;
+        let mut out = TextStream::new(&opts.stop);
         let mut ttft = 0.0;
         let mut finish = "length";
         let decode_start = Instant::now();
-        while ids.len() < opts.max_tokens {
+        while out.ids().len() < opts.max_tokens {
             let id = sampler.sample(&logits);
-            if ids.is_empty() {
+            if out.ids().is_empty() {
                 ttft = start.elapsed().as_secs_f64();
             }
-            if self.model.tokenizer.stop_ids.contains(&id) {
+            let (delta, stopped) = out.push(&self.model.tokenizer, id)?;
+            if !delta.is_empty() {
+                on_text(&delta);
+            }
+            if stopped {
                 finish = "stop";
                 break;
             }
-            ids.push(id);
-            text = self.model.tokenizer.decode(&ids)?;
-            if let Some(cut) = find_stop(&text, &opts.stop) {
-                text.truncate(cut);
-                finish = "stop";
-                break;
-            }
-            let safe = text.len() - held_back(&text, &opts.stop);
-            if safe > emitted && !text[..safe].ends_with('\u{FFFD}') {
-                on_text(&text[emitted..safe]);
-                emitted = safe;
-            }
-            if ids.len() == opts.max_tokens {
+            if out.ids().len() == opts.max_tokens {
                 break;
             }
             logits = seq.prefill(self.model, &[id])?;
         }
-        if text.len() > emitted {
-            on_text(&text[emitted..]);
+        let rest = out.finish();
+        if !rest.is_empty() {
+            on_text(&rest);
         }
         Ok(GenerateStats {
             prompt_tokens: prompt.len(),
             prefill_secs,
             ttft_secs: ttft,
-            completion_tokens: ids.len(),
+            completion_tokens: out.ids().len(),
             decode_secs: decode_start.elapsed().as_secs_f64(),
             finish_reason: finish.into(),
-            text,
-            token_ids: ids,
+            text: out.text().to_string(),
+            token_ids: out.ids().to_vec(),
         })
+    }
+}
+
+/// Sampled ids to text deltas. Holds back a tail that could still grow into a stop string or
+/// is an incomplete UTF-8 character; ends at an end-of-turn id or a stop string (which is cut).
+pub struct TextStream {
+    stops: Vec<String>,
+    ids: Vec<u32>,
+    text: String,
+    emitted: usize,
+}
+
+impl TextStream {
+    pub fn new(stops: &[String]) -> Self {
+        Self {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ids: Vec::new(),
+            text: String::new(),
+            emitted: 0,
+        }
+    }
+
+    /// Ids of the answer so far (without a final end-of-turn id).
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// The answer so far, stop string cut.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Take one sampled id: the text that became final, and whether the answer ended.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<(String, bool)> {
+        if tokenizer.stop_ids.contains(&id) {
+            return Ok((String::new(), true));
+        }
+        self.ids.push(id);
+        self.text = tokenizer.decode(&self.ids)?;
+        if let Some(cut) = find_stop(&self.text, &self.stops) {
+            self.text.truncate(cut);
+            return Ok((self.finish(), true));
+        }
+        let safe = self.text.len() - held_back(&self.text, &self.stops);
+        if safe > self.emitted && !self.text[..safe].ends_with('\u{FFFD}') {
+            let delta = self.text[self.emitted..safe].to_string();
+            self.emitted = safe;
+            return Ok((delta, false));
+        }
+        Ok((String::new(), false))
+    }
+
+    /// Whatever is still held back, once the answer is over.
+    pub fn finish(&mut self) -> String {
+        let rest = self
+            .text
+            .get(self.emitted..)
+            .unwrap_or_default()
+            .to_string();
+        self.emitted = self.text.len();
+        rest
     }
 }
 

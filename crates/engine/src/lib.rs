@@ -19,7 +19,7 @@ mod weights;
 pub use chat::{ChatTemplate, Message};
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::{EngineError, Result};
-pub use generate::{GenerateOptions, GenerateStats, Generator};
+pub use generate::{GenerateOptions, GenerateStats, Generator, TextStream};
 pub use kv::{LayerKv, PrefixKv};
 pub use model::{Model, ModelInfo};
 pub use sample::{Sampler, SamplingParams};

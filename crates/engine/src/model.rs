@@ -6,7 +6,7 @@ use std::time::Instant;
 use candle_core::quantized::gguf_file::Content;
 use sha2::{Digest, Sha256};
 
-use crate::attention::{attend_rows, KvView};
+use crate::attention::{attend_batch, KvView};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, ModelConfig};
 use crate::kv::LayerKv;
@@ -129,7 +129,6 @@ impl Model {
         let mut q = w.wq.forward(&h, rows)?;
         let mut k = w.wk.forward(&h, rows)?;
         let v = w.wv.forward(&h, rows)?;
-        let mut attn = vec![0f32; rows * c.n_embd];
         let mut r0 = 0;
         for part in parts.iter_mut() {
             let pos0 = part.prefix.map_or(0, |p| p.len()) + part.private.len();
@@ -150,20 +149,18 @@ impl Model {
             }
             part.private
                 .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);
-            let view = KvView {
-                prefix: part.prefix,
-                private: part.private,
-                rows: part.rows,
-            };
-            attend_rows(
-                &q[r0 * c.n_embd..r1 * c.n_embd],
-                &view,
-                c.n_head,
-                hd,
-                &mut attn[r0 * c.n_embd..r1 * c.n_embd],
-            );
             r0 = r1;
         }
+        let views: Vec<KvView> = parts
+            .iter()
+            .map(|p| KvView {
+                prefix: p.prefix,
+                private: p.private,
+                rows: p.rows,
+            })
+            .collect();
+        let mut attn = vec![0f32; rows * c.n_embd];
+        attend_batch(&q, &views, c.n_head, hd, &mut attn);
         let o = w.wo.forward(&attn, rows)?;
         add_in_place(x, &o);
         let h = rms_norm(x, &w.ffn_norm, c.rms_eps);

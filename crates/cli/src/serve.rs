@@ -1,0 +1,91 @@
+//! `edgeprompt serve`: the edge node as an OpenAI-compatible HTTP server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use edgeprompt_edge::http::{serve as serve_http, EdgeServer, ServerConfig};
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_kv::Codec;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Cloud node URL (e.g. http://127.0.0.1:50051). Without it, system prompts are computed here.
+    #[arg(long)]
+    cloud: Option<String>,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// KV codec asked of the cloud: f16, int8 or int4.
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    /// Refuse system messages that are not registered cloud prompts (default: compute them here).
+    #[arg(long)]
+    refuse_unknown_system: bool,
+    /// Most sequences decoding together.
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    /// Prompt tokens prefilled per step (chunked prefill).
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Megabytes of private KV admitted requests may reserve; beyond it requests get 429.
+    #[arg(long, default_value_t = 1024)]
+    kv_budget_mb: usize,
+    /// Megabytes of cloud-prompt KV cached in memory.
+    #[arg(long, default_value_t = 1024)]
+    prefix_cache_mb: usize,
+    #[arg(long, default_value_t = 300)]
+    request_timeout_secs: u64,
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: usize,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::models::load(&a.model)?);
+    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let state = EdgeServer::start(
+        model.clone(),
+        ServerConfig {
+            model_id: a.model.clone(),
+            default_max_tokens: a.default_max_tokens,
+        },
+        SchedulerConfig {
+            max_batch: a.max_batch.max(1),
+            prefill_chunk: a.prefill_chunk.max(1),
+            kv_budget_bytes: a.kv_budget_mb << 20,
+            request_timeout: Duration::from_secs(a.request_timeout_secs),
+        },
+        PrefixConfig {
+            cloud_url: a.cloud.clone(),
+            codec,
+            unknown_system: if a.refuse_unknown_system {
+                UnknownSystem::Refuse
+            } else {
+                UnknownSystem::ComputeLocally
+            },
+            cache_bytes: a.prefix_cache_mb << 20,
+        },
+    )?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("binding {}", a.listen))?;
+        eprintln!(
+            "edge serving {} ({}) on http://{}/v1, cloud {}",
+            a.model,
+            model.cfg.name,
+            listener.local_addr()?,
+            a.cloud
+                .as_deref()
+                .unwrap_or("none (system prompts computed here)")
+        );
+        tokio::select! {
+            r = serve_http(listener, state) => r.context("http server")?,
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,105 @@
+//! The edge's OpenAI-compatible HTTP API. The leading system message becomes the cloud prompt
+//! (resolved by content address, or named by `cloud_prompt`); every other message is the
+//! private edge prompt and never leaves this node.
+
+mod handlers;
+pub mod openai;
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use edgeprompt_engine::Model;
+
+use crate::metrics::Metrics;
+use crate::prefixes::{PrefixConfig, Prefixes};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+
+pub struct ServerConfig {
+    /// The name clients pass as `model`.
+    pub model_id: String,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+}
+
+pub struct EdgeServer {
+    pub model: Arc<Model>,
+    pub scheduler: Scheduler,
+    pub prefixes: Prefixes,
+    pub metrics: Arc<Metrics>,
+    pub cfg: ServerConfig,
+}
+
+impl EdgeServer {
+    /// Start the scheduler thread and build the server's state.
+    pub fn start(
+        model: Arc<Model>,
+        cfg: ServerConfig,
+        scheduler: SchedulerConfig,
+        prefixes: PrefixConfig,
+    ) -> std::io::Result<Arc<Self>> {
+        let metrics = Arc::new(Metrics::new());
+        Ok(Arc::new(Self {
+            scheduler: Scheduler::start(model.clone(), scheduler, metrics.clone())?,
+            prefixes: Prefixes::new(model.clone(), prefixes, metrics.clone()),
+            model,
+            metrics,
+            cfg,
+        }))
+    }
+}
+
+pub fn router(state: Arc<EdgeServer>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/models", get(handlers::models))
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .with_state(state)
+}
+
+/// Serve until the listener fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<EdgeServer>,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+/// An error in OpenAI's shape.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = openai::error_body(self.status.as_u16(), &self.message);
+        let mut r = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}

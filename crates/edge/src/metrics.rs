@@ -1,0 +1,157 @@
+//! Prometheus metrics of the edge server (`GET /metrics`).
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: String,
+    /// HTTP status.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `stop`, `length`, `cancelled`, `timeout` or `error`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// Where a cloud prompt's KV came from: `memory`, `cloud` or `local`.
+    pub source: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub finished: Family<OutcomeLabels, Counter>,
+    pub queue_depth: Gauge,
+    pub active_sequences: Gauge,
+    pub ttft_seconds: Histogram,
+    pub token_seconds: Histogram,
+    pub cloud_bytes: Counter,
+    pub prefix_lookups: Family<SourceLabels, Counter>,
+    pub private_kv_bytes: Gauge,
+    pub shared_prefix_kv_bytes: Gauge,
+    pub batch_rows: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("edgeprompt");
+        let m = Self {
+            requests: Family::default(),
+            finished: Family::default(),
+            queue_depth: Gauge::default(),
+            active_sequences: Gauge::default(),
+            ttft_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            token_seconds: Histogram::new(exponential_buckets(0.002, 2.0, 14)),
+            cloud_bytes: Counter::default(),
+            prefix_lookups: Family::default(),
+            private_kv_bytes: Gauge::default(),
+            shared_prefix_kv_bytes: Gauge::default(),
+            batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "http_requests",
+            "HTTP requests by endpoint and status",
+            m.requests.clone(),
+        );
+        registry.register(
+            "generations",
+            "Finished generations by how they ended",
+            m.finished.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Admitted requests waiting for a batch slot",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "active_sequences",
+            "Sequences in the running batch",
+            m.active_sequences.clone(),
+        );
+        registry.register(
+            "ttft_seconds",
+            "Time from admission to the first token",
+            m.ttft_seconds.clone(),
+        );
+        registry.register(
+            "token_latency_seconds",
+            "Time between consecutive tokens of a sequence",
+            m.token_seconds.clone(),
+        );
+        registry.register(
+            "cloud_kv_bytes",
+            "KV bytes received from the cloud",
+            m.cloud_bytes.clone(),
+        );
+        registry.register(
+            "prefix_lookups",
+            "Cloud-prompt KV lookups by source (memory = cache hit)",
+            m.prefix_lookups.clone(),
+        );
+        registry.register(
+            "private_kv_bytes",
+            "KV bytes private to running sequences",
+            m.private_kv_bytes.clone(),
+        );
+        registry.register(
+            "shared_prefix_kv_bytes",
+            "KV bytes of cloud prompts used by running sequences, each counted once",
+            m.shared_prefix_kv_bytes.clone(),
+        );
+        registry.register(
+            "batch_rows",
+            "Token rows per forward step",
+            m.batch_rows.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub fn request(&self, endpoint: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn finished(&self, outcome: &str) {
+        self.finished
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn lookup(&self, source: &str) {
+        self.prefix_lookups
+            .get_or_create(&SourceLabels {
+                source: source.into(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

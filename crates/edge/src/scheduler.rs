@@ -1,0 +1,452 @@
+//! Continuous batching on the edge: requests join the running batch at step boundaries, every
+//! step is one forward pass over the weights for all active sequences (decoding ones feed one
+//! token, prefilling ones a chunk of their prompt), and sequences on the same cloud prompt
+//! share one read-only copy of its KV, attended for the whole batch at once.
+//!
+//! Because the engine's kernels are batch-invariant, a request's tokens do not depend on what
+//! else is in the batch: batched answers equal answers computed alone, bit for bit.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use edgeprompt_engine::{Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most sequences in one batch; more wait in the queue.
+    pub max_batch: usize,
+    /// Prompt tokens prefilled per step, across sequences (chunked prefill: a long prompt
+    /// cannot stall the decoding sequences for more than one chunk).
+    pub prefill_chunk: usize,
+    /// Bytes of private KV the admitted requests may reserve (prompt + max_tokens each).
+    pub kv_budget_bytes: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 32,
+            prefill_chunk: 256,
+            kv_budget_bytes: 1 << 30,
+            request_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One generation request: the private prompt after an optional shared prefix.
+pub struct Job {
+    pub prefix: Option<Arc<PrefixKv>>,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Where the answer goes; dropping the receiver cancels the request.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Text that became final.
+    Text(String),
+    Done(Done),
+    Failed(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Done {
+    /// `stop` (end of turn or a stop string) or `length`.
+    pub finish_reason: &'static str,
+    /// Prefix plus private prompt tokens.
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The request can never run here (HTTP 400).
+    Invalid(String),
+    /// The KV budget is taken; try again later (HTTP 429).
+    Full { retry_after_secs: u64 },
+    /// The scheduler is gone.
+    Stopped,
+}
+
+/// KV bytes held by the running sequences, counted by walking their buffers: a prefix layer
+/// shared by many sequences is one buffer and counted once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    pub sequences: usize,
+    pub private_bytes: usize,
+    pub shared_prefix_bytes: usize,
+    pub distinct_prefix_buffers: usize,
+}
+
+/// A request's share of the KV budget, given back when the request ends however it ends.
+struct Reservation {
+    pool: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pool.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+struct Running {
+    job: Job,
+    seq: Sequence,
+    fed: usize,
+    next: Option<u32>,
+    sampler: Sampler,
+    text: TextStream,
+    admitted: Instant,
+    last_token: Option<Instant>,
+    _reservation: Reservation,
+}
+
+/// The batch and its queue, stepped by the scheduler thread (or by hand in tests).
+pub struct Batcher {
+    model: Arc<Model>,
+    cfg: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    waiting: VecDeque<Running>,
+    active: Vec<Running>,
+    reserved: Arc<AtomicUsize>,
+    usage: Arc<Mutex<KvUsage>>,
+}
+
+impl Batcher {
+    pub fn new(model: Arc<Model>, cfg: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+        Self {
+            model,
+            cfg,
+            metrics,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            reserved: Arc::new(AtomicUsize::new(0)),
+            usage: Arc::new(Mutex::new(KvUsage::default())),
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.active.is_empty()
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        self.usage.lock().map(|u| *u).unwrap_or_default()
+    }
+
+    /// Check a job and reserve its KV; the job then waits for a batch slot.
+    pub fn admit(&mut self, job: Job) -> Result<(), Refusal> {
+        let r = admission(&self.model, &self.cfg, &self.reserved, job)?;
+        self.waiting.push_back(r);
+        self.metrics.queue_depth.set(self.waiting.len() as i64);
+        Ok(())
+    }
+
+    /// One forward pass for the whole batch. Returns the token rows it ran.
+    pub fn step(&mut self) -> usize {
+        self.reap();
+        while self.active.len() < self.cfg.max_batch {
+            match self.waiting.pop_front() {
+                Some(r) => self.active.push(r),
+                None => break,
+            }
+        }
+        let mut budget = self.cfg.prefill_chunk.max(1);
+        let mut feeds: Vec<Option<Vec<u32>>> = Vec::with_capacity(self.active.len());
+        for r in &self.active {
+            let feed = if r.fed < r.job.prompt.len() {
+                let n = budget.min(r.job.prompt.len() - r.fed);
+                budget -= n;
+                (n > 0).then(|| r.job.prompt[r.fed..r.fed + n].to_vec())
+            } else {
+                r.next.map(|id| vec![id])
+            };
+            feeds.push(feed);
+        }
+        let rows: usize = feeds.iter().flatten().map(|f| f.len()).sum();
+        if rows == 0 {
+            self.publish();
+            return 0;
+        }
+        let mut batch: Vec<(&mut Sequence, &[u32])> = self
+            .active
+            .iter_mut()
+            .zip(&feeds)
+            .filter_map(|(r, f)| f.as_deref().map(|f| (&mut r.seq, f)))
+            .collect();
+        let result = self.model.forward(&mut batch);
+        drop(batch);
+        self.metrics.batch_rows.observe(rows as f64);
+        let mut logits = match result {
+            Ok(l) => l.into_iter(),
+            Err(e) => {
+                // Nothing was appended (the engine checks before writing); fail the batch's
+                // requests rather than the server.
+                for (r, f) in self.active.iter().zip(&feeds) {
+                    if f.is_some() {
+                        let _ = r.job.events.send(Event::Failed(e.to_string()));
+                        self.metrics.finished("error");
+                    }
+                }
+                let mut i = 0;
+                self.active.retain(|_| {
+                    i += 1;
+                    feeds[i - 1].is_none()
+                });
+                self.publish();
+                return 0;
+            }
+        };
+        let mut ended = vec![false; self.active.len()];
+        for (i, f) in feeds.iter().enumerate() {
+            let Some(f) = f else { continue };
+            let l = logits.next().unwrap_or_default();
+            ended[i] = self.advance(i, f.len(), &l);
+        }
+        let mut i = 0;
+        self.active.retain(|_| {
+            i += 1;
+            !ended[i - 1]
+        });
+        self.publish();
+        rows
+    }
+
+    /// Take one step's logits for active sequence `i`; true when its answer is over.
+    fn advance(&mut self, i: usize, fed: usize, logits: &[f32]) -> bool {
+        let r = &mut self.active[i];
+        if r.fed < r.job.prompt.len() {
+            r.fed += fed;
+            if r.fed < r.job.prompt.len() {
+                return false;
+            }
+        }
+        let id = r.sampler.sample(logits);
+        let now = Instant::now();
+        match r.last_token {
+            None => self
+                .metrics
+                .ttft_seconds
+                .observe((now - r.admitted).as_secs_f64()),
+            Some(t) => self.metrics.token_seconds.observe((now - t).as_secs_f64()),
+        }
+        r.last_token = Some(now);
+        let (delta, stopped) = match r.text.push(&self.model.tokenizer, id) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = r.job.events.send(Event::Failed(e.to_string()));
+                self.metrics.finished("error");
+                return true;
+            }
+        };
+        if !delta.is_empty() {
+            let _ = r.job.events.send(Event::Text(delta));
+        }
+        let full = r.text.ids().len() >= r.job.max_tokens;
+        if stopped || full {
+            let rest = r.text.finish();
+            if !rest.is_empty() {
+                let _ = r.job.events.send(Event::Text(rest));
+            }
+            let reason = if stopped { "stop" } else { "length" };
+            let _ = r.job.events.send(Event::Done(Done {
+                finish_reason: reason,
+                prompt_tokens: r.seq.prefix_len() + r.job.prompt.len(),
+                completion_tokens: r.text.ids().len(),
+                token_ids: r.text.ids().to_vec(),
+            }));
+            self.metrics.finished(reason);
+            return true;
+        }
+        r.next = Some(id);
+        false
+    }
+
+    /// Drop requests whose client went away or whose time is up.
+    fn reap(&mut self) {
+        let timeout = self.cfg.request_timeout;
+        let mut outcomes = Vec::new();
+        let keep = |r: &Running, outcomes: &mut Vec<&'static str>| {
+            if r.job.events.is_closed() {
+                outcomes.push("cancelled");
+                false
+            } else if r.admitted.elapsed() > timeout {
+                let _ = r.job.events.send(Event::Failed(format!(
+                    "request timed out after {} s",
+                    timeout.as_secs_f64()
+                )));
+                outcomes.push("timeout");
+                false
+            } else {
+                true
+            }
+        };
+        self.active.retain(|r| keep(r, &mut outcomes));
+        self.waiting.retain(|r| keep(r, &mut outcomes));
+        for o in outcomes {
+            self.metrics.finished(o);
+        }
+    }
+
+    /// Update the usage snapshot and gauges.
+    fn publish(&self) {
+        let mut seen = HashSet::new();
+        let mut u = KvUsage {
+            sequences: self.active.len(),
+            ..KvUsage::default()
+        };
+        for r in &self.active {
+            u.private_bytes += r.seq.private_kv_bytes();
+            if let Some(p) = r.seq.prefix() {
+                for l in &p.layers {
+                    if seen.insert(Arc::as_ptr(l)) {
+                        u.shared_prefix_bytes += l.bytes();
+                        u.distinct_prefix_buffers += 1;
+                    }
+                }
+            }
+        }
+        if let Ok(mut g) = self.usage.lock() {
+            *g = u;
+        }
+        let m = &self.metrics;
+        m.queue_depth.set(self.waiting.len() as i64);
+        m.active_sequences.set(self.active.len() as i64);
+        m.private_kv_bytes.set(u.private_bytes as i64);
+        m.shared_prefix_kv_bytes.set(u.shared_prefix_bytes as i64);
+    }
+}
+
+/// KV bytes one token takes in every layer.
+pub fn kv_bytes_per_token(model: &Model) -> usize {
+    let c = &model.cfg;
+    c.n_layer * c.n_kv_head * c.head_dim * 2 * 2
+}
+
+fn admission(
+    model: &Model,
+    cfg: &SchedulerConfig,
+    reserved: &Arc<AtomicUsize>,
+    mut job: Job,
+) -> Result<Running, Refusal> {
+    let prefix_len = job.prefix.as_ref().map_or(0, |p| p.n_tokens());
+    if job.prompt.is_empty() {
+        return Err(Refusal::Invalid("the prompt has no tokens".into()));
+    }
+    let context = model.max_positions();
+    let used = prefix_len + job.prompt.len();
+    if used >= context {
+        return Err(Refusal::Invalid(format!(
+            "the prompt has {used} tokens ({prefix_len} of them the cloud prompt); this model's context is {context}"
+        )));
+    }
+    job.max_tokens = job.max_tokens.clamp(1, context - used);
+    let seq = match &job.prefix {
+        Some(p) => {
+            Sequence::with_prefix(model, p.clone()).map_err(|e| Refusal::Invalid(e.to_string()))?
+        }
+        None => Sequence::new(model),
+    };
+    let bytes = (job.prompt.len() + job.max_tokens) * kv_bytes_per_token(model);
+    if bytes > cfg.kv_budget_bytes {
+        return Err(Refusal::Invalid(format!(
+            "prompt + max_tokens need {:.1} MB of private KV; this server's budget is {:.1} MB",
+            bytes as f64 / 1e6,
+            cfg.kv_budget_bytes as f64 / 1e6
+        )));
+    }
+    let mut now = reserved.load(Ordering::Acquire);
+    loop {
+        if now + bytes > cfg.kv_budget_bytes {
+            return Err(Refusal::Full {
+                retry_after_secs: 1,
+            });
+        }
+        match reserved.compare_exchange(now, now + bytes, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(x) => now = x,
+        }
+    }
+    let reservation = Reservation {
+        pool: reserved.clone(),
+        bytes,
+    };
+    Ok(Running {
+        sampler: Sampler::new(job.sampling.clone()),
+        text: TextStream::new(&job.stop),
+        job,
+        seq,
+        fed: 0,
+        next: None,
+        admitted: Instant::now(),
+        last_token: None,
+        _reservation: reservation,
+    })
+}
+
+/// The batcher on its own thread; `submit` from anywhere.
+#[derive(Clone)]
+pub struct Scheduler {
+    model: Arc<Model>,
+    cfg: SchedulerConfig,
+    reserved: Arc<AtomicUsize>,
+    usage: Arc<Mutex<KvUsage>>,
+    tx: std_mpsc::Sender<Running>,
+}
+
+impl Scheduler {
+    pub fn start(
+        model: Arc<Model>,
+        cfg: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
+        let mut batcher = Batcher::new(model.clone(), cfg.clone(), metrics);
+        let (tx, rx) = std_mpsc::channel::<Running>();
+        let (reserved, usage) = (batcher.reserved.clone(), batcher.usage.clone());
+        std::thread::Builder::new()
+            .name("edgeprompt-scheduler".into())
+            .spawn(move || loop {
+                if batcher.is_idle() {
+                    match rx.recv() {
+                        Ok(r) => batcher.waiting.push_back(r),
+                        Err(_) => return,
+                    }
+                }
+                while let Ok(r) = rx.try_recv() {
+                    batcher.waiting.push_back(r);
+                }
+                batcher.step();
+            })?;
+        Ok(Self {
+            model,
+            cfg,
+            reserved,
+            usage,
+            tx,
+        })
+    }
+
+    /// Admit a job (its KV reserved now) or refuse it with the reason.
+    pub fn submit(&self, job: Job) -> Result<(), Refusal> {
+        let r = admission(&self.model, &self.cfg, &self.reserved, job)?;
+        self.tx.send(r).map_err(|_| Refusal::Stopped)
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        self.usage.lock().map(|u| *u).unwrap_or_default()
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+}

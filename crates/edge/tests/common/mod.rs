@@ -1,0 +1,68 @@
+//! What the edge integration tests share: the SmolLM2 model, a cloud node on loopback.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_engine::{Message, Model};
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub const SUPPORT: &str = "You are the support assistant of Acme Rail. Answer in two sentences. \
+Refund policy: tickets are refundable up to 24 hours before departure; after that, a 20% fee \
+applies. Seat changes are free. Pets travel free in carriers. Bikes need a reservation.";
+pub const CODING: &str = "You are a senior Rust reviewer. Point out one bug and suggest a fix. \
+Prefer iterators over index loops, never unwrap on user input, and keep functions short.";
+
+pub fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        let dir = std::env::var_os("EDGEPROMPT_MODELS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
+        let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            p.exists(),
+            "{} missing: run python3 scripts/models.py",
+            p.display()
+        );
+        Arc::new(Model::load(p).unwrap())
+    })
+    .clone()
+}
+
+/// Start a cloud node on an ephemeral loopback port; returns its URL.
+pub async fn start_cloud(model: Arc<Model>) -> String {
+    let specs = vec![
+        PromptSpec {
+            id: "support".into(),
+            system: SUPPORT.into(),
+        },
+        PromptSpec {
+            id: "coding".into(),
+            system: CODING.into(),
+        },
+    ];
+    let node = Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudService::server(node))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    format!("http://{addr}")
+}
+
+pub fn edge_ids(model: &Model, system: &str, user: &str) -> (Vec<u32>, Vec<u32>) {
+    let s = model
+        .chat
+        .as_ref()
+        .unwrap()
+        .split(system, &[Message::new("user", user)])
+        .unwrap();
+    (
+        model.tokenizer.encode(&s.cloud).unwrap(),
+        model.tokenizer.encode(&s.edge).unwrap(),
+    )
+}

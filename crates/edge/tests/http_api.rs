@@ -1,0 +1,99 @@
+//! The edge's OpenAI-compatible server driven by the real `openai` Python client, with a real
+//! cloud node on loopback gRPC and the real SmolLM2 model (the checks are in openai_api.py).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_engine::Model;
+use edgeprompt_kv::Codec;
+
+mod common;
+use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
+
+const USER: &str = "I booked a train for tomorrow at 9am. Can I still get my money back?";
+
+/// Python with the `openai` package: $EDGEPROMPT_PYTHON, or the venv scripts/test.sh makes.
+fn python() -> PathBuf {
+    let p = std::env::var_os("EDGEPROMPT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} missing: run `bash scripts/test.sh` (it installs the openai client) or set EDGEPROMPT_PYTHON",
+        p.display()
+    );
+    p
+}
+
+async fn start_server(
+    model: Arc<Model>,
+    cloud: &str,
+    kv_budget_bytes: usize,
+    unknown_system: UnknownSystem,
+) -> String {
+    let state = EdgeServer::start(
+        model,
+        ServerConfig {
+            model_id: "smollm2".into(),
+            default_max_tokens: 64,
+        },
+        SchedulerConfig {
+            kv_budget_bytes,
+            request_timeout: Duration::from_secs(120),
+            ..SchedulerConfig::default()
+        },
+        PrefixConfig {
+            cloud_url: Some(cloud.into()),
+            codec: Codec::F16,
+            unknown_system,
+            cache_bytes: 256 << 20,
+        },
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, state));
+    format!("http://{addr}/v1")
+}
+
+#[test]
+fn openai_client_against_the_edge_server() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (base, tiny) = rt.block_on(async {
+        let cloud = start_cloud(m.clone()).await;
+        let base = start_server(m.clone(), &cloud, 1 << 30, UnknownSystem::ComputeLocally).await;
+        // Room for one 200-token request, not two.
+        let tiny = start_server(m.clone(), &cloud, 6 << 20, UnknownSystem::Refuse).await;
+        (base, tiny)
+    });
+    let (cloud_ids, private_ids) = edge_ids(&m, SUPPORT, USER);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    let json = serde_json::json!({
+        "base": base,
+        "tiny": tiny,
+        "model": "smollm2",
+        "system_a": SUPPORT,
+        "cloud_prompt_a": "support",
+        "system_b": CODING,
+        "user": USER,
+        "prompt_tokens": cloud_ids.len() + private_ids.len(),
+    });
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_api.py");
+    let status = Command::new(python())
+        .arg(&script)
+        .arg(&cfg)
+        .status()
+        .unwrap();
+    assert!(status.success(), "openai client checks failed: {status}");
+    drop(rt);
+}

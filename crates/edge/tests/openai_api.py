@@ -1,0 +1,213 @@
+"""The real `openai` client against a running edge server (started by tests/http_api.rs).
+
+Usage: python openai_api.py CONFIG.json
+CONFIG: {"base": url, "tiny": url, "model": id, "system_a": str, "system_b": str,
+         "user": str, "prompt_tokens": int}
+Exits non-zero on the first failed check.
+"""
+
+import concurrent.futures
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+cfg = json.load(open(sys.argv[1]))
+MODEL = cfg["model"]
+client = OpenAI(base_url=cfg["base"], api_key="unused", max_retries=0, timeout=600)
+tiny = OpenAI(base_url=cfg["tiny"], api_key="unused", max_retries=0, timeout=600)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok:", what.split("\n")[0][:110], flush=True)
+
+
+def chat(c, system, user, **kw):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    kw.setdefault("temperature", 0)
+    return c.chat.completions.create(model=MODEL, messages=msgs, **kw)
+
+
+def raw_post(base, path, body: bytes):
+    req = urllib.request.Request(
+        base.rstrip("/") + path, data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def get(base, path):
+    with urllib.request.urlopen(base.rstrip("/") + path) as r:
+        return r.read().decode()
+
+
+root = cfg["base"].rsplit("/v1", 1)[0]
+tiny_root = cfg["tiny"].rsplit("/v1", 1)[0]
+
+
+def still_serving(c=client):
+    r = chat(c, cfg["system_a"], "Say hi.", max_tokens=4)
+    check(r.choices[0].message.content is not None, "server still serves")
+
+
+# Models
+ids = [m.id for m in client.models.list().data]
+check(ids == [MODEL], f"/v1/models lists the served model: {ids}")
+
+# Chat, non-streaming, greedy, usage counts
+r = chat(client, cfg["system_a"], cfg["user"], max_tokens=24)
+text = r.choices[0].message.content
+check(len(text) > 0, f"chat answers: {text!r}")
+check(r.choices[0].finish_reason in ("length", "stop"), "finish reason")
+check(r.usage.prompt_tokens == cfg["prompt_tokens"],
+      f"usage.prompt_tokens {r.usage.prompt_tokens} == cloud + private tokens {cfg['prompt_tokens']}")
+if r.choices[0].finish_reason == "length":
+    check(r.usage.completion_tokens == 24, "usage.completion_tokens == max_tokens")
+check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "usage total")
+
+# Streaming gives the same text and usage
+s = chat(client, cfg["system_a"], cfg["user"], max_tokens=24, stream=True,
+         stream_options={"include_usage": True})
+parts, finish, usage = [], None, None
+for ch in s:
+    if ch.usage:
+        usage = ch.usage
+    for c in ch.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+        finish = c.finish_reason or finish
+check("".join(parts) == text, "streamed deltas join to the non-streamed answer")
+check(len(parts) > 3, f"streamed in {len(parts)} pieces")
+check(finish == r.choices[0].finish_reason, "stream finish reason")
+check(usage is not None and usage.completion_tokens == r.usage.completion_tokens
+      and usage.prompt_tokens == r.usage.prompt_tokens, "stream usage chunk")
+
+# The cloud prompt named by id (EdgePrompt extension) is the same prefix as the system text
+r_id = client.chat.completions.create(
+    model=MODEL, temperature=0, max_tokens=24,
+    messages=[{"role": "user", "content": cfg["user"]}], extra_body={"cloud_prompt": cfg["cloud_prompt_a"]})
+check(r_id.choices[0].message.content == text, "cloud_prompt id == system message text")
+
+# Stop sequences: cut at the first occurrence, finish_reason stop
+words = text.split()
+stop = next((w for w in words[2:] if len(w) >= 3), None)
+if stop:
+    r2 = chat(client, cfg["system_a"], cfg["user"], max_tokens=24, stop=[stop, "@@@"])
+    check(r2.choices[0].message.content == text[: text.index(stop)],
+          f"stop {stop!r} cuts the answer: {r2.choices[0].message.content!r}")
+    check(r2.choices[0].finish_reason == "stop", "finish_reason stop")
+    check(r2.usage.completion_tokens < r.usage.completion_tokens or r.choices[0].finish_reason == "stop",
+          "fewer tokens after a stop")
+
+# Seeded sampling repeats
+a = chat(client, cfg["system_b"], cfg["user"], max_tokens=16, temperature=0.9, top_p=0.95, seed=7)
+b = chat(client, cfg["system_b"], cfg["user"], max_tokens=16, temperature=0.9, top_p=0.95, seed=7)
+check(a.choices[0].message.content == b.choices[0].message.content, "same seed, same sample")
+
+# Malformed JSON: 400 with a message, then still serving
+code, body = raw_post(cfg["base"], "/chat/completions", b'{"model": "x", "messages": [')
+check(code == 400 and "invalid request body" in json.loads(body)["error"]["message"],
+      f"malformed JSON -> 400: {body}")
+code, body = raw_post(cfg["base"], "/chat/completions", b'{"model": 3}')
+check(code == 400, f"wrong field type -> 400: {body}")
+still_serving()
+
+# Unknown model: 404
+try:
+    client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    check(False, "unknown model refused")
+except openai.NotFoundError as e:
+    check("no-such-model" in str(e), f"unknown model -> 404: {e}")
+still_serving()
+
+# Oversize prompt: 400
+try:
+    chat(client, cfg["system_a"], "hello " * 9000, max_tokens=4)
+    check(False, "oversize prompt refused")
+except openai.BadRequestError as e:
+    check("context" in str(e), f"oversize prompt -> 400: {str(e)[:100]}")
+still_serving()
+
+# Bad parameters: 400
+try:
+    chat(client, cfg["system_a"], "x", temperature=5)
+    check(False, "temperature 5 refused")
+except openai.BadRequestError:
+    check(True, "temperature out of range -> 400")
+
+# A system message the cloud does not know is computed on the edge
+r3 = chat(client, "You are a pirate. Answer in one sentence.", "Where is the treasure?", max_tokens=8)
+check(len(r3.choices[0].message.content) > 0, "unknown system prompt computed locally")
+# ... or refused where configured (the tiny server refuses)
+try:
+    chat(tiny, "You are a pirate. Answer in one sentence.", "Where is the treasure?", max_tokens=8)
+    check(False, "unknown system prompt refused on the strict server")
+except openai.BadRequestError as e:
+    check("not a registered cloud prompt" in str(e), "unknown system prompt -> 400 where refused")
+
+# Legacy completions
+c = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+check(len(c.choices[0].text) > 0 and c.usage.completion_tokens > 0, f"completions: {c.choices[0].text!r}")
+
+# 16 concurrent greedy requests over two cloud prompts: each equals its answer alone
+questions = [
+    "How do I get a refund?", "Is my train on time?", "Can I bring a bike?",
+    "What is the fee for late cancellation?", "Explain the refund rule in one line.",
+    "I missed my train, what now?", "Do children travel free?", "Write a short apology.",
+]
+jobs = [(sys_, q) for sys_ in (cfg["system_a"], cfg["system_b"]) for q in questions]
+
+
+def answer(job):
+    r = chat(client, job[0], job[1], max_tokens=20)
+    return r.choices[0].message.content, r.usage.completion_tokens
+
+
+alone = [answer(j) for j in jobs]
+with concurrent.futures.ThreadPoolExecutor(16) as ex:
+    together = list(ex.map(answer, jobs))
+for i, (x, y) in enumerate(zip(alone, together)):
+    check(x == y, f"concurrent request {i} == alone: {y!r}")
+
+# Admission control: the tiny server's KV budget fits one long request; a second gets 429
+long_stream = tiny.completions.create(
+    model=MODEL, prompt="1, 2, 3, 4, 5, 6, 7,", max_tokens=200, temperature=0, stream=True)
+first = next(iter(long_stream))
+try:
+    tiny.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5, 6, 7,", max_tokens=200, temperature=0)
+    check(False, "second request over budget refused")
+except openai.RateLimitError as e:
+    check(e.response.headers.get("retry-after") is not None, f"over budget -> 429 with Retry-After: {e}")
+# The client goes away: the server cancels the request and frees its KV
+long_stream.close()
+deadline = time.time() + 60
+cancelled = False
+while time.time() < deadline and not cancelled:
+    m = get(tiny_root, "/metrics")
+    cancelled = 'edgeprompt_generations_total{outcome="cancelled"} 1' in m
+    time.sleep(0.2)
+check(cancelled, "closed stream -> request cancelled (metrics)")
+r4 = tiny.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=4, temperature=0)
+check(len(r4.choices[0].text) > 0, "budget freed after cancellation")
+
+# Health and metrics
+h = json.loads(get(root, "/health"))
+check(h["status"] == "ok" and h["model"] == MODEL, f"/health: {h}")
+m = get(root, "/metrics")
+for name in ["edgeprompt_http_requests_total", "edgeprompt_queue_depth", "edgeprompt_ttft_seconds_bucket",
+             "edgeprompt_token_latency_seconds_bucket", "edgeprompt_cloud_kv_bytes_total",
+             'edgeprompt_prefix_lookups_total{source="memory"}', 'edgeprompt_prefix_lookups_total{source="cloud"}',
+             'edgeprompt_prefix_lookups_total{source="local"}', "edgeprompt_private_kv_bytes"]:
+    check(name in m, f"/metrics has {name}")
+print("all openai client checks passed")
