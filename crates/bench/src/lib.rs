@@ -1,6 +1,7 @@
 //! The project's benchmarks. Each prints the machine, the model, the settings and the
 //! baselines measured in the same run, and writes JSON under `bench-out/`.
 
+pub mod decode;
 pub mod engine;
 pub mod machine;
 pub mod plot;

@@ -10,6 +10,26 @@ pub enum Bench {
     Engine(EngineArgs),
     /// TTFT over link profiles: edge-only vs EdgePrompt pipelined/sequential vs the planner.
     Ttft(TtftArgs),
+    /// Batched decode tok/s vs batch size and cloud prompt length: shared prefix vs per-request copy.
+    Decode(DecodeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DecodeArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    batch_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    private_tokens: usize,
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -78,6 +98,27 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::ttft::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/ttft.json and SVG plots",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Decode(a) => {
+            let s = edgeprompt_bench::decode::Settings {
+                model: super::models::resolve(&a.model)?,
+                sharegpt: Some(
+                    super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json"),
+                ),
+                cloud_lens: a.cloud_lens,
+                batch_sizes: a.batch_sizes,
+                private_tokens: a.private_tokens,
+                steps: a.steps.max(1),
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::decode::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/decode.json and decode-*.svg",
                 r.rows.len(),
                 a.out.display()
             );

@@ -40,7 +40,8 @@ pub(super) fn dots_all_paths(
         }
         if *LEVEL == Level::Avx512Vnni {
             let mut w2 = w.clone();
-            avx512::corrections(&mut w2);
+            // SAFETY: detected at run time.
+            unsafe { avx512::corrections(&mut w2) };
             // SAFETY: detected at run time.
             out.push(("avx512vnni", unsafe {
                 avx512::dot(&w2, a, has_min, half, false)
@@ -338,14 +339,22 @@ mod avx512 {
         }
     }
 
-    /// `corr[b] = 128 * (sc0 * sum(first half) + sc1 * sum(second half))`.
-    #[inline(always)]
-    pub(super) fn corrections(w: &mut Unpacked) {
-        for (b, c) in w.corr.iter_mut().enumerate() {
-            let q = &w.q[b * QK..(b + 1) * QK];
-            let h0: i32 = q[..16].iter().map(|&x| x as i32).sum();
-            let h1: i32 = q[16..].iter().map(|&x| x as i32).sum();
-            *c = 128 * (w.sc[2 * b] * h0 + w.sc[2 * b + 1] * h1);
+    /// `corr[b] = 128 * (sc0 * sum(first half) + sc1 * sum(second half))`, with `vpdpbusd`
+    /// against ones doing the byte sums (integers: exact, whatever the order). Rows have an
+    /// even number of (padded) blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+    pub(super) unsafe fn corrections(w: &mut Unpacked) {
+        let ones = _mm512_set1_epi8(1);
+        let mut lanes = [0i32; 16];
+        for b in (0..w.corr.len()).step_by(2) {
+            let wv = _mm512_loadu_si512(w.q.as_ptr().add(b * QK) as *const _);
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, wv);
+            _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, p);
+            for i in 0..2 {
+                let l = &lanes[8 * i..8 * i + 8];
+                let (h0, h1) = (l[0] + l[1] + l[2] + l[3], l[4] + l[5] + l[6] + l[7]);
+                w.corr[b + i] = 128 * (w.sc[2 * (b + i)] * h0 + w.sc[2 * (b + i) + 1] * h1);
+            }
         }
     }
 

@@ -1,0 +1,260 @@
+//! `edgeprompt bench decode`: batched decode throughput against batch size (1-32) and cloud
+//! prompt length (64-1024), with every sequence reading one shared copy of the cloud prompt's
+//! KV (RelayAttention-like, what the edge server does) versus a private copy per request
+//! (PagedAttention-like, no sharing). Same model, same kernels, same run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_engine::sample::argmax;
+use edgeprompt_engine::{Model, PrefixKv, Sequence};
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::plot::{line_chart, Series};
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    /// ShareGPT JSON for the text; a built-in paragraph when absent.
+    pub sharegpt: Option<PathBuf>,
+    pub cloud_lens: Vec<usize>,
+    pub batch_sizes: Vec<usize>,
+    /// Private prompt tokens per sequence before decoding.
+    pub private_tokens: usize,
+    /// Timed decode steps per point (after one untimed step).
+    pub steps: usize,
+    pub threads: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One read-only copy of the prefix for the whole batch.
+    Shared,
+    /// Each request holds its own copy of the prefix.
+    Copy,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub mode: Mode,
+    pub cloud_tokens: usize,
+    pub batch: usize,
+    pub tok_s: f64,
+    pub step_ms: f64,
+    pub prefix_kv_bytes: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub threads: usize,
+    pub private_tokens: usize,
+    pub steps: usize,
+    pub text_source: String,
+    pub rows: Vec<Row>,
+}
+
+const FALLBACK_TEXT: &str = "Edge devices answer questions about public documents while the \
+user's own data stays on the device. The public part of the prompt is long and the same for \
+everyone, so it is computed once in the cloud and its key-value cache is sent to the edge. ";
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
+    let machine = Machine::detect();
+    let model = Model::load(&s.model)?;
+    let (text, source) = match &s.sharegpt {
+        Some(p) if p.exists() => (crate::sharegpt::turns(p, 300)?.join("\n"), "ShareGPT"),
+        _ => (FALLBACK_TEXT.repeat(120), "built-in paragraph"),
+    };
+    let ids = model.tokenizer.encode(&text)?;
+    let max_len = s.cloud_lens.iter().max().copied().unwrap_or(0);
+    let max_batch = s.batch_sizes.iter().max().copied().unwrap_or(1);
+    let need = max_len + max_batch * s.private_tokens;
+    if ids.len() < need {
+        return Err(BenchError::Data(format!(
+            "need {need} tokens of text, have {}",
+            ids.len()
+        )));
+    }
+    eprintln!(
+        "machine: {} ({} cores), rev {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point",
+        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads, s.private_tokens, s.steps
+    );
+    let mut rows = Vec::new();
+    for &len in &s.cloud_lens {
+        let mut seq = Sequence::new(&model);
+        seq.prefill_chunked(&model, &ids[..len], 256)?;
+        let prefix = Arc::new(seq.export_prefix(&model)?);
+        for &b in &s.batch_sizes {
+            let privates: Vec<&[u32]> = (0..b)
+                .map(|i| {
+                    let at = max_len + i * s.private_tokens;
+                    &ids[at..at + s.private_tokens]
+                })
+                .collect();
+            for mode in [Mode::Shared, Mode::Copy] {
+                let (tok_s, step_ms) = measure(&model, &prefix, &privates, mode, s.steps)?;
+                eprintln!(
+                    "  cloud {len:5} batch {b:3} {mode:?}: {tok_s:8.1} tok/s ({step_ms:.1} ms/step)"
+                );
+                rows.push(Row {
+                    mode,
+                    cloud_tokens: len,
+                    batch: b,
+                    tok_s,
+                    step_ms,
+                    prefix_kv_bytes: prefix.bytes() * if mode == Mode::Copy { b } else { 1 },
+                });
+            }
+        }
+    }
+    let report = Report {
+        machine,
+        model: model.cfg.name.clone(),
+        threads: s.threads,
+        private_tokens: s.private_tokens,
+        steps: s.steps,
+        text_source: source.into(),
+        rows,
+    };
+    print_summary(&report, s);
+    write_outputs(&report, s)?;
+    Ok(report)
+}
+
+/// Prefill each private prompt after the prefix, then time `steps` batched greedy decode
+/// steps. Returns (tokens/s, ms per step).
+fn measure(
+    model: &Model,
+    prefix: &Arc<PrefixKv>,
+    privates: &[&[u32]],
+    mode: Mode,
+    steps: usize,
+) -> Result<(f64, f64), BenchError> {
+    let mut seqs = Vec::with_capacity(privates.len());
+    for _ in privates {
+        let p = match mode {
+            Mode::Shared => prefix.clone(),
+            Mode::Copy => Arc::new(PrefixKv {
+                layers: prefix
+                    .layers
+                    .iter()
+                    .map(|l| Arc::new((**l).clone()))
+                    .collect(),
+                ..(**prefix).clone()
+            }),
+        };
+        seqs.push(Sequence::with_prefix(model, p)?);
+    }
+    let mut batch: Vec<(&mut Sequence, &[u32])> =
+        seqs.iter_mut().zip(privates.iter().copied()).collect();
+    let mut next: Vec<u32> = model
+        .forward(&mut batch)?
+        .iter()
+        .map(|l| argmax(l))
+        .collect();
+    drop(batch);
+    let mut start = Instant::now();
+    for step in 0..=steps {
+        if step == 1 {
+            // The first step warms caches; time the rest.
+            start = Instant::now();
+        }
+        let feeds: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let mut batch: Vec<(&mut Sequence, &[u32])> = seqs
+            .iter_mut()
+            .zip(&feeds)
+            .map(|(s, f)| (s, &f[..]))
+            .collect();
+        next = model
+            .forward(&mut batch)?
+            .iter()
+            .map(|l| argmax(l))
+            .collect();
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    Ok((
+        (privates.len() * steps) as f64 / secs,
+        secs * 1e3 / steps as f64,
+    ))
+}
+
+fn tok_s(r: &Report, mode: Mode, len: usize, b: usize) -> Option<f64> {
+    r.rows
+        .iter()
+        .find(|x| x.mode == mode && x.cloud_tokens == len && x.batch == b)
+        .map(|x| x.tok_s)
+}
+
+fn print_summary(r: &Report, s: &Settings) {
+    let (Some(&lo), Some(&hi)) = (s.cloud_lens.first(), s.cloud_lens.last()) else {
+        return;
+    };
+    println!("\nbatch | shared {hi}/{lo} (flat = 1.00) | copy {hi}/{lo} | shared/copy at {hi}");
+    for &b in &s.batch_sizes {
+        let f = |m, l| tok_s(r, m, l, b).unwrap_or(f64::NAN);
+        println!(
+            "{b:5} | {:>27.2} | {:>12.2} | {:>8.2}x",
+            f(Mode::Shared, hi) / f(Mode::Shared, lo),
+            f(Mode::Copy, hi) / f(Mode::Copy, lo),
+            f(Mode::Shared, hi) / f(Mode::Copy, hi)
+        );
+    }
+}
+
+fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&s.out)?;
+    std::fs::write(
+        s.out.join("decode.json"),
+        serde_json::to_string_pretty(r)?,
+    )?;
+    let mut by_batch = Vec::new();
+    for mode in [Mode::Shared, Mode::Copy] {
+        for &len in &s.cloud_lens {
+            by_batch.push(Series {
+                name: format!("{mode:?} prefix, cloud {len}"),
+                points: s
+                    .batch_sizes
+                    .iter()
+                    .filter_map(|&b| tok_s(r, mode, len, b).map(|t| (b as f64, t)))
+                    .collect(),
+                dashed: mode == Mode::Copy,
+            });
+        }
+    }
+    let title = format!(
+        "{}: batched decode throughput, shared prefix (solid) vs per-request copy (dashed)",
+        r.model
+    );
+    std::fs::write(
+        s.out.join("decode-batch.svg"),
+        line_chart(&title, "batch size", "tokens/s", &by_batch),
+    )?;
+    let mut by_len = Vec::new();
+    for mode in [Mode::Shared, Mode::Copy] {
+        for &b in s.batch_sizes.iter().filter(|&&b| b >= 8) {
+            by_len.push(Series {
+                name: format!("{mode:?} prefix, batch {b}"),
+                points: s
+                    .cloud_lens
+                    .iter()
+                    .filter_map(|&l| tok_s(r, mode, l, b).map(|t| (l as f64, t)))
+                    .collect(),
+                dashed: mode == Mode::Copy,
+            });
+        }
+    }
+    let title = format!("{}: decode throughput against cloud prompt length", r.model);
+    std::fs::write(
+        s.out.join("decode-prefix-len.svg"),
+        line_chart(&title, "cloud prompt tokens", "tokens/s", &by_len),
+    )?;
+    Ok(())
+}
