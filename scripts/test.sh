@@ -3,7 +3,7 @@
 # formatting and lints, then run every test including the slow ones, on optimised code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 scripts/models.py smollm2 qwen05
+python3 scripts/models.py smollm2 qwen05 sharegpt
 # The real openai client for the HTTP API tests.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt

@@ -25,6 +25,9 @@ pub struct Settings {
     pub private_tokens: usize,
     /// Timed decode steps per point (after one untimed step).
     pub steps: usize,
+    /// Measurements per point, shared and copy interleaved; the best is kept (the machine is
+    /// shared, interference only ever slows a run down).
+    pub repeats: usize,
     pub threads: usize,
     pub out: PathBuf,
 }
@@ -55,6 +58,7 @@ pub struct Report {
     pub threads: usize,
     pub private_tokens: usize,
     pub steps: usize,
+    pub repeats: usize,
     pub text_source: String,
     pub rows: Vec<Row>,
 }
@@ -84,8 +88,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         )));
     }
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point",
-        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads, s.private_tokens, s.steps
+        "machine: {} ({} cores), rev {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point, best of {}",
+        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads, s.private_tokens, s.steps, s.repeats
     );
     let mut rows = Vec::new();
     for &len in &s.cloud_lens {
@@ -99,8 +103,16 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     &ids[at..at + s.private_tokens]
                 })
                 .collect();
-            for mode in [Mode::Shared, Mode::Copy] {
-                let (tok_s, step_ms) = measure(&model, &prefix, &privates, mode, s.steps)?;
+            let mut best = [(0f64, 0f64); 2];
+            for _ in 0..s.repeats.max(1) {
+                for (i, mode) in [Mode::Shared, Mode::Copy].into_iter().enumerate() {
+                    let m = measure(&model, &prefix, &privates, mode, s.steps)?;
+                    if m.0 > best[i].0 {
+                        best[i] = m;
+                    }
+                }
+            }
+            for (mode, (tok_s, step_ms)) in [Mode::Shared, Mode::Copy].into_iter().zip(best) {
                 eprintln!(
                     "  cloud {len:5} batch {b:3} {mode:?}: {tok_s:8.1} tok/s ({step_ms:.1} ms/step)"
                 );
@@ -121,6 +133,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         threads: s.threads,
         private_tokens: s.private_tokens,
         steps: s.steps,
+        repeats: s.repeats,
         text_source: source.into(),
         rows,
     };
@@ -211,10 +224,7 @@ fn print_summary(r: &Report, s: &Settings) {
 
 fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
     std::fs::create_dir_all(&s.out)?;
-    std::fs::write(
-        s.out.join("decode.json"),
-        serde_json::to_string_pretty(r)?,
-    )?;
+    std::fs::write(s.out.join("decode.json"), serde_json::to_string_pretty(r)?)?;
     let mut by_batch = Vec::new();
     for mode in [Mode::Shared, Mode::Copy] {
         for &len in &s.cloud_lens {

@@ -1,12 +1,16 @@
 //! The project's benchmarks. Each prints the machine, the model, the settings and the
 //! baselines measured in the same run, and writes JSON under `bench-out/`.
 
+pub mod batch;
 pub mod decode;
 pub mod engine;
 pub mod machine;
 pub mod plot;
+pub mod report;
+pub mod serve;
 pub mod sharegpt;
 pub mod ttft;
+pub mod workload;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -12,6 +12,76 @@ pub enum Bench {
     Ttft(TtftArgs),
     /// Batched decode tok/s vs batch size and cloud prompt length: shared prefix vs per-request copy.
     Decode(DecodeArgs),
+    /// Poisson arrivals at a sweep of rates against the edge server (and llama.cpp's): latency, TTFT, throughput.
+    Serve(ServeArgs),
+    /// EdgePrompt Fig. 3: throughput vs cloud prompt length, no sharing / shared / split, two hardware settings.
+    Batch(BatchArgs),
+    /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Offered request rates (req/s).
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    rates: Vec<f64>,
+    /// Distinct cloud prompts.
+    #[arg(long, default_value_t = 4)]
+    groups: usize,
+    /// Requests per cloud prompt (per rate).
+    #[arg(long, default_value_t = 6)]
+    per_group: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 128)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// llama.cpp's OpenAI-compatible server on the same GGUF, e.g. http://127.0.0.1:8090/v1
+    /// (scripts/bench_serve.sh starts one).
+    #[arg(long)]
+    llama_server: Option<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct BatchArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    /// Groups (distinct cloud prompts); the paper uses 100.
+    #[arg(long, default_value_t = 2)]
+    groups: usize,
+    /// Requests per group; the paper uses 10.
+    #[arg(long, default_value_t = 8)]
+    per_group: usize,
+    #[arg(long, default_value_t = 64)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Hardware settings as label:threads.
+    #[arg(long, value_delimiter = ',', default_value = "cloud:2,edge:1")]
+    hardware: Vec<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    #[arg(long, default_value = "docs/results")]
+    from: PathBuf,
+    #[arg(long, default_value = "docs/results.md")]
+    to: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -26,6 +96,9 @@ pub struct DecodeArgs {
     private_tokens: usize,
     #[arg(long, default_value_t = 16)]
     steps: usize,
+    /// Measurements per point; the best is kept.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
     #[arg(long, default_value = "bench-out")]
@@ -75,15 +148,19 @@ pub struct EngineArgs {
     out: PathBuf,
 }
 
+fn sharegpt() -> anyhow::Result<PathBuf> {
+    let p = super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json");
+    anyhow::ensure!(
+        p.exists(),
+        "ShareGPT missing: run `python3 scripts/models.py sharegpt`"
+    );
+    Ok(p)
+}
+
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Ttft(a) => {
-            let sharegpt =
-                super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json");
-            anyhow::ensure!(
-                sharegpt.exists(),
-                "ShareGPT missing: run `python3 scripts/models.py sharegpt`"
-            );
+            let sharegpt = sharegpt()?;
             let s = edgeprompt_bench::ttft::Settings {
                 model: super::models::resolve(&a.model)?,
                 sharegpt,
@@ -113,6 +190,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 batch_sizes: a.batch_sizes,
                 private_tokens: a.private_tokens,
                 steps: a.steps.max(1),
+                repeats: a.repeats,
                 threads: a.threads,
                 out: a.out.clone(),
             };
@@ -122,6 +200,68 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 r.rows.len(),
                 a.out.display()
             );
+            Ok(())
+        }
+        Bench::Serve(a) => {
+            let s = edgeprompt_bench::serve::Settings {
+                model: super::models::resolve(&a.model)?,
+                model_id: a.model.clone(),
+                workload: edgeprompt_bench::workload::WorkloadSpec {
+                    sharegpt: sharegpt()?,
+                    groups: a.groups.max(1),
+                    per_group: a.per_group.max(1),
+                    cloud_len: a.cloud_len,
+                    edge_len: a.edge_len,
+                    seed: a.seed,
+                },
+                rates: a.rates,
+                max_tokens: a.max_tokens,
+                threads: a.threads,
+                llama_server: a.llama_server,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::serve::run(&s)?;
+            eprintln!(
+                "wrote {} points to {}/serve.json and serve-*.svg",
+                r.points.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Batch(a) => {
+            let mut hardware = Vec::new();
+            for h in &a.hardware {
+                let (label, t) = h
+                    .split_once(':')
+                    .ok_or_else(|| anyhow::anyhow!("hardware is label:threads, got {h}"))?;
+                hardware.push((label.to_string(), t.parse::<usize>()?.max(1)));
+            }
+            let s = edgeprompt_bench::batch::Settings {
+                model: super::models::resolve(&a.model)?,
+                workload: edgeprompt_bench::workload::WorkloadSpec {
+                    sharegpt: sharegpt()?,
+                    groups: a.groups.max(1),
+                    per_group: a.per_group.max(1),
+                    cloud_len: 0,
+                    edge_len: a.edge_len,
+                    seed: a.seed,
+                },
+                cloud_lens: a.cloud_lens,
+                max_tokens: a.max_tokens,
+                hardware,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::batch::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/batch.json and batch-*.svg",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Report(a) => {
+            edgeprompt_bench::report::run(&a.from, &a.to)?;
+            eprintln!("wrote {}", a.to.display());
             Ok(())
         }
         Bench::Engine(a) => {

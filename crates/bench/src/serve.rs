@@ -1,0 +1,352 @@
+//! `edgeprompt bench serve` (EdgePrompt Figs. 4-5): Poisson arrivals at a sweep of request
+//! rates against a running OpenAI-compatible server, streamed over real loopback HTTP:
+//! throughput (req/s, tok/s), normalised latency (s per output token) and TTFT p50/p99.
+//! The edge server (with its cloud node) runs in this process; the same workload can be sent
+//! to llama.cpp's server (`--llama-server`) in the same run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::http::{EdgeServer, ServerConfig};
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_engine::Model;
+use edgeprompt_kv::Codec;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::machine::Machine;
+use crate::plot::{line_chart, Series};
+use crate::workload::{Workload, WorkloadSpec};
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    /// The name requests carry as `model`.
+    pub model_id: String,
+    pub workload: WorkloadSpec,
+    /// Requests per second to sweep.
+    pub rates: Vec<f64>,
+    pub max_tokens: usize,
+    pub threads: usize,
+    /// An OpenAI-compatible llama.cpp server on the same GGUF (`.../v1`), driven the same way.
+    pub llama_server: Option<String>,
+    pub out: PathBuf,
+}
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    pub ttft_s: f64,
+    pub total_s: f64,
+    pub tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Point {
+    pub server: String,
+    pub rate: f64,
+    pub requests: usize,
+    pub failed: usize,
+    pub makespan_s: f64,
+    pub req_s: f64,
+    pub tok_s: f64,
+    /// Mean over requests of end-to-end latency / output tokens.
+    pub s_per_token: f64,
+    pub ttft_p50_s: f64,
+    pub ttft_p99_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub threads: usize,
+    pub max_tokens: usize,
+    pub workload: WorkloadSpec,
+    pub points: Vec<Point>,
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
+    let machine = Machine::detect();
+    let model = Arc::new(Model::load(&s.model)?);
+    let w = Workload::build(&model, &s.workload)?;
+    eprintln!(
+        "machine: {} ({} cores), rev {}; model {}; threads {}; {} requests per rate over {} cloud prompts of ~{} tokens, private ~{} tokens, max_tokens {}",
+        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads,
+        w.requests.len(), w.cloud.len(), s.workload.cloud_len, s.workload.edge_len, s.max_tokens
+    );
+    let rt = tokio::runtime::Runtime::new()?;
+    let points = rt.block_on(async {
+        let ours = start_edgeprompt(&model, &s.model_id, &w).await?;
+        let mut servers = vec![("edgeprompt".to_string(), ours)];
+        if let Some(url) = &s.llama_server {
+            servers.push(("llama.cpp".to_string(), url.trim_end_matches('/').to_string()));
+        }
+        let client = reqwest::Client::new();
+        let mut points = Vec::new();
+        for (name, url) in &servers {
+            // Warm: every cloud prompt once (the edge fetches its KV; llama.cpp fills its cache).
+            for sys in &w.cloud {
+                one(&client, url, &s.model_id, sys, "Hello.", 2).await.map_err(BenchError::Data)?;
+            }
+            for &rate in &s.rates {
+                let p = sweep_point(&client, name, url, &s.model_id, &w, rate, s.max_tokens, s.workload.seed).await;
+                eprintln!(
+                    "  {name:>10} {rate:5.2} req/s: {:.2} req/s done, {:.1} tok/s, {:.3} s/token, TTFT p50 {:.2} s p99 {:.2} s, {} failed",
+                    p.req_s, p.tok_s, p.s_per_token, p.ttft_p50_s, p.ttft_p99_s, p.failed
+                );
+                points.push(p);
+            }
+        }
+        Ok::<_, BenchError>(points)
+    })?;
+    let report = Report {
+        machine,
+        model: model.cfg.name.clone(),
+        threads: s.threads,
+        max_tokens: s.max_tokens,
+        workload: s.workload.clone(),
+        points,
+    };
+    write_outputs(&report, s)?;
+    Ok(report)
+}
+
+/// Cloud node and edge server on loopback; returns the edge's `/v1` URL.
+async fn start_edgeprompt(
+    model: &Arc<Model>,
+    model_id: &str,
+    w: &Workload,
+) -> Result<String, BenchError> {
+    let specs: Vec<PromptSpec> = w
+        .cloud
+        .iter()
+        .enumerate()
+        .map(|(i, sys)| PromptSpec {
+            id: format!("p{i}"),
+            system: sys.clone(),
+        })
+        .collect();
+    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let cloud = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudService::server(node))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let state = EdgeServer::start(
+        model.clone(),
+        ServerConfig {
+            model_id: model_id.into(),
+            default_max_tokens: 256,
+        },
+        SchedulerConfig::default(),
+        PrefixConfig {
+            cloud_url: Some(cloud),
+            codec: Codec::F16,
+            unknown_system: UnknownSystem::ComputeLocally,
+            cache_bytes: 1 << 30,
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1", listener.local_addr()?);
+    tokio::spawn(edgeprompt_edge::http::serve(listener, state));
+    Ok(url)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn sweep_point(
+    client: &reqwest::Client,
+    name: &str,
+    url: &str,
+    model_id: &str,
+    w: &Workload,
+    rate: f64,
+    max_tokens: usize,
+    seed: u64,
+) -> Point {
+    // Poisson arrivals: exponential gaps with mean 1 / rate, seeded.
+    let mut rng = StdRng::seed_from_u64(seed ^ rate.to_bits());
+    let mut at = 0.0;
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(w.requests.len());
+    for r in &w.requests {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(
+            start + Duration::from_secs_f64(at),
+        ))
+        .await;
+        let (client, url, model_id) = (client.clone(), url.to_string(), model_id.to_string());
+        let (sys, user) = (w.cloud[r.cloud].clone(), r.user.clone());
+        tasks.push(tokio::spawn(async move {
+            one(&client, &url, &model_id, &sys, &user, max_tokens).await
+        }));
+        at += -(1.0 - rng.random::<f64>()).ln() / rate;
+    }
+    let mut samples = Vec::new();
+    let mut failed = 0;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(s)) if s.tokens > 0 => samples.push(s),
+            Ok(Err(e)) => {
+                failed += 1;
+                eprintln!("    request failed: {e}");
+            }
+            _ => failed += 1,
+        }
+    }
+    let makespan = start.elapsed().as_secs_f64();
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft_s).collect();
+    ttft.sort_by(f64::total_cmp);
+    let n = samples.len().max(1) as f64;
+    Point {
+        server: name.into(),
+        rate,
+        requests: w.requests.len(),
+        failed,
+        makespan_s: makespan,
+        req_s: samples.len() as f64 / makespan,
+        tok_s: tokens as f64 / makespan,
+        s_per_token: samples
+            .iter()
+            .map(|s| s.total_s / s.tokens as f64)
+            .sum::<f64>()
+            / n,
+        ttft_p50_s: percentile(&ttft, 0.50),
+        ttft_p99_s: percentile(&ttft, 0.99),
+    }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// One streamed chat request: time to the first content, total time, output tokens.
+pub async fn one(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    system: &str,
+    user: &str,
+    max_tokens: usize,
+) -> Result<Sample, String> {
+    let body = json!({
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let t0 = Instant::now();
+    let mut resp = client
+        .post(format!("{url}/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        return Err(format!(
+            "{status}: {}",
+            resp.text().await.unwrap_or_default()
+        ));
+    }
+    let (mut buf, mut ttft, mut chunks, mut usage) = (String::new(), None, 0, None);
+    while let Some(bytes) = resp.chunk().await.map_err(|e| e.to_string())? {
+        buf.push_str(&String::from_utf8_lossy(&bytes));
+        while let Some(i) = buf.find('\n') {
+            let line: String = buf.drain(..=i).collect();
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            let content = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+            if !content.is_empty() {
+                ttft.get_or_insert(t0.elapsed().as_secs_f64());
+                chunks += 1;
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                usage = Some(n as usize);
+            }
+        }
+    }
+    Ok(Sample {
+        ttft_s: ttft.unwrap_or(f64::NAN),
+        total_s: t0.elapsed().as_secs_f64(),
+        tokens: usage.unwrap_or(chunks),
+    })
+}
+
+fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&s.out)?;
+    std::fs::write(s.out.join("serve.json"), serde_json::to_string_pretty(r)?)?;
+    let servers: Vec<&str> = {
+        let mut v: Vec<&str> = r.points.iter().map(|p| p.server.as_str()).collect();
+        v.dedup();
+        v
+    };
+    let series = |f: &dyn Fn(&Point) -> f64, dashed: bool, suffix: &str| -> Vec<Series> {
+        servers
+            .iter()
+            .map(|name| Series {
+                name: format!("{name}{suffix}"),
+                points: r
+                    .points
+                    .iter()
+                    .filter(|p| p.server == *name)
+                    .map(|p| (p.rate, f(p)))
+                    .collect(),
+                dashed,
+            })
+            .collect()
+    };
+    let title = |what: &str| {
+        format!(
+            "{}: {what} against request rate (Poisson arrivals)",
+            r.model
+        )
+    };
+    std::fs::write(
+        s.out.join("serve-latency.svg"),
+        line_chart(
+            &title("normalised latency"),
+            "requests/s",
+            "s per output token",
+            &series(&|p| p.s_per_token, false, ""),
+        ),
+    )?;
+    let mut ttft = series(&|p| p.ttft_p50_s, false, " p50");
+    ttft.extend(series(&|p| p.ttft_p99_s, true, " p99"));
+    std::fs::write(
+        s.out.join("serve-ttft.svg"),
+        line_chart(&title("TTFT"), "requests/s", "seconds", &ttft),
+    )?;
+    std::fs::write(
+        s.out.join("serve-throughput.svg"),
+        line_chart(
+            &title("throughput"),
+            "requests/s offered",
+            "output tokens/s",
+            &series(&|p| p.tok_s, false, ""),
+        ),
+    )?;
+    Ok(())
+}

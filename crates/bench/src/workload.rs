@@ -1,0 +1,80 @@
+//! Seeded, reproducible workloads from ShareGPT text (EdgePrompt §3.2): cloud prompts of a
+//! given token length shared by groups of requests, each with its own private prompt.
+
+use std::path::PathBuf;
+
+use edgeprompt_engine::Model;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::BenchError;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadSpec {
+    pub sharegpt: PathBuf,
+    /// Distinct cloud prompts (groups).
+    pub groups: usize,
+    pub per_group: usize,
+    pub cloud_len: usize,
+    pub edge_len: usize,
+    pub seed: u64,
+}
+
+pub struct Request {
+    /// Index into `Workload::cloud`.
+    pub cloud: usize,
+    pub user: String,
+}
+
+pub struct Workload {
+    pub cloud: Vec<String>,
+    /// In arrival order (groups interleaved by the seed).
+    pub requests: Vec<Request>,
+}
+
+impl Workload {
+    pub fn build(model: &Model, spec: &WorkloadSpec) -> Result<Self, BenchError> {
+        let turns = crate::sharegpt::turns(&spec.sharegpt, 3000)?;
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let mut text = |n: usize| -> Result<String, BenchError> {
+            let start = rng.random_range(0..turns.len());
+            let mut s = String::new();
+            for t in turns.iter().cycle().skip(start).take(turns.len()) {
+                s.push_str(t);
+                s.push('\n');
+                if s.len() > 6 * n {
+                    break;
+                }
+            }
+            cut(model, &s, n)
+        };
+        let cloud = (0..spec.groups)
+            .map(|_| text(spec.cloud_len))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut requests = Vec::with_capacity(spec.groups * spec.per_group);
+        for g in 0..spec.groups {
+            for _ in 0..spec.per_group {
+                requests.push(Request {
+                    cloud: g,
+                    user: text(spec.edge_len)?,
+                });
+            }
+        }
+        requests.shuffle(&mut rng);
+        Ok(Self { cloud, requests })
+    }
+}
+
+/// The first `n` tokens of `s` as text.
+pub fn cut(model: &Model, s: &str, n: usize) -> Result<String, BenchError> {
+    let ids = model.tokenizer.encode(s)?;
+    if ids.len() < n {
+        return Err(BenchError::Data(format!(
+            "need {n} tokens of text, have {}",
+            ids.len()
+        )));
+    }
+    Ok(model.tokenizer.decode(&ids[..n])?)
+}
