@@ -20,7 +20,8 @@ case "$MODEL" in
 esac
 PORT=8093
 .venv-bench/bin/python -m llama_cpp.server --model "$GGUF" --model_alias "$MODEL" \
-  --n_threads 2 --n_ctx 4096 --host 127.0.0.1 --port "$PORT" >bench-out/llama-server.log 2>&1 &
+  --n_threads 2 --n_ctx 4096 --interrupt_requests False --host 127.0.0.1 --port "$PORT" \
+  >bench-out/llama-server.log 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 120); do

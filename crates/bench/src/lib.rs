@@ -9,6 +9,7 @@ pub mod plot;
 pub mod report;
 pub mod serve;
 pub mod sharegpt;
+pub mod table;
 pub mod ttft;
 pub mod workload;
 

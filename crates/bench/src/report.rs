@@ -54,6 +54,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     decode_section(dir, &mut md);
     batch_section(dir, &mut md);
     serve_section(dir, &mut md);
+    table_section(dir, &mut md);
     std::fs::write(out, &md)?;
     Ok(md)
 }
@@ -351,4 +352,40 @@ fn batch_section(dir: &Path, md: &mut String) {
         md,
         "\n![cloud](results/batch-cloud.svg) ![edge](results/batch-edge.svg)\n"
     );
+}
+
+fn table_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "table.json") else {
+        return;
+    };
+    let w = &v["workload"];
+    let _ = writeln!(
+        md,
+        "## Cloud-only vs edge-only vs cloud-edge (`edgeprompt bench table`, CE-LSLM Table II analogue)\n\n{}; {} \
+         requests, each on its own cloud prompt of {} tokens, private prompts of {} tokens, max_tokens {}, link {}. \
+         Quality: answers identical to the single-node (edge-only) answer, and the share of its tokens reproduced \
+         before the first difference.\n\n| scheme | TTFT s | total s | edge KV MB | user data uploaded | link up MB | link down MB | identical answers | common prefix |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        w["groups"],
+        w["cloud_len"],
+        w["edge_len"],
+        v["max_tokens"],
+        v["profile"][0].as_str().unwrap_or("?")
+    );
+    for r in v["rows"].as_array().cloned().unwrap_or_default() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {:.2} | {:.1} | {:.0} % | {:.3} | {:.2} | {:.0} % | {:.0} % |",
+            r["scheme"].as_str().unwrap_or("?"),
+            f(&r["ttft_s"]),
+            f(&r["total_s"]),
+            f(&r["edge_kv_mb"]),
+            100.0 * f(&r["user_data_uploaded"]),
+            f(&r["link_up_mb"]),
+            f(&r["link_down_mb"]),
+            100.0 * f(&r["identical_answers"]),
+            100.0 * f(&r["common_prefix"])
+        );
+    }
+    let _ = writeln!(md);
 }

@@ -45,6 +45,8 @@ pub struct Sample {
     pub ttft_s: f64,
     pub total_s: f64,
     pub tokens: usize,
+    /// As the server counted them (0 when it does not report usage).
+    pub prompt_tokens: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -156,6 +158,8 @@ async fn start_edgeprompt(
             codec: Codec::F16,
             unknown_system: UnknownSystem::ComputeLocally,
             cache_bytes: 1 << 30,
+            disk_dir: None,
+            peers: Vec::new(),
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -196,7 +200,7 @@ async fn sweep_point(
     let mut failed = 0;
     for t in tasks {
         match t.await {
-            Ok(Ok(s)) if s.tokens > 0 => samples.push(s),
+            Ok(Ok((s, _))) if s.tokens > 0 => samples.push(s),
             Ok(Err(e)) => {
                 failed += 1;
                 eprintln!("    request failed: {e}");
@@ -235,7 +239,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// One streamed chat request: time to the first content, total time, output tokens.
+/// One streamed chat request: time to the first content, total time, tokens; and the text.
 pub async fn one(
     client: &reqwest::Client,
     url: &str,
@@ -243,7 +247,7 @@ pub async fn one(
     system: &str,
     user: &str,
     max_tokens: usize,
-) -> Result<Sample, String> {
+) -> Result<(Sample, String), String> {
     let body = json!({
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -268,6 +272,7 @@ pub async fn one(
         ));
     }
     let (mut buf, mut ttft, mut chunks, mut usage) = (String::new(), None, 0, None);
+    let (mut text, mut prompt_tokens) = (String::new(), 0);
     while let Some(bytes) = resp.chunk().await.map_err(|e| e.to_string())? {
         buf.push_str(&String::from_utf8_lossy(&bytes));
         while let Some(i) = buf.find('\n') {
@@ -282,17 +287,21 @@ pub async fn one(
             if !content.is_empty() {
                 ttft.get_or_insert(t0.elapsed().as_secs_f64());
                 chunks += 1;
+                text.push_str(content);
             }
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 usage = Some(n as usize);
+                prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
             }
         }
     }
-    Ok(Sample {
+    let sample = Sample {
         ttft_s: ttft.unwrap_or(f64::NAN),
         total_s: t0.elapsed().as_secs_f64(),
         tokens: usage.unwrap_or(chunks),
-    })
+        prompt_tokens,
+    };
+    Ok((sample, text))
 }
 
 fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {

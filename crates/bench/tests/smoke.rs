@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use edgeprompt_bench::workload::WorkloadSpec;
-use edgeprompt_bench::{batch, decode, engine, report, serve, ttft};
+use edgeprompt_bench::{batch, decode, engine, report, serve, table, ttft};
 use edgeprompt_kv::Codec;
 
 fn models() -> PathBuf {
@@ -138,6 +138,28 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     assert!(p["tok_s"].as_f64().unwrap() > 0.0);
     svg(&out, "serve-ttft.svg");
 
+    table::run(&table::Settings {
+        model: model.clone(),
+        model_id: "smollm2".into(),
+        workload: spec(2, 1, 24, 8),
+        max_tokens: 3,
+        profile: "5g".into(),
+        codecs: vec![Codec::F16, Codec::Int8],
+        threads: 2,
+        out: out.clone(),
+    })
+    .unwrap();
+    let v = json(&out, "table.json");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    // The split with f16 KV is exact: every answer equals the single-node one.
+    let f16 = rows
+        .iter()
+        .find(|r| r["scheme"] == "cloud-edge f16")
+        .unwrap();
+    assert_eq!(f16["identical_answers"].as_f64(), Some(1.0));
+    assert!(f16["link_down_mb"].as_f64().unwrap() > 0.0);
+
     let md = report::run(&out, &out.join("results.md")).unwrap();
     for section in [
         "## Engine speed",
@@ -146,6 +168,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         "## Batched decode",
         "## Throughput against cloud prompt length",
         "## Serving under Poisson load",
+        "## Cloud-only vs edge-only",
     ] {
         assert!(md.contains(section), "report lacks {section}");
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use edgeprompt_bench::engine;
+use edgeprompt_kv::Codec;
 
 #[derive(clap::Subcommand)]
 pub enum Bench {
@@ -16,6 +17,8 @@ pub enum Bench {
     Serve(ServeArgs),
     /// EdgePrompt Fig. 3: throughput vs cloud prompt length, no sharing / shared / split, two hardware settings.
     Batch(BatchArgs),
+    /// CE-LSLM Table II analogue: cloud-only vs edge-only vs cloud-edge (per codec).
+    Table(TableArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
     Report(ReportArgs),
 }
@@ -72,6 +75,31 @@ pub struct BatchArgs {
     /// Hardware settings as label:threads.
     #[arg(long, value_delimiter = ',', default_value = "cloud:2,edge:1")]
     hardware: Vec<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct TableArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Requests, each on its own cloud prompt.
+    #[arg(long, default_value_t = 8)]
+    requests: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 128)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    #[arg(long, default_value = "5g")]
+    profile: String,
+    #[arg(long, value_delimiter = ',', default_value = "f16,int8,int4")]
+    codecs: Vec<String>,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -167,7 +195,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 cloud_lens: a.cloud_lens,
                 edge_len: a.edge_len,
                 profiles: a.profiles,
-                codec: edgeprompt_kv::Codec::parse(&a.codec)
+                codec: Codec::parse(&a.codec)
                     .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?,
                 threads: a.threads,
                 out: a.out.clone(),
@@ -254,6 +282,39 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::batch::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/batch.json and batch-*.svg",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Table(a) => {
+            let codecs = a
+                .codecs
+                .iter()
+                .map(|c| {
+                    Codec::parse(c).ok_or_else(|| anyhow::anyhow!("codec {c}: f16, int8 or int4"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let s = edgeprompt_bench::table::Settings {
+                model: super::models::resolve(&a.model)?,
+                model_id: a.model.clone(),
+                workload: edgeprompt_bench::workload::WorkloadSpec {
+                    sharegpt: sharegpt()?,
+                    groups: a.requests.max(1),
+                    per_group: 1,
+                    cloud_len: a.cloud_len,
+                    edge_len: a.edge_len,
+                    seed: a.seed,
+                },
+                max_tokens: a.max_tokens,
+                profile: a.profile,
+                codecs,
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::table::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/table.json",
                 r.rows.len(),
                 a.out.display()
             );

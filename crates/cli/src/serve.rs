@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use edgeprompt_edge::http::{serve as serve_http, EdgeServer, ServerConfig};
+use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_kv::Codec;
@@ -36,6 +37,15 @@ pub struct ServeArgs {
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
+    /// Directory of the disk tier of cloud-prompt KV (survives restarts).
+    #[arg(long)]
+    cache_dir: Option<std::path::PathBuf>,
+    /// gRPC URL of a peer edge asked before the cloud (repeatable).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// Serve this edge's cached cloud prompts to peers over gRPC on this address.
+    #[arg(long)]
+    peer_listen: Option<String>,
     #[arg(long, default_value_t = 300)]
     request_timeout_secs: u64,
     #[arg(long, default_value_t = 256)]
@@ -66,6 +76,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 UnknownSystem::ComputeLocally
             },
             cache_bytes: a.prefix_cache_mb << 20,
+            disk_dir: a.cache_dir.clone(),
+            peers: a.peers.clone(),
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -82,6 +94,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .unwrap_or("none (system prompts computed here)")
         );
+        if let Some(addr) = &a.peer_listen {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            eprintln!(
+                "serving cached cloud prompts to peers on {}",
+                l.local_addr()?
+            );
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(PeerService::server(state.prefixes.clone()))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+            );
+        }
         tokio::select! {
             r = serve_http(listener, state) => r.context("http server")?,
             _ = tokio::signal::ctrl_c() => {}

@@ -4,6 +4,7 @@
 
 mod prompts;
 mod service;
+pub mod stream;
 
 pub use prompts::{PromptSpec, PromptsFile};
 pub use service::{CloudNode, CloudService};

@@ -6,18 +6,15 @@ use std::sync::Arc;
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, PrefixKv};
-use edgeprompt_kv::{content_address, Chunk, Codec, MemoryStore};
+use edgeprompt_kv::{content_address, Codec, MemoryStore};
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
-use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header, PromptRef};
+use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
 use tokio::sync::{mpsc, Mutex};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::{CloudError, PromptSpec};
-
-/// Tokens per streamed chunk.
-const CHUNK_TOKENS: usize = 256;
 
 struct Prompt {
     id: String,
@@ -120,28 +117,14 @@ impl CloudNode {
         zstd: Option<i32>,
         tx: mpsc::Sender<Result<FetchMessage, Status>>,
     ) -> Result<Arc<PrefixKv>, Status> {
-        let cfg = &self.model.cfg;
-        let header = Header {
-            prompt_id: p.id.clone(),
-            content_address: hex::decode(&p.address).unwrap_or_default(),
-            token_ids: p.token_ids.clone(),
-            n_layers: cfg.n_layer as u32,
-            n_kv_head: cfg.n_kv_head as u32,
-            head_dim: cfg.head_dim as u32,
-            codec: codec.name().into(),
-            compressed: zstd.is_some(),
-            model_fingerprint: self.model.fingerprint.clone(),
-        };
-        let _ = tx
-            .send(Ok(FetchMessage {
-                body: Some(Body::Header(header)),
-            }))
-            .await;
+        let header =
+            crate::stream::header(&self.model, &p.id, &p.address, &p.token_ids, codec, zstd);
+        let _ = tx.send(Ok(header)).await;
         let guard = p.compute.lock().await;
         if let Some(kv) = self.cache.get(&p.address) {
             drop(guard);
             for (l, layer) in kv.layers.iter().enumerate() {
-                send_layer(&tx, l, layer, codec, zstd).await?;
+                crate::stream::send_layer(&tx, l, layer, codec, zstd).await?;
             }
             return Ok(kv);
         }
@@ -160,7 +143,7 @@ impl CloudNode {
         });
         while let Some((l, layer)) = lrx.recv().await {
             // A client that went away does not stop the computation: the cache still gets it.
-            let _ = send_layer(&tx, l, &layer, codec, zstd).await;
+            let _ = crate::stream::send_layer(&tx, l, &layer, codec, zstd).await;
         }
         let kv = Arc::new(
             compute
@@ -171,30 +154,6 @@ impl CloudNode {
         drop(guard);
         tracing::info!(prompt = %p.id, tokens = p.token_ids.len(), "cloud prompt prefilled and cached");
         Ok(kv)
-    }
-}
-
-async fn send_layer(
-    tx: &mpsc::Sender<Result<FetchMessage, Status>>,
-    l: usize,
-    layer: &edgeprompt_engine::LayerKv,
-    codec: Codec,
-    zstd: Option<i32>,
-) -> Result<(), Status> {
-    let mut s = 0;
-    loop {
-        let e = (s + CHUNK_TOKENS).min(layer.len());
-        let c = Chunk::encode(l as u32, layer, s, e, codec, zstd)
-            .map_err(|e| Status::internal(e.to_string()))?;
-        tx.send(Ok(FetchMessage {
-            body: Some(Body::Chunk(c.into())),
-        }))
-        .await
-        .map_err(|_| Status::cancelled("client went away"))?;
-        s = e;
-        if s >= layer.len() {
-            return Ok(());
-        }
     }
 }
 
@@ -220,30 +179,9 @@ impl CloudKv for CloudService {
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
         let this = &self.0;
         let req = req.into_inner();
-        if req.model_fingerprint != this.model.fingerprint {
-            return Err(Status::failed_precondition(format!(
-                "model fingerprint mismatch: the cloud runs {}, the edge has {}",
-                &this.model.fingerprint[..12],
-                req.model_fingerprint
-                    .get(..12)
-                    .unwrap_or(&req.model_fingerprint)
-            )));
-        }
+        crate::stream::check_fingerprint(&req, &this.model.fingerprint)?;
         let p = this.resolve(&req)?;
-        let codec = if req.accept_codecs.is_empty() {
-            Codec::F16
-        } else {
-            req.accept_codecs
-                .iter()
-                .find_map(|c| Codec::parse(c))
-                .ok_or_else(|| {
-                    Status::invalid_argument(format!(
-                        "no supported codec in {:?}",
-                        req.accept_codecs
-                    ))
-                })?
-        };
-        let zstd = req.accept_zstd.then_some(3);
+        let (codec, zstd) = crate::stream::negotiate(&req)?;
         let (tx, rx) = mpsc::channel(64);
         let me = this.clone();
         tokio::spawn(async move {

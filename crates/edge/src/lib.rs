@@ -9,6 +9,7 @@
 pub mod client;
 pub mod http;
 pub mod metrics;
+pub mod peer;
 pub mod pipeline;
 pub mod prefixes;
 pub mod scheduler;

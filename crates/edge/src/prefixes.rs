@@ -1,13 +1,16 @@
-//! Where a request's cloud-prompt KV comes from: this edge's memory, the cloud, or (a system
-//! message the cloud does not know) computed here. One fetch or computation per prompt however
-//! many requests ask at once; every request on the prompt then shares that one copy.
+//! Where a request's cloud-prompt KV comes from, in order (DESIGN.md §5): this edge's memory,
+//! its disk (survives restarts), peer edges, the cloud, or computed here (a system message the
+//! cloud does not know, or a cloud that is down or dies mid-stream: the result is the same KV,
+//! bit for bit). One lookup per prompt however many requests ask at once; every request on the
+//! prompt then shares that one copy.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
-use edgeprompt_kv::{content_address, Codec};
+use edgeprompt_kv::{content_address, Codec, DiskStore};
 use edgeprompt_protocol::PromptRef;
 use tokio::sync::OnceCell;
 
@@ -30,6 +33,38 @@ pub struct PrefixConfig {
     pub unknown_system: UnknownSystem,
     /// Bytes of prompt KV kept in memory; idle prompts beyond it are dropped, oldest first.
     pub cache_bytes: usize,
+    /// Directory of the disk tier (none: no disk tier).
+    pub disk_dir: Option<PathBuf>,
+    /// gRPC URLs of peer edges asked (by content address) before the cloud.
+    pub peers: Vec<String>,
+}
+
+/// Where a prompt's KV came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Memory,
+    Disk,
+    Peer,
+    Cloud,
+    Local,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Disk => "disk",
+            Source::Peer => "peer",
+            Source::Cloud => "cloud",
+            Source::Local => "local",
+        }
+    }
+}
+
+/// A resolved cloud prompt.
+pub struct Resolved {
+    pub prefix: Arc<PrefixKv>,
+    pub source: Source,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +75,8 @@ pub enum LookupError {
     UnknownId(String),
     #[error("{0}")]
     Failed(String),
+    #[error("disk tier: {0}")]
+    Disk(#[from] edgeprompt_kv::KvError),
 }
 
 struct Entry {
@@ -51,6 +88,7 @@ pub struct Prefixes {
     model: Arc<Model>,
     cfg: PrefixConfig,
     metrics: Arc<Metrics>,
+    disk: Option<Arc<DiskStore>>,
     entries: Mutex<HashMap<String, Entry>>,
     /// Cloud prompt id -> content address, learnt from the cloud's headers.
     ids: Mutex<HashMap<String, String>>,
@@ -58,19 +96,45 @@ pub struct Prefixes {
 }
 
 impl Prefixes {
-    pub fn new(model: Arc<Model>, cfg: PrefixConfig, metrics: Arc<Metrics>) -> Self {
-        Self {
+    pub fn new(
+        model: Arc<Model>,
+        cfg: PrefixConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, LookupError> {
+        let disk = match &cfg.disk_dir {
+            Some(d) => Some(Arc::new(DiskStore::open(d)?)),
+            None => None,
+        };
+        Ok(Self {
             model,
             cfg,
             metrics,
+            disk,
             entries: Mutex::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// A prompt this edge holds (memory or disk), for peers; never asks anyone else.
+    pub async fn cached(&self, address: &str) -> Option<Arc<PrefixKv>> {
+        let in_memory = self
+            .entries
+            .lock()
+            .ok()
+            .and_then(|e| e.get(address).and_then(|x| x.cell.get().cloned()));
+        if in_memory.is_some() {
+            return in_memory;
         }
+        self.read_disk(address).await.map(Arc::new)
     }
 
     /// The KV of a rendered system turn (`ids`), by content address.
-    pub async fn for_system(&self, ids: &[u32]) -> Result<Arc<PrefixKv>, LookupError> {
+    pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let address = content_address(&self.model.fingerprint, ids);
         let bytes = hex::decode(&address).unwrap_or_default();
         self.lookup(&address, PromptRef::ContentAddress(bytes), Some(ids))
@@ -78,7 +142,7 @@ impl Prefixes {
     }
 
     /// The KV of a cloud prompt named by its id.
-    pub async fn for_id(&self, id: &str) -> Result<Arc<PrefixKv>, LookupError> {
+    pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         if !edgeprompt_protocol::valid_prompt_id(id) {
             return Err(LookupError::UnknownId(id.into()));
         }
@@ -92,28 +156,34 @@ impl Prefixes {
         key: &str,
         prompt: PromptRef,
         ids: Option<&[u32]>,
-    ) -> Result<Arc<PrefixKv>, LookupError> {
+    ) -> Result<Resolved, LookupError> {
         let cell = self.cell(key);
         let id = match &prompt {
             PromptRef::Id(id) => Some(id.clone()),
             PromptRef::ContentAddress(_) => None,
         };
-        let mut source = "memory";
+        let mut source = Source::Memory;
+        let address = (!key.starts_with("id:")).then(|| key.to_string());
         let prefix = cell
             .get_or_try_init(|| async {
-                let (p, s) = self.fetch_or_compute(prompt, ids).await?;
+                let (p, s) = self
+                    .fetch_or_compute(prompt, address.as_deref(), ids)
+                    .await?;
                 source = s;
                 Ok::<_, LookupError>(Arc::new(p))
             })
             .await?
             .clone();
-        self.metrics.lookup(source);
-        if source != "memory" {
+        self.metrics.lookup(source.name());
+        if source != Source::Memory {
             tracing::info!(
                 tokens = prefix.n_tokens(),
-                source,
+                source = source.name(),
                 "cloud prompt KV resolved"
             );
+            if matches!(source, Source::Peer | Source::Cloud | Source::Local) {
+                self.write_disk(&prefix);
+            }
             if let Some(id) = id {
                 let address = content_address(&prefix.fingerprint, &prefix.token_ids);
                 if let Ok(mut m) = self.ids.lock() {
@@ -127,7 +197,42 @@ impl Prefixes {
             }
             self.evict();
         }
-        Ok(prefix)
+        Ok(Resolved { prefix, source })
+    }
+
+    async fn read_disk(&self, address: &str) -> Option<PrefixKv> {
+        let disk = self.disk.clone()?;
+        let key = address.to_string();
+        let got = tokio::task::spawn_blocking(move || disk.get(&key))
+            .await
+            .ok()?;
+        match got {
+            Ok(Some(p))
+                if p.check_fits(&self.model.cfg, &self.model.fingerprint)
+                    .is_ok() =>
+            {
+                Some(p)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("disk tier: {e}; ignoring the entry");
+                None
+            }
+        }
+    }
+
+    /// Keep a copy on disk (in the background; a failure only costs the next restart a fetch).
+    fn write_disk(&self, prefix: &Arc<PrefixKv>) {
+        let Some(disk) = self.disk.clone() else {
+            return;
+        };
+        let prefix = prefix.clone();
+        let key = content_address(&prefix.fingerprint, &prefix.token_ids);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = disk.put(&key, &prefix) {
+                tracing::warn!("disk tier: could not store {key}: {e}");
+            }
+        });
     }
 
     fn cell(&self, key: &str) -> Arc<OnceCell<Arc<PrefixKv>>> {
@@ -164,30 +269,48 @@ impl Prefixes {
         }
     }
 
+    /// The tiers below memory, in order: disk, peers, cloud, then compute here.
     async fn fetch_or_compute(
         &self,
         prompt: PromptRef,
+        address: Option<&str>,
         ids: Option<&[u32]>,
-    ) -> Result<(PrefixKv, &'static str), LookupError> {
+    ) -> Result<(PrefixKv, Source), LookupError> {
+        if let Some(a) = address {
+            if let Some(p) = self.read_disk(a).await {
+                return Ok((p, Source::Disk));
+            }
+            let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
+            for peer in &self.cfg.peers {
+                match self.fetch(peer, by_address.clone(), ids).await {
+                    Ok(p) => return Ok((p, Source::Peer)),
+                    Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
+                }
+            }
+        }
         let fetched = match &self.cfg.cloud_url {
             Some(url) => Some(self.fetch(url, prompt.clone(), ids).await),
             None => None,
         };
         let by_id = |id: &str| LookupError::UnknownId(id.to_string());
         match (fetched, ids, &prompt) {
-            (Some(Ok(p)), _, _) => Ok((p, "cloud")),
+            (Some(Ok(p)), _, _) => Ok((p, Source::Cloud)),
             (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
             (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
-            (_, Some(_), _) if self.cfg.unknown_system == UnknownSystem::Refuse => {
+            (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
+                if self.cfg.unknown_system == UnknownSystem::Refuse =>
+            {
                 Err(LookupError::UnknownSystem)
             }
             (fetched, Some(ids), _) => {
+                // The cloud does not know the prompt, or is down, or died mid-stream: compute
+                // it here; the KV is the same bit for bit, so is the answer.
                 if let Some(Err(e)) = fetched {
                     if !matches!(e, EdgeError::NotFound(_)) {
                         tracing::warn!("cloud unavailable ({e}); computing the prompt here");
                     }
                 }
-                Ok((self.compute(ids).await?, "local"))
+                Ok((self.compute(ids).await?, Source::Local))
             }
             (None, None, PromptRef::ContentAddress(_)) => {
                 Err(LookupError::Failed("no cloud configured".into()))

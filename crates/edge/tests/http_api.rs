@@ -54,6 +54,8 @@ async fn start_server(
             codec: Codec::F16,
             unknown_system,
             cache_bytes: 256 << 20,
+            disk_dir: None,
+            peers: Vec::new(),
         },
     )
     .unwrap();

@@ -117,7 +117,7 @@ async fn chat_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiError> {
     };
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
         (Some(id), ids) => {
-            let p = s.prefixes.for_id(id).await.map_err(lookup_error)?;
+            let p = s.prefixes.for_id(id).await.map_err(lookup_error)?.prefix;
             if ids.as_ref().is_some_and(|ids| *ids != p.token_ids) {
                 return Err(ApiError::bad_request(format!(
                     "the system message is not the text of cloud prompt {id:?}; send one or the other"
@@ -125,7 +125,13 @@ async fn chat_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiError> {
             }
             Some(p)
         }
-        (None, Some(ids)) => Some(s.prefixes.for_system(ids).await.map_err(lookup_error)?),
+        (None, Some(ids)) => Some(
+            s.prefixes
+                .for_system(ids)
+                .await
+                .map_err(lookup_error)?
+                .prefix,
+        ),
         (None, None) => None,
     };
     let private_text = match &prefix {
@@ -150,7 +156,7 @@ async fn completions_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiE
         PromptText::Batch(_) => return Err(ApiError::bad_request("send one prompt per request")),
     };
     let prefix = match &req.common.cloud_prompt {
-        Some(id) => Some(s.prefixes.for_id(id).await.map_err(lookup_error)?),
+        Some(id) => Some(s.prefixes.for_id(id).await.map_err(lookup_error)?.prefix),
         None => None,
     };
     let prompt = encode(s, &text)?;
@@ -190,6 +196,7 @@ fn lookup_error(e: LookupError) -> ApiError {
     match e {
         LookupError::UnknownSystem => ApiError::bad_request(e.to_string()),
         LookupError::UnknownId(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+        LookupError::Disk(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         LookupError::Failed(m) => ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!("could not get the cloud prompt: {m}"),

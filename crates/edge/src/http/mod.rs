@@ -27,7 +27,7 @@ pub struct ServerConfig {
 pub struct EdgeServer {
     pub model: Arc<Model>,
     pub scheduler: Scheduler,
-    pub prefixes: Prefixes,
+    pub prefixes: Arc<Prefixes>,
     pub metrics: Arc<Metrics>,
     pub cfg: ServerConfig,
 }
@@ -43,7 +43,10 @@ impl EdgeServer {
         let metrics = Arc::new(Metrics::new());
         Ok(Arc::new(Self {
             scheduler: Scheduler::start(model.clone(), scheduler, metrics.clone())?,
-            prefixes: Prefixes::new(model.clone(), prefixes, metrics.clone()),
+            prefixes: Arc::new(
+                Prefixes::new(model.clone(), prefixes, metrics.clone())
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+            ),
             model,
             metrics,
             cfg,

@@ -1,0 +1,89 @@
+//! The serving side of the wire, shared by the cloud node and by edges that serve their cached
+//! prompts to peers: fingerprint check, codec negotiation, the header, layer-major chunks.
+
+use edgeprompt_engine::{LayerKv, Model};
+use edgeprompt_kv::{Chunk, Codec};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Tokens per streamed chunk.
+pub const CHUNK_TOKENS: usize = 256;
+
+/// KV is only useful to an edge holding the very same weights.
+pub fn check_fingerprint(req: &FetchRequest, fingerprint: &str) -> Result<(), Status> {
+    if req.model_fingerprint == fingerprint {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(format!(
+        "model fingerprint mismatch: this node runs {}, the edge has {}",
+        &fingerprint[..fingerprint.len().min(12)],
+        req.model_fingerprint
+            .get(..12)
+            .unwrap_or(&req.model_fingerprint)
+    )))
+}
+
+/// The first codec of the edge's list this node speaks (f16 when it names none), and zstd.
+pub fn negotiate(req: &FetchRequest) -> Result<(Codec, Option<i32>), Status> {
+    let codec = if req.accept_codecs.is_empty() {
+        Codec::F16
+    } else {
+        req.accept_codecs
+            .iter()
+            .find_map(|c| Codec::parse(c))
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("no supported codec in {:?}", req.accept_codecs))
+            })?
+    };
+    Ok((codec, req.accept_zstd.then_some(3)))
+}
+
+pub fn header(
+    model: &Model,
+    prompt_id: &str,
+    address: &str,
+    token_ids: &[u32],
+    codec: Codec,
+    zstd: Option<i32>,
+) -> FetchMessage {
+    let cfg = &model.cfg;
+    FetchMessage {
+        body: Some(Body::Header(Header {
+            prompt_id: prompt_id.into(),
+            content_address: hex::decode(address).unwrap_or_default(),
+            token_ids: token_ids.to_vec(),
+            n_layers: cfg.n_layer as u32,
+            n_kv_head: cfg.n_kv_head as u32,
+            head_dim: cfg.head_dim as u32,
+            codec: codec.name().into(),
+            compressed: zstd.is_some(),
+            model_fingerprint: model.fingerprint.clone(),
+        })),
+    }
+}
+
+/// Layer `l` as sealed chunks of `CHUNK_TOKENS` tokens.
+pub async fn send_layer(
+    tx: &mpsc::Sender<Result<FetchMessage, Status>>,
+    l: usize,
+    layer: &LayerKv,
+    codec: Codec,
+    zstd: Option<i32>,
+) -> Result<(), Status> {
+    let mut s = 0;
+    loop {
+        let e = (s + CHUNK_TOKENS).min(layer.len());
+        let c = Chunk::encode(l as u32, layer, s, e, codec, zstd)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        tx.send(Ok(FetchMessage {
+            body: Some(Body::Chunk(c.into())),
+        }))
+        .await
+        .map_err(|_| Status::cancelled("client went away"))?;
+        s = e;
+        if s >= layer.len() {
+            return Ok(());
+        }
+    }
+}

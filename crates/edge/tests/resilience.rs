@@ -1,0 +1,242 @@
+//! The edge keeps answering, with the same tokens, whatever happens to the cloud: a cloud that
+//! is down, or whose connection dies at any point of the KV stream (cut over real sockets), or
+//! that is gone after the stream; the KV then comes from a peer edge or this edge's disk.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::peer::PeerService;
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source, UnknownSystem};
+use edgeprompt_edge::scheduler::{Batcher, Event, Job, SchedulerConfig};
+use edgeprompt_engine::{Model, PrefixKv, SamplingParams};
+use edgeprompt_kv::Codec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::TcpListenerStream;
+
+mod common;
+use common::{edge_ids, model, start_cloud, SUPPORT};
+
+const USER: &str = "My train was cancelled an hour before departure. What do I get back?";
+
+fn prefixes(
+    m: &Arc<Model>,
+    cloud: Option<String>,
+    peers: Vec<String>,
+    disk: Option<std::path::PathBuf>,
+) -> Prefixes {
+    let cfg = PrefixConfig {
+        cloud_url: cloud,
+        codec: Codec::F16,
+        unknown_system: UnknownSystem::ComputeLocally,
+        cache_bytes: 1 << 30,
+        disk_dir: disk,
+        peers,
+    };
+    Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
+}
+
+/// 16 greedy tokens of the private prompt after `prefix`, through the server's batcher.
+fn answer(m: &Arc<Model>, prefix: Arc<PrefixKv>, prompt: &[u32]) -> Vec<u32> {
+    let mut b = Batcher::new(
+        m.clone(),
+        SchedulerConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    b.admit(Job {
+        prefix: Some(prefix),
+        prompt: prompt.to_vec(),
+        max_tokens: 16,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        events: tx,
+    })
+    .unwrap();
+    while !b.is_idle() {
+        b.step();
+    }
+    while let Ok(ev) = rx.try_recv() {
+        if let Event::Done(d) = ev {
+            return d.token_ids;
+        }
+    }
+    panic!("no answer")
+}
+
+/// A TCP proxy to `upstream` that kills each connection once `cut_after` bytes have come
+/// down (a cloud dying mid-stream, as the edge sees it). Counts the bytes it let through.
+async fn cutting_proxy(upstream: SocketAddr, cut_after: u64, seen: Arc<AtomicU64>) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = l.accept().await {
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut left = cut_after;
+                let mut buf = vec![0u8; 16 << 10];
+                while left > 0 {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n.min(left as usize),
+                    };
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    left -= n as u64;
+                    seen.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                up.abort();
+                // Dropping both halves closes both connections.
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn same_kv(a: &PrefixKv, b: &PrefixKv) -> bool {
+    a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
+}
+
+#[test]
+fn cloud_faults_before_during_and_after_the_stream_never_change_the_answer() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
+    rt.block_on(async {
+        let cloud = start_cloud(m.clone()).await;
+        let upstream: SocketAddr = cloud.trim_start_matches("http://").parse().unwrap();
+        // The no-fault run, through a proxy that cuts nothing: the reference and the stream size.
+        let seen = Arc::new(AtomicU64::new(0));
+        let url = cutting_proxy(upstream, u64::MAX, seen.clone()).await;
+        let reference = prefixes(&m, Some(url), vec![], None)
+            .for_system(&cloud_ids)
+            .await
+            .unwrap();
+        assert_eq!(reference.source, Source::Cloud);
+        let total = seen.load(Ordering::Relaxed);
+        let want = answer(&m, reference.prefix.clone(), &prompt);
+
+        // Before: nothing listens where the cloud should be.
+        let dead = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut points = vec![("cloud down".to_string(), format!("http://{dead}"))];
+        // During: the connection dies after k/21 of the stream, k = 1..=20.
+        for k in 1..=20u64 {
+            let cut = total * k / 21;
+            let url = cutting_proxy(upstream, cut, Arc::new(AtomicU64::new(0))).await;
+            points.push((format!("cut after {cut} of {total} bytes"), url));
+        }
+        // After: the stream completed, then the connection is killed.
+        let url = cutting_proxy(upstream, total, Arc::new(AtomicU64::new(0))).await;
+        points.push(("cut right after the stream".to_string(), url));
+
+        let mut local = 0;
+        for (what, url) in points {
+            let got = prefixes(&m, Some(url), vec![], None)
+                .for_system(&cloud_ids)
+                .await
+                .unwrap();
+            local += usize::from(got.source == Source::Local);
+            assert!(
+                same_kv(&got.prefix, &reference.prefix),
+                "{what}: KV differs ({:?})",
+                got.source
+            );
+            let tokens = answer(&m, got.prefix, &prompt);
+            assert_eq!(tokens, want, "{what}: answer differs");
+            eprintln!("{what}: answered from {:?}, same tokens", got.source);
+        }
+        assert!(
+            local >= 15,
+            "most cuts should force local compute ({local})"
+        );
+    });
+}
+
+#[test]
+fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
+    rt.block_on(async {
+        let cloud = start_cloud(m.clone()).await;
+        let a = Arc::new(prefixes(&m, Some(cloud), vec![], None));
+        let from_cloud = a.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(from_cloud.source, Source::Cloud);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PeerService::server(a.clone()))
+                .serve_with_incoming(TcpListenerStream::new(l)),
+        );
+        let dead = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let b = prefixes(&m, Some(format!("http://{dead}")), vec![peer], None);
+        let got = b.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(got.source, Source::Peer);
+        assert!(same_kv(&got.prefix, &from_cloud.prefix));
+        assert_eq!(
+            answer(&m, got.prefix, &prompt),
+            answer(&m, from_cloud.prefix, &prompt)
+        );
+    });
+}
+
+#[test]
+fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, _) = edge_ids(&m, SUPPORT, USER);
+    let dir = tempfile::tempdir().unwrap();
+    rt.block_on(async {
+        let cloud = start_cloud(m.clone()).await;
+        let first = prefixes(&m, Some(cloud), vec![], Some(dir.path().into()));
+        let fetched = first.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(fetched.source, Source::Cloud);
+        // The disk copy is written in the background.
+        for _ in 0..200 {
+            if std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "kv"))
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        drop(first);
+        let dead = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let restarted = prefixes(
+            &m,
+            Some(format!("http://{dead}")),
+            vec![],
+            Some(dir.path().into()),
+        );
+        let got = restarted.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(got.source, Source::Disk);
+        assert!(same_kv(&got.prefix, &fetched.prefix));
+    });
+}
