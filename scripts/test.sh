@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The test suite: fetch the models (idempotent, SHA-256 verified) and the openai client, check
-# formatting and lints, then run every test including the slow ones, on optimised code.
+# The test suite: fetch the models (idempotent, SHA-256 verified), redis-server and the openai
+# client; check formatting and lints; run every test including the slow ones, optimised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 scripts/models.py smollm2 qwen05 sharegpt
+# A real redis-server for the shared-tier test (Debian's package; the test starts its own).
+if ! command -v redis-server >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+fi
 # The real openai client for the HTTP API tests.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt

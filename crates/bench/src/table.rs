@@ -94,6 +94,7 @@ async fn edge_server(
             cache_bytes: 1 << 30,
             disk_dir: None,
             peers: Vec::new(),
+            security: Default::default(),
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

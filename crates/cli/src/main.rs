@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod models;
 mod nodes;
+mod security;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec, PromptsFile};
-use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
+use edgeprompt_cloud::{CloudNode, CloudService, Limits, PromptSpec, PromptsFile};
+
+use crate::security::{self, ServerSection};
+use edgeprompt_edge::{prefill_from_cloud, ClientSecurity, CloudClient, Timeline};
 use edgeprompt_engine::sample::Sampler;
 use edgeprompt_engine::{Message, Model, SamplingParams, Sequence};
 use edgeprompt_kv::Codec;
@@ -72,6 +74,8 @@ pub struct EdgeArgs {
     /// Wait for all cloud layers before computing (for comparison).
     #[arg(long)]
     no_pipeline: bool,
+    #[command(flatten)]
+    security: security::ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -136,25 +140,74 @@ fn profile(name: Option<&str>, bw: Option<&str>, rtt: Option<&str>) -> anyhow::R
     Ok(p)
 }
 
-async fn serve_cloud(node: Arc<CloudNode>, listen: &str) -> anyhow::Result<std::net::SocketAddr> {
+async fn serve_cloud(
+    node: Arc<CloudNode>,
+    listen: &str,
+    tls: Option<tonic::transport::Identity>,
+) -> anyhow::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(id) = tls {
+        builder = builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(id))?;
+    }
     tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .add_service(CloudService::server(node))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     Ok(addr)
 }
 
+/// The `[server]` table of the cloud's prompts file, if any.
+fn server_section(path: &std::path::Path) -> anyhow::Result<ServerSection> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        server: Option<ServerSection>,
+    }
+    let text = std::fs::read_to_string(path)?;
+    let f: File = toml::from_str(&text).with_context(|| format!("{}: [server]", path.display()))?;
+    Ok(f.server.unwrap_or_default())
+}
+
 pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
     let specs = PromptsFile::load(&a.prompts)?.prompts;
-    let node = Arc::new(CloudNode::new(model, &specs, a.cache_bytes)?);
+    let server = server_section(&a.prompts)?;
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_streams: server.max_streams.unwrap_or(defaults.max_streams),
+        per_client_rate: server.per_client_rate.unwrap_or(defaults.per_client_rate),
+        per_client_burst: 2.0 * server.per_client_rate.unwrap_or(defaults.per_client_rate),
+    };
+    let token = security::token(server.token_file.as_ref(), server.token_env.as_deref())?;
+    let tls = match (&server.tls_cert, &server.tls_key) {
+        (Some(c), Some(k)) => Some(tonic::transport::Identity::from_pem(
+            std::fs::read(c).with_context(|| format!("reading {}", c.display()))?,
+            std::fs::read(k).with_context(|| format!("reading {}", k.display()))?,
+        )),
+        (None, None) => None,
+        _ => bail!("[server] needs both tls_cert and tls_key"),
+    };
+    let (tls_on, token_on) = (tls.is_some(), token.is_some());
+    let mut node = CloudNode::new(model, &specs, a.cache_bytes)?.with_guard(limits, token);
+    if let Some(url) = &server.redis_url {
+        let ns = server.redis_namespace.as_deref().unwrap_or("edgeprompt");
+        node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
+        eprintln!("shared tier: Redis at {url}, namespace {ns}");
+    }
+    let node = Arc::new(node);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let addr = serve_cloud(node.clone(), &a.listen).await?;
-        eprintln!("cloud serving {} prompt(s) on {addr}", specs.len());
+        let addr = serve_cloud(node.clone(), &a.listen, tls).await?;
+        eprintln!(
+            "cloud serving {} prompt(s) on {addr} (TLS {}, bearer token {}, at most {} streams, {} fetches/s per client)",
+            specs.len(),
+            if tls_on { "on" } else { "off" },
+            if token_on { "required" } else { "not required" },
+            limits.max_streams,
+            limits.per_client_rate
+        );
         for id in node.prompt_ids() {
             let t = Instant::now();
             node.warm(&id)
@@ -217,6 +270,7 @@ struct Turn<'a> {
     pipeline: bool,
     max_tokens: usize,
     echo: bool,
+    security: ClientSecurity,
 }
 
 async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Result<EdgeRun> {
@@ -228,21 +282,43 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
         pipeline,
         max_tokens,
         echo,
+        security,
     } = t;
     let chat = model.chat.as_ref().context("no chat template")?;
     let split = chat.split(system, &[Message::new("user", user)])?;
     let edge_ids = model.tokenizer.encode(&split.edge)?;
+    let cloud_ids = model.tokenizer.encode(&split.cloud)?;
     let start = Instant::now();
-    let mut client = CloudClient::connect(url).await?;
-    let (header, mut rx) = client
-        .fetch(&model, PromptRef::Id(prompt_id.into()), &[codec], false)
-        .await?;
-    if header.token_ids != model.tokenizer.encode(&split.cloud)? {
-        bail!("the cloud's prompt {prompt_id:?} is not this system message");
+    let fetched = async {
+        let mut client = CloudClient::connect_with(url, &security).await?;
+        let (header, rx) = client
+            .fetch(&model, PromptRef::Id(prompt_id.into()), &[codec], false)
+            .await?;
+        anyhow::Ok((header, rx))
+    }
+    .await;
+    if let Ok((h, _)) = &fetched {
+        if h.token_ids != cloud_ids {
+            bail!("the cloud's prompt {prompt_id:?} is not this system message");
+        }
     }
     tokio::task::spawn_blocking(move || -> anyhow::Result<EdgeRun> {
-        let (mut seq, mut logits, timeline) =
-            prefill_from_cloud(&model, &header, &mut rx, &edge_ids, start, pipeline)?;
+        let split = fetched.and_then(|(header, mut rx)| {
+            Ok(prefill_from_cloud(
+                &model, &header, &mut rx, &edge_ids, start, pipeline,
+            )?)
+        });
+        let (mut seq, mut logits, timeline) = match split {
+            Ok(x) => x,
+            Err(e) => {
+                // The cloud is down or died mid-stream: compute its prompt here. Split
+                // inference is exact, so the answer is the one the cloud would have given.
+                eprintln!("cloud unavailable ({e:#}); computing the cloud prompt on this edge");
+                let mut seq = Sequence::new(&model);
+                let logits = seq.prefill(&model, &[cloud_ids, edge_ids].concat())?;
+                (seq, logits, Timeline::default())
+            }
+        };
         let prefill_done = start.elapsed().as_secs_f64();
         let (text, ttft, tokens) = decode(&model, &mut seq, &mut logits, max_tokens, start, echo)?;
         Ok(EdgeRun {
@@ -307,6 +383,7 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
             pipeline: !a.no_pipeline,
             max_tokens: a.max_tokens,
             echo: true,
+            security: a.security.load()?,
         },
     ))?;
     eprintln!(
@@ -331,7 +408,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             system: a.system.clone(),
         }];
         let node = Arc::new(CloudNode::new(model.clone(), &specs, 1 << 30)?);
-        let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0").await?;
+        let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0", None).await?;
         let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), link_profile).await?;
         let url = format!("http://{}", link.addr);
         println!("== EdgePrompt demo: {} ==", model.cfg.name);
@@ -356,6 +433,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 pipeline: true,
                 max_tokens: a.max_tokens,
                 echo: true,
+                security: ClientSecurity::default(),
             },
         ).await?;
         let (up, down) = (link.counters.up() - up0, link.counters.down() - down0);

@@ -48,6 +48,8 @@ pub struct ServeArgs {
     peer_listen: Option<String>,
     #[arg(long, default_value_t = 300)]
     request_timeout_secs: u64,
+    #[command(flatten)]
+    security: crate::security::ClientArgs,
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
 }
@@ -55,6 +57,7 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
     let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let security = a.security.load()?;
     let state = EdgeServer::start(
         model.clone(),
         ServerConfig {
@@ -78,6 +81,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             cache_bytes: a.prefix_cache_mb << 20,
             disk_dir: a.cache_dir.clone(),
             peers: a.peers.clone(),
+            security,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;

@@ -2,10 +2,12 @@
 //! the KV and streams it to edges over gRPC in layer-major chunks. A cold prompt streams layer
 //! `l` as soon as layer `l` is computed.
 
+pub mod guard;
 mod prompts;
 mod service;
 pub mod stream;
 
+pub use guard::Limits;
 pub use prompts::{PromptSpec, PromptsFile};
 pub use service::{CloudNode, CloudService};
 

@@ -2,11 +2,12 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, PrefixKv};
-use edgeprompt_kv::{content_address, Codec, MemoryStore};
+use edgeprompt_kv::{content_address, Codec, MemoryStore, RedisStore};
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
 use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
 use tokio::sync::{mpsc, Mutex};
@@ -14,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::guard::{Guard, Limits};
 use crate::{CloudError, PromptSpec};
 
 struct Prompt {
@@ -29,6 +31,10 @@ pub struct CloudNode {
     prompts: HashMap<String, Arc<Prompt>>,
     by_address: HashMap<String, String>,
     cache: MemoryStore,
+    /// Shared tier of several cloud nodes (Redis).
+    shared: Option<Arc<RedisStore>>,
+    prefills: AtomicUsize,
+    guard: Guard,
 }
 
 impl CloudNode {
@@ -62,7 +68,51 @@ impl CloudNode {
             prompts,
             by_address,
             cache: MemoryStore::new(cache_bytes),
+            shared: None,
+            prefills: AtomicUsize::new(0),
+            guard: Guard::new(Limits::default(), None),
         })
+    }
+
+    /// A tier shared with other cloud nodes: a prompt any of them prefilled is not prefilled
+    /// again here.
+    pub fn with_shared(mut self, store: Arc<RedisStore>) -> Self {
+        self.shared = Some(store);
+        self
+    }
+
+    /// Prompts this node has prefilled itself (not found in memory or the shared tier).
+    pub fn prefills(&self) -> usize {
+        self.prefills.load(Ordering::Relaxed)
+    }
+
+    async fn read_shared(&self, address: &str) -> Option<Arc<PrefixKv>> {
+        let store = self.shared.clone()?;
+        let key = address.to_string();
+        match tokio::task::spawn_blocking(move || store.get(&key)).await {
+            Ok(Ok(Some(kv)))
+                if kv
+                    .check_fits(&self.model.cfg, &self.model.fingerprint)
+                    .is_ok() =>
+            {
+                Some(Arc::new(kv))
+            }
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => {
+                tracing::warn!("shared tier: {e}; computing instead");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("shared tier: {e}");
+                None
+            }
+        }
+    }
+
+    /// Limits on streams and per-client rate, and the bearer token fetches must carry.
+    pub fn with_guard(mut self, limits: Limits, token: Option<String>) -> Self {
+        self.guard = Guard::new(limits, token);
+        self
     }
 
     pub fn prompt_ids(&self) -> Vec<String> {
@@ -121,7 +171,14 @@ impl CloudNode {
             crate::stream::header(&self.model, &p.id, &p.address, &p.token_ids, codec, zstd);
         let _ = tx.send(Ok(header)).await;
         let guard = p.compute.lock().await;
-        if let Some(kv) = self.cache.get(&p.address) {
+        let cached = match self.cache.get(&p.address) {
+            Some(kv) => Some(kv),
+            None => self.read_shared(&p.address).await.inspect(|kv| {
+                tracing::info!(prompt = %p.id, "cloud prompt KV from the shared tier");
+                self.cache.put(&p.address, kv.clone());
+            }),
+        };
+        if let Some(kv) = cached {
             drop(guard);
             for (l, layer) in kv.layers.iter().enumerate() {
                 crate::stream::send_layer(&tx, l, layer, codec, zstd).await?;
@@ -151,6 +208,15 @@ impl CloudNode {
                 .map_err(|e| Status::internal(e.to_string()))??,
         );
         self.cache.put(&p.address, kv.clone());
+        self.prefills.fetch_add(1, Ordering::Relaxed);
+        if let Some(store) = self.shared.clone() {
+            let (kv, key) = (kv.clone(), p.address.clone());
+            match tokio::task::spawn_blocking(move || store.put(&key, &kv)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("shared tier: could not store {}: {e}", p.id),
+                Err(e) => tracing::warn!("shared tier: could not store {}: {e}", p.id),
+            }
+        }
         drop(guard);
         tracing::info!(prompt = %p.id, tokens = p.token_ids.len(), "cloud prompt prefilled and cached");
         Ok(kv)
@@ -178,6 +244,7 @@ impl CloudKv for CloudService {
 
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
         let this = &self.0;
+        let permit = this.guard.admit(&req)?;
         let req = req.into_inner();
         crate::stream::check_fingerprint(&req, &this.model.fingerprint)?;
         let p = this.resolve(&req)?;
@@ -185,6 +252,8 @@ impl CloudKv for CloudService {
         let (tx, rx) = mpsc::channel(64);
         let me = this.clone();
         tokio::spawn(async move {
+            // The stream slot is held until the stream ends.
+            let _permit = permit;
             let err_tx = tx.clone();
             if let Err(e) = me.produce(p, codec, zstd, tx).await {
                 let _ = err_tx.send(Err(e)).await;

@@ -7,7 +7,7 @@ use edgeprompt_kv::{Chunk, Codec, Reassembler};
 use edgeprompt_protocol::cloud_kv_client::CloudKvClient;
 use edgeprompt_protocol::{fetch_message::Body, FetchRequest, PromptRef};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use crate::{EdgeError, Result};
 
@@ -28,25 +28,56 @@ pub struct LayerArrival {
     pub wire_bytes: usize,
 }
 
+/// How the edge reaches the cloud (or a peer): whom to trust for TLS, and the bearer token.
+#[derive(Clone, Default)]
+pub struct ClientSecurity {
+    /// PEM of the CA that signed the cloud's certificate; with it the connection is TLS.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The name the certificate must carry (default: the URL's host).
+    pub domain: Option<String>,
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientSecurity {
+    // The token never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientSecurity")
+            .field("tls", &self.ca_pem.is_some())
+            .field("domain", &self.domain)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
 pub struct CloudClient {
     url: String,
     inner: CloudKvClient<Channel>,
+    token: Option<String>,
 }
 
 impl CloudClient {
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, &ClientSecurity::default()).await
+    }
+
+    pub async fn connect_with(url: &str, sec: &ClientSecurity) -> Result<Self> {
         let err = |e: String| EdgeError::Connect {
             url: url.to_string(),
             msg: e,
         };
-        let ch = Channel::from_shared(url.to_string())
-            .map_err(|e| err(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let mut ep = Channel::from_shared(url.to_string()).map_err(|e| err(e.to_string()))?;
+        if let Some(ca) = &sec.ca_pem {
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some(d) = &sec.domain {
+                tls = tls.domain_name(d.clone());
+            }
+            ep = ep.tls_config(tls).map_err(|e| err(e.to_string()))?;
+        }
+        let ch = ep.connect().await.map_err(|e| err(format!("{e:?}")))?;
         Ok(Self {
             url: url.to_string(),
             inner: CloudKvClient::new(ch).max_decoding_message_size(64 << 20),
+            token: sec.token.clone(),
         })
     }
 
@@ -70,6 +101,13 @@ impl CloudClient {
             accept_codecs: codecs.iter().map(|c| c.name().to_string()).collect(),
             accept_zstd: zstd,
         };
+        let mut req = tonic::Request::new(req);
+        if let Some(t) = &self.token {
+            let v = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| EdgeError::Refused("the token is not a valid header value".into()))?;
+            req.metadata_mut().insert("authorization", v);
+        }
         let mut stream = self.inner.fetch(req).await.map_err(refused)?.into_inner();
         let first = stream
             .message()

@@ -14,7 +14,7 @@ pub mod pipeline;
 pub mod prefixes;
 pub mod scheduler;
 
-pub use client::{CloudClient, CloudHeader, LayerArrival};
+pub use client::{ClientSecurity, CloudClient, CloudHeader, LayerArrival};
 pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
 
 #[derive(Debug, thiserror::Error)]

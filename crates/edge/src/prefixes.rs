@@ -15,7 +15,7 @@ use edgeprompt_protocol::PromptRef;
 use tokio::sync::OnceCell;
 
 use crate::metrics::Metrics;
-use crate::{CloudClient, EdgeError};
+use crate::{ClientSecurity, CloudClient, EdgeError};
 
 /// What to do with a system message no cloud prompt matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,8 @@ pub struct PrefixConfig {
     pub disk_dir: Option<PathBuf>,
     /// gRPC URLs of peer edges asked (by content address) before the cloud.
     pub peers: Vec<String>,
+    /// TLS trust and bearer token for the cloud and peers.
+    pub security: ClientSecurity,
 }
 
 /// Where a prompt's KV came from.
@@ -324,7 +326,7 @@ impl Prefixes {
         prompt: PromptRef,
         ids: Option<&[u32]>,
     ) -> Result<PrefixKv, EdgeError> {
-        let mut client = CloudClient::connect(url).await?;
+        let mut client = CloudClient::connect_with(url, &self.cfg.security).await?;
         let (header, mut rx) = client
             .fetch(&self.model, prompt, &[self.cfg.codec], false)
             .await?;

@@ -56,6 +56,7 @@ async fn start_server(
             cache_bytes: 256 << 20,
             disk_dir: None,
             peers: Vec::new(),
+            security: Default::default(),
         },
     )
     .unwrap();

@@ -35,6 +35,7 @@ fn prefixes(
         cache_bytes: 1 << 30,
         disk_dir: disk,
         peers,
+        security: Default::default(),
     };
     Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
 }

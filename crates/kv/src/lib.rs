@@ -4,12 +4,14 @@
 pub mod address;
 pub mod chunk;
 pub mod codec;
+pub mod redis_store;
 pub mod store;
 
 pub use address::content_address;
 pub use chunk::{Chunk, Reassembler};
 pub use codec::Codec;
-pub use store::{DiskStore, MemoryStore};
+pub use redis_store::RedisStore;
+pub use store::{read_prefix, write_prefix, DiskStore, MemoryStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {

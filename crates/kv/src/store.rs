@@ -105,32 +105,10 @@ impl DiskStore {
 
     pub fn put(&self, key: &str, kv: &PrefixKv) -> Result<()> {
         let path = self.path(key)?;
-        let first = kv.layers.first();
-        let header = Header {
-            fingerprint: kv.fingerprint.clone(),
-            token_ids: kv.token_ids.clone(),
-            n_layers: kv.layers.len(),
-            n_kv_head: first.map_or(0, |l| l.n_kv_head),
-            head_dim: first.map_or(0, |l| l.head_dim),
-        };
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
         {
             let mut w = std::io::BufWriter::new(tmp.as_file_mut());
-            let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
-            w.write_all(MAGIC)?;
-            w.write_all(&(h.len() as u64).to_le_bytes())?;
-            w.write_all(&h)?;
-            for (l, layer) in kv.layers.iter().enumerate() {
-                let mut s = 0;
-                while s < layer.len() {
-                    let e = (s + CHUNK_TOKENS).min(layer.len());
-                    write_chunk(
-                        &mut w,
-                        &Chunk::encode(l as u32, layer, s, e, Codec::F16, None)?,
-                    )?;
-                    s = e;
-                }
-            }
+            write_prefix(&mut w, kv)?;
             w.flush()?;
         }
         tmp.as_file().sync_all()?;
@@ -147,38 +125,74 @@ impl DiskStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let mut magic = [0u8; 6];
-        f.read_exact(&mut magic)?;
-        if &magic != MAGIC {
-            return Err(KvError::Store(format!("{}: not a KV file", path.display())));
-        }
-        let hlen = read_u64(&mut f)? as usize;
-        if hlen > 64 << 20 {
-            return Err(KvError::Store("header too large".into()));
-        }
-        let mut h = vec![0u8; hlen];
-        f.read_exact(&mut h)?;
-        let header: Header =
-            serde_json::from_slice(&h).map_err(|e| KvError::Store(e.to_string()))?;
-        let n = header.token_ids.len();
-        let mut r = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim);
-        let mut layers = Vec::with_capacity(header.n_layers);
-        while !r.is_complete() {
-            let c = read_chunk(&mut f)?;
-            if let Some((_, layer)) = r.push(&c)? {
-                layers.push(Arc::new(layer));
-            }
-        }
-        Ok(Some(PrefixKv {
-            fingerprint: header.fingerprint,
-            token_ids: header.token_ids,
-            layers,
-        }))
+        read_prefix(&mut f)
+            .map(Some)
+            .map_err(|e| KvError::Store(format!("{}: {e}", path.display())))
     }
 
     pub fn contains(&self, key: &str) -> bool {
         self.path(key).map(|p| p.exists()).unwrap_or(false)
     }
+}
+
+/// A prefix as bytes: magic, JSON header, then sealed f16 chunks in layer-major order (the
+/// format of the disk and Redis tiers).
+pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv) -> Result<()> {
+    let first = kv.layers.first();
+    let header = Header {
+        fingerprint: kv.fingerprint.clone(),
+        token_ids: kv.token_ids.clone(),
+        n_layers: kv.layers.len(),
+        n_kv_head: first.map_or(0, |l| l.n_kv_head),
+        head_dim: first.map_or(0, |l| l.head_dim),
+    };
+    let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
+    w.write_all(MAGIC)?;
+    w.write_all(&(h.len() as u64).to_le_bytes())?;
+    w.write_all(&h)?;
+    for (l, layer) in kv.layers.iter().enumerate() {
+        let mut s = 0;
+        while s < layer.len() {
+            let e = (s + CHUNK_TOKENS).min(layer.len());
+            write_chunk(w, &Chunk::encode(l as u32, layer, s, e, Codec::F16, None)?)?;
+            s = e;
+        }
+    }
+    Ok(())
+}
+
+/// Read what `write_prefix` wrote; every chunk is verified and reassembled in order, so damaged
+/// or foreign bytes are an error, never a wrong prefix.
+pub fn read_prefix(r: &mut impl Read) -> Result<PrefixKv> {
+    let mut magic = [0u8; 6];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(KvError::Store("not a stored KV prefix".into()));
+    }
+    let hlen = read_u64(r)? as usize;
+    if hlen > 64 << 20 {
+        return Err(KvError::Store("header too large".into()));
+    }
+    let mut h = vec![0u8; hlen];
+    r.read_exact(&mut h)?;
+    let header: Header = serde_json::from_slice(&h).map_err(|e| KvError::Store(e.to_string()))?;
+    if header.n_layers > 4096 || header.n_kv_head > 4096 || header.head_dim > 4096 {
+        return Err(KvError::Store("implausible KV shape".into()));
+    }
+    let n = header.token_ids.len();
+    let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim);
+    let mut layers = Vec::with_capacity(header.n_layers);
+    while !re.is_complete() {
+        let c = read_chunk(r)?;
+        if let Some((_, layer)) = re.push(&c)? {
+            layers.push(Arc::new(layer));
+        }
+    }
+    Ok(PrefixKv {
+        fingerprint: header.fingerprint,
+        token_ids: header.token_ids,
+        layers,
+    })
 }
 
 fn read_u64(r: &mut impl Read) -> Result<u64> {
@@ -218,12 +232,16 @@ fn read_chunk(r: &mut impl Read) -> Result<Chunk> {
         2 => Codec::Int4,
         x => return Err(KvError::Store(format!("unknown codec {x}"))),
     };
-    let len = read_u64(r)? as usize;
-    if len > 1 << 30 {
+    let len = read_u64(r)?;
+    if len > 64 << 20 {
         return Err(KvError::Store("chunk too large".into()));
     }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
+    // Read through `take`: a lying length costs what is really there, not what it claims.
+    let mut payload = Vec::new();
+    r.take(len).read_to_end(&mut payload)?;
+    if payload.len() as u64 != len {
+        return Err(KvError::Store("chunk truncated".into()));
+    }
     Ok(Chunk {
         layer,
         start,

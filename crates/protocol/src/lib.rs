@@ -5,6 +5,8 @@
 //! 32-byte content address), the edge's model fingerprint and the codecs it accepts. There is
 //! no field for text, token ids or KV, so nothing of the edge's prompt can be sent.
 
+pub mod untrusted;
+
 use edgeprompt_kv::{Chunk, Codec};
 
 include!(concat!(env!("OUT_DIR"), "/edgeprompt.v1.CloudKv.rs"));

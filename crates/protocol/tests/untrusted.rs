@@ -1,0 +1,131 @@
+//! The bounded, stable-Rust pass of the fuzz target (`fuzz/fuzz_targets/wire.rs` runs the same
+//! function under libFuzzer): valid seeds and 20 000 seeded mutations of them through every
+//! decoder of untrusted bytes, plus any saved corpus. Passing means nothing panicked.
+
+use std::sync::Arc;
+
+use edgeprompt_engine::{LayerKv, PrefixKv};
+use edgeprompt_kv::chunk::{Chunk, Reassembler};
+use edgeprompt_kv::Codec;
+use edgeprompt_protocol::untrusted::{read_untrusted, SHAPE};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage};
+use prost::Message;
+
+fn lcg(s: &mut u64) -> u64 {
+    *s = s
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *s >> 33
+}
+
+fn layer(seed: &mut u64) -> LayerKv {
+    let (_, tokens, heads, dim) = SHAPE;
+    let mut l = LayerKv::new(heads, dim);
+    let mut v = || {
+        (0..tokens * heads * dim)
+            .map(|_| (lcg(seed) % 2000) as f32 / 500.0 - 2.0)
+            .collect::<Vec<_>>()
+    };
+    let (k, vv) = (v(), v());
+    l.append(&k, &vv, tokens);
+    l
+}
+
+/// Valid inputs: chunk streams in every codec, with and without zstd, and a stored prefix.
+fn seeds() -> Vec<Vec<u8>> {
+    let (layers, tokens, _, _) = SHAPE;
+    let mut seed = 5;
+    let kv: Vec<LayerKv> = (0..layers).map(|_| layer(&mut seed)).collect();
+    let mut out = Vec::new();
+    for codec in [Codec::F16, Codec::Int8, Codec::Int4] {
+        for zstd in [None, Some(3)] {
+            let mut bytes = Vec::new();
+            for (l, lk) in kv.iter().enumerate() {
+                for (s, e) in [(0, 2), (2, tokens)] {
+                    let c = Chunk::encode(l as u32, lk, s, e, codec, zstd).unwrap();
+                    let m = FetchMessage {
+                        body: Some(Body::Chunk(c.into())),
+                    };
+                    m.encode_length_delimited(&mut bytes).unwrap();
+                }
+            }
+            out.push(bytes);
+        }
+    }
+    let prefix = PrefixKv {
+        fingerprint: "fuzz".into(),
+        token_ids: (0..tokens as u32).collect(),
+        layers: kv.into_iter().map(Arc::new).collect(),
+    };
+    let mut stored = Vec::new();
+    edgeprompt_kv::write_prefix(&mut stored, &prefix).unwrap();
+    out.push(stored);
+    out
+}
+
+#[test]
+fn seeds_are_valid_so_mutations_reach_deep() {
+    let (layers, tokens, heads, dim) = SHAPE;
+    let s = seeds();
+    for stream in &s[..6] {
+        let mut re = Reassembler::new(layers, tokens, heads, dim);
+        let mut rest = &stream[..];
+        while !rest.is_empty() {
+            let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+            let Some(Body::Chunk(c)) = m.body else {
+                panic!()
+            };
+            re.push(&Chunk::try_from(c).unwrap()).unwrap();
+        }
+        assert!(re.is_complete());
+    }
+    assert_eq!(
+        edgeprompt_kv::read_prefix(&mut &s[6][..])
+            .unwrap()
+            .token_ids
+            .len(),
+        tokens
+    );
+}
+
+#[test]
+fn mutated_untrusted_bytes_never_panic() {
+    let seeds = seeds();
+    let mut rng = 42u64;
+    for _ in 0..20_000 {
+        let mut d = seeds[(lcg(&mut rng) as usize) % seeds.len()].clone();
+        for _ in 0..1 + lcg(&mut rng) % 4 {
+            let n = d.len().max(1);
+            match lcg(&mut rng) % 5 {
+                0 if !d.is_empty() => {
+                    let i = lcg(&mut rng) as usize % n;
+                    d[i] ^= 1 << (lcg(&mut rng) % 8);
+                }
+                1 => d.truncate(lcg(&mut rng) as usize % n),
+                2 => {
+                    let i = lcg(&mut rng) as usize % n;
+                    let junk: Vec<u8> = (0..lcg(&mut rng) % 16)
+                        .map(|_| lcg(&mut rng) as u8)
+                        .collect();
+                    d.splice(i.min(d.len())..i.min(d.len()), junk);
+                }
+                3 if !d.is_empty() => {
+                    let i = lcg(&mut rng) as usize % n;
+                    d[i] = lcg(&mut rng) as u8;
+                }
+                _ => {
+                    let (a, b) = (lcg(&mut rng) as usize % n, lcg(&mut rng) as usize % n);
+                    let (a, b) = (a.min(b).min(d.len()), a.max(b).min(d.len()));
+                    let part = d[a..b].to_vec();
+                    d.extend_from_slice(&part);
+                }
+            }
+        }
+        read_untrusted(&d);
+    }
+    // Whatever cargo-fuzz saved locally (fuzz/corpus/wire), if present.
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/wire");
+    for e in std::fs::read_dir(corpus).into_iter().flatten().flatten() {
+        read_untrusted(&std::fs::read(e.path()).unwrap());
+    }
+}
