@@ -364,7 +364,7 @@ fn table_section(dir: &Path, md: &mut String) {
         "## Cloud-only vs edge-only vs cloud-edge (`edgeprompt bench table`, CE-LSLM Table II analogue)\n\n{}; {} \
          requests, each on its own cloud prompt of {} tokens, private prompts of {} tokens, max_tokens {}, link {}. \
          Quality: answers identical to the single-node (edge-only) answer, and the share of its tokens reproduced \
-         before the first difference.\n\n| scheme | TTFT s | total s | edge KV MB | user data uploaded | link up MB | link down MB | identical answers | common prefix |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         before the first difference.\n\n| scheme | mean TTFT s | mean total s | edge KV MB per request | user data uploaded | link up MB, all requests | link down MB, all requests | identical answers | common prefix |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         w["groups"],
         w["cloud_len"],

@@ -26,20 +26,24 @@ fn redis() -> (Redis, String) {
         .local_addr()
         .unwrap()
         .port();
-    let redis = Redis(Command::new("redis-server")
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server not found: install it (apt-get install redis-server; .ci/run does)"));
+    let redis = Redis(
+        Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect(
+                "redis-server not found: install it (apt-get install redis-server; .ci/run does)",
+            ),
+    );
     let url = format!("redis://127.0.0.1:{port}/");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -86,6 +86,13 @@ fn seeds_are_valid_so_mutations_reach_deep() {
             .len(),
         tokens
     );
+    // `EDGEPROMPT_FUZZ_SEEDS=fuzz/corpus/wire` saves them as the cargo-fuzz starting corpus.
+    if let Some(dir) = std::env::var_os("EDGEPROMPT_FUZZ_SEEDS") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, seed) in s.iter().enumerate() {
+            std::fs::write(std::path::Path::new(&dir).join(format!("seed-{i}")), seed).unwrap();
+        }
+    }
 }
 
 #[test]
