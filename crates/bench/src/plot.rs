@@ -1,4 +1,4 @@
-//! A small SVG line chart (no plotting dependency needed for axes, lines and a legend).
+//! Small SVG charts (lines with axes and a legend, horizontal bars); no plotting dependency.
 
 use std::fmt::Write;
 
@@ -94,6 +94,46 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     s
 }
 
+/// Horizontal bars from 0, one per label (for tables of schemes).
+pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> String {
+    let (w, ml, mr, mt, row) = (760.0, 170.0, 70.0, 40.0, 28.0);
+    let h = mt + row * bars.len() as f64 + 40.0;
+    let vmax = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1e-9);
+    let sx = |v: f64| v / vmax * (w - ml - mr);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-size="13">{}</text>"#,
+        esc(title)
+    );
+    for (i, (label, v)) in bars.iter().enumerate() {
+        let y = mt + row * i as f64;
+        let _ = write!(
+            s,
+            r#"<rect x="{ml}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><text x="{:.1}" y="{:.1}">{}</text>"#,
+            y + 4.0,
+            sx(*v),
+            row - 8.0,
+            COLORS[i % COLORS.len()],
+            ml - 8.0,
+            y + row / 2.0 + 4.0,
+            esc(label),
+            ml + sx(*v) + 6.0,
+            y + row / 2.0 + 4.0,
+            fmt_num(*v)
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text></svg>"#,
+        (ml + w - mr) / 2.0,
+        h - 12.0,
+        esc(value_label)
+    );
+    s.push('\n');
+    s
+}
+
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 || v == 0.0 {
         format!("{v:.0}")
@@ -128,5 +168,9 @@ mod tests {
         );
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert!(s.contains("t &lt;1&gt;") && s.contains("a&amp;b") && s.contains("polyline"));
+        let b = bar_chart("bars", "s", &[("x<y".into(), 2.0), ("z".into(), 1.0)]);
+        assert!(b.starts_with("<svg") && b.trim_end().ends_with("</svg>"));
+        assert_eq!(b.matches("<rect").count(), 3);
+        assert!(b.contains("x&lt;y"));
     }
 }

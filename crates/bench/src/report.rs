@@ -387,5 +387,8 @@ fn table_section(dir: &Path, md: &mut String) {
             100.0 * f(&r["common_prefix"])
         );
     }
-    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "\n![ttft](results/table-ttft.svg) ![link](results/table-link.svg)\n"
+    );
 }

@@ -19,6 +19,7 @@ use serde::Serialize;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::machine::Machine;
+use crate::plot::bar_chart;
 use crate::serve::one;
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
@@ -243,6 +244,26 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     std::fs::write(
         s.out.join("table.json"),
         serde_json::to_string_pretty(&report)?,
+    )?;
+    let bars = |f: &dyn Fn(&Row) -> f64| -> Vec<(String, f64)> {
+        report
+            .rows
+            .iter()
+            .map(|r| (r.scheme.clone(), f(r)))
+            .collect()
+    };
+    let title = |what: &str| format!("{}: {what} ({} link)", report.model, s.profile);
+    std::fs::write(
+        s.out.join("table-ttft.svg"),
+        bar_chart(&title("mean TTFT"), "seconds", &bars(&|r| r.ttft_s)),
+    )?;
+    std::fs::write(
+        s.out.join("table-link.svg"),
+        bar_chart(
+            &title("bytes on the link, all requests"),
+            "MB",
+            &bars(&|r| r.link_up_mb + r.link_down_mb),
+        ),
     )?;
     Ok(report)
 }

@@ -159,6 +159,8 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         .unwrap();
     assert_eq!(f16["identical_answers"].as_f64(), Some(1.0));
     assert!(f16["link_down_mb"].as_f64().unwrap() > 0.0);
+    let bars = std::fs::read_to_string(out.join("table-ttft.svg")).unwrap();
+    assert_eq!(bars.matches("<rect").count(), 1 + rows.len());
 
     let md = report::run(&out, &out.join("results.md")).unwrap();
     for section in [
