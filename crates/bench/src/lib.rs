@@ -5,6 +5,7 @@ pub mod batch;
 pub mod decode;
 pub mod engine;
 pub mod machine;
+pub mod nodes;
 pub mod plot;
 pub mod report;
 pub mod serve;

@@ -23,8 +23,12 @@ fn f(v: &Value) -> f64 {
 
 fn machine_line(v: &Value) -> String {
     let m = &v["machine"];
+    let threads = match &v["threads"] {
+        Value::Null => String::new(),
+        t => format!("; threads {t}"),
+    };
     format!(
-        "{} ({} cores, {}), rev `{}`; model {}; threads {}",
+        "{} ({} cores, {}), rev `{}`; model {}{threads}",
         m["cpu"].as_str().unwrap_or("?"),
         m["cores"],
         m["simd"]
@@ -37,7 +41,6 @@ fn machine_line(v: &Value) -> String {
             .unwrap_or_default(),
         m["git_rev"].as_str().unwrap_or("?"),
         v["model"].as_str().unwrap_or("?"),
-        v["threads"]
     )
 }
 

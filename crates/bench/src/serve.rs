@@ -8,19 +8,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
-use edgeprompt_edge::http::{EdgeServer, ServerConfig};
-use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
 use edgeprompt_kv::Codec;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::machine::Machine;
+use crate::nodes;
 use crate::plot::{line_chart, Series};
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
@@ -88,7 +84,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let points = rt.block_on(async {
-        let ours = start_edgeprompt(&model, &s.model_id, &w).await?;
+        let cloud = nodes::cloud(&model, &nodes::numbered(&w.cloud)).await?;
+        let ours = nodes::edge(&model, &s.model_id, Some(format!("http://{cloud}")), Codec::F16).await?;
         let mut servers = vec![("edgeprompt".to_string(), ours)];
         if let Some(url) = &s.llama_server {
             servers.push(("llama.cpp".to_string(), url.trim_end_matches('/').to_string()));
@@ -121,52 +118,6 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     };
     write_outputs(&report, s)?;
     Ok(report)
-}
-
-/// Cloud node and edge server on loopback; returns the edge's `/v1` URL.
-async fn start_edgeprompt(
-    model: &Arc<Model>,
-    model_id: &str,
-    w: &Workload,
-) -> Result<String, BenchError> {
-    let specs: Vec<PromptSpec> = w
-        .cloud
-        .iter()
-        .enumerate()
-        .map(|(i, sys)| PromptSpec {
-            id: format!("p{i}"),
-            system: sys.clone(),
-        })
-        .collect();
-    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let cloud = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CloudService::server(node))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let state = EdgeServer::start(
-        model.clone(),
-        ServerConfig {
-            model_id: model_id.into(),
-            default_max_tokens: 256,
-        },
-        SchedulerConfig::default(),
-        PrefixConfig {
-            cloud_url: Some(cloud),
-            codec: Codec::F16,
-            unknown_system: UnknownSystem::ComputeLocally,
-            cache_bytes: 1 << 30,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: Default::default(),
-        },
-    )?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1", listener.local_addr()?);
-    tokio::spawn(edgeprompt_edge::http::serve(listener, state));
-    Ok(url)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -8,17 +8,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
-use edgeprompt_edge::http::{EdgeServer, ServerConfig};
-use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
-use edgeprompt_edge::scheduler::{kv_bytes_per_token, SchedulerConfig};
+use edgeprompt_edge::scheduler::kv_bytes_per_token;
 use edgeprompt_engine::Model;
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use serde::Serialize;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::machine::Machine;
+use crate::nodes;
 use crate::plot::bar_chart;
 use crate::serve::one;
 use crate::workload::{Workload, WorkloadSpec};
@@ -73,35 +70,6 @@ struct Outcome {
     context: Vec<usize>,
     up: u64,
     down: u64,
-}
-
-async fn edge_server(
-    model: &Arc<Model>,
-    id: &str,
-    cloud: Option<String>,
-    codec: Codec,
-) -> Result<String, BenchError> {
-    let state = EdgeServer::start(
-        model.clone(),
-        ServerConfig {
-            model_id: id.into(),
-            default_max_tokens: 256,
-        },
-        SchedulerConfig::default(),
-        PrefixConfig {
-            cloud_url: cloud,
-            codec,
-            unknown_system: UnknownSystem::ComputeLocally,
-            cache_bytes: 1 << 30,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: Default::default(),
-        },
-    )?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(edgeprompt_edge::http::serve(listener, state));
-    Ok(addr.to_string())
 }
 
 async fn drive(
@@ -165,35 +133,25 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let rows = rt.block_on(async {
-        let specs: Vec<PromptSpec> = w.cloud.iter().enumerate()
-            .map(|(i, sys)| PromptSpec { id: format!("p{i}"), system: sys.clone() })
-            .collect();
-        let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let cloud = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(tonic::transport::Server::builder()
-            .add_service(CloudService::server(node.clone()))
-            .serve_with_incoming(TcpListenerStream::new(listener)));
-        for p in &specs {
-            node.warm(&p.id).await.map_err(|e| BenchError::Data(e.message().to_string()))?;
-        }
+        let cloud_addr = nodes::cloud(&model, &nodes::numbered(&w.cloud)).await?;
+        let cloud = format!("http://{cloud_addr}");
         let mut outcomes: Vec<(String, Outcome)> = Vec::new();
         // Edge-only first: its answers are the single-node reference.
-        let edge = edge_server(&model, &s.model_id, None, Codec::F16).await?;
-        outcomes.push(("edge-only".into(), drive(&format!("http://{edge}/v1"), s, &w, None).await?));
+        let edge = nodes::edge(&model, &s.model_id, None, Codec::F16).await?;
+        outcomes.push(("edge-only".into(), drive(&edge, s, &w, None).await?));
         // Cloud-only: a server beside the cloud's KV (warmed), reached through the link.
-        let beside = edge_server(&model, &s.model_id, Some(cloud.clone()), Codec::F16).await?;
+        let beside = nodes::edge(&model, &s.model_id, Some(cloud.clone()), Codec::F16).await?;
         for sys in &w.cloud {
-            let url = format!("http://{beside}/v1");
-            one(&reqwest::Client::new(), &url, &s.model_id, sys, "Hi.", 1).await.map_err(BenchError::Data)?;
+            one(&reqwest::Client::new(), &beside, &s.model_id, sys, "Hi.", 1).await.map_err(BenchError::Data)?;
         }
-        let link = Link::start("127.0.0.1:0", beside, profile).await?;
+        let beside_addr = beside.trim_start_matches("http://").trim_end_matches("/v1").to_string();
+        let link = Link::start("127.0.0.1:0", beside_addr, profile).await?;
         outcomes.push(("cloud-only".into(), drive(&format!("http://{}/v1", link.addr), s, &w, Some(&link)).await?));
         // Cloud-edge: a fresh edge (cold cache) fetching KV through the link, per codec.
         for &codec in &s.codecs {
-            let link = Link::start("127.0.0.1:0", cloud.trim_start_matches("http://").to_string(), profile).await?;
-            let edge = edge_server(&model, &s.model_id, Some(format!("http://{}", link.addr)), codec).await?;
-            outcomes.push((format!("cloud-edge {}", codec.name()), drive(&format!("http://{edge}/v1"), s, &w, Some(&link)).await?));
+            let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), profile).await?;
+            let edge = nodes::edge(&model, &s.model_id, Some(format!("http://{}", link.addr)), codec).await?;
+            outcomes.push((format!("cloud-edge {}", codec.name()), drive(&edge, s, &w, Some(&link)).await?));
         }
         let reference = outcomes[0].1.texts.clone();
         let n = w.requests.len() as f64;

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
 use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Message, Model, Sequence};
@@ -16,10 +15,11 @@ use edgeprompt_link::{Link, Profile};
 use edgeprompt_planner::{predict, Inputs, Regime};
 use edgeprompt_protocol::PromptRef;
 use serde::Serialize;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::machine::Machine;
+use crate::nodes;
 use crate::plot::{line_chart, Series};
+use crate::workload::cut;
 use crate::BenchError;
 
 pub struct Settings {
@@ -55,18 +55,6 @@ pub struct Report {
     pub codec: String,
     pub profiles: Vec<(String, Profile)>,
     pub rows: Vec<Row>,
-}
-
-/// Text of about `n` tokens cut from `source`, ending on a token boundary.
-fn text_of(model: &Model, source: &str, n: usize) -> Result<String, BenchError> {
-    let ids = model.tokenizer.encode(source)?;
-    if ids.len() < n {
-        return Err(BenchError::Data(format!(
-            "need {n} tokens of text, have {}",
-            ids.len()
-        )));
-    }
-    Ok(model.tokenizer.decode(&ids[..n])?)
 }
 
 struct Case {
@@ -112,10 +100,10 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let turns = crate::sharegpt::turns(&s.sharegpt, 400)?;
     let half = turns.len() / 2;
     let (cloud_src, edge_src) = (turns[..half].join("\n"), turns[half..].join("\n"));
-    let user = text_of(&model, &edge_src, s.edge_len.saturating_sub(8))?;
+    let user = cut(&model, &edge_src, s.edge_len.saturating_sub(8))?;
     let mut cases = Vec::new();
     for &n in &s.cloud_lens {
-        let system = text_of(&model, &cloud_src, n.saturating_sub(6))?;
+        let system = cut(&model, &cloud_src, n.saturating_sub(6))?;
         let split = chat.split(&system, &[Message::new("user", &user)])?;
         cases.push(Case {
             id: format!("c{n}"),
@@ -154,18 +142,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let mut profiles = Vec::new();
     let mut timeline_example = None;
     rt.block_on(async {
-        let specs: Vec<PromptSpec> = cases.iter().map(|c| PromptSpec { id: c.id.clone(), system: c.system.clone() }).collect();
-        let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let cloud_addr = listener.local_addr()?;
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(CloudService::server(node.clone()))
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
-        for c in &cases {
-            node.warm(&c.id).await.map_err(|e| BenchError::Data(e.message().to_string()))?;
-        }
+        let prompts: Vec<(String, String)> = cases.iter().map(|c| (c.id.clone(), c.system.clone())).collect();
+        let cloud_addr = nodes::cloud(&model, &prompts).await?;
         for name in &s.profiles {
             let p = Profile::named(name).ok_or_else(|| BenchError::Data(format!("unknown profile {name}")))?;
             profiles.push((name.clone(), p));

@@ -1,0 +1,82 @@
+//! The nodes the benchmarks run against, on loopback in this process: a cloud node with warm
+//! prompts (real gRPC) and edge HTTP servers (real axum).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::http::{EdgeServer, ServerConfig};
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_engine::Model;
+use edgeprompt_kv::Codec;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::BenchError;
+
+/// A cloud node serving `prompts` (id, system text), each prefilled before this returns.
+pub async fn cloud(
+    model: &Arc<Model>,
+    prompts: &[(String, String)],
+) -> Result<SocketAddr, BenchError> {
+    let specs: Vec<PromptSpec> = prompts
+        .iter()
+        .map(|(id, system)| PromptSpec {
+            id: id.clone(),
+            system: system.clone(),
+        })
+        .collect();
+    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudService::server(node.clone()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    for s in &specs {
+        node.warm(&s.id)
+            .await
+            .map_err(|e| BenchError::Data(e.message().to_string()))?;
+    }
+    Ok(addr)
+}
+
+/// Prompts named `p0`, `p1`, ... for the given system texts.
+pub fn numbered(systems: &[String]) -> Vec<(String, String)> {
+    systems
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("p{i}"), s.clone()))
+        .collect()
+}
+
+/// An edge HTTP server (default scheduler) asking `cloud` for prompts; returns its `/v1` URL.
+pub async fn edge(
+    model: &Arc<Model>,
+    model_id: &str,
+    cloud: Option<String>,
+    codec: Codec,
+) -> Result<String, BenchError> {
+    let state = EdgeServer::start(
+        model.clone(),
+        ServerConfig {
+            model_id: model_id.into(),
+            default_max_tokens: 256,
+        },
+        SchedulerConfig::default(),
+        PrefixConfig {
+            cloud_url: cloud,
+            codec,
+            unknown_system: UnknownSystem::ComputeLocally,
+            cache_bytes: 1 << 30,
+            disk_dir: None,
+            peers: Vec::new(),
+            security: Default::default(),
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1", listener.local_addr()?);
+    tokio::spawn(edgeprompt_edge::http::serve(listener, state));
+    Ok(url)
+}
