@@ -33,3 +33,17 @@ pub enum BenchError {
     #[error("cloud: {0}")]
     Cloud(#[from] edgeprompt_cloud::CloudError),
 }
+
+/// What every bench starts with: the global thread pool sized to `threads` (a no-op if one
+/// exists), the machine description, and the model.
+pub fn setup(
+    threads: usize,
+    model: &std::path::Path,
+) -> Result<(machine::Machine, std::sync::Arc<edgeprompt_engine::Model>), BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    let machine = machine::Machine::detect();
+    let model = std::sync::Arc::new(edgeprompt_engine::Model::load(model)?);
+    Ok((machine, model))
+}

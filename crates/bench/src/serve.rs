@@ -5,10 +5,8 @@
 //! to llama.cpp's server (`--llama-server`) in the same run.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edgeprompt_engine::Model;
 use edgeprompt_kv::Codec;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -71,11 +69,7 @@ pub struct Report {
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
-    let model = Arc::new(Model::load(&s.model)?);
+    let (machine, model) = crate::setup(s.threads, &s.model)?;
     let w = Workload::build(&model, &s.workload)?;
     eprintln!(
         "machine: {} ({} cores), rev {}; model {}; threads {}; {} requests per rate over {} cloud prompts of ~{} tokens, private ~{} tokens, max_tokens {}",

@@ -6,10 +6,8 @@
 //! quality as agreement with the single-node (edge-only) answer.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use edgeprompt_edge::scheduler::kv_bytes_per_token;
-use edgeprompt_engine::Model;
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use serde::Serialize;
@@ -112,11 +110,7 @@ async fn drive(
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
-    let model = Arc::new(Model::load(&s.model)?);
+    let (machine, model) = crate::setup(s.threads, &s.model)?;
     let w = Workload::build(
         &model,
         &WorkloadSpec {

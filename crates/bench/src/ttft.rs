@@ -88,11 +88,7 @@ async fn edge_ttft(
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
-    let model = Arc::new(Model::load(&s.model)?);
+    let (machine, model) = crate::setup(s.threads, &s.model)?;
     let chat = model
         .chat
         .as_ref()
