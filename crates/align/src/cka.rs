@@ -6,36 +6,14 @@
 /// `H X Xᵀ H` for row-major `x` of `n` rows: an `n × n` matrix.
 pub fn centered_gram(x: &[f64], n: usize) -> Vec<f64> {
     let d = x.len().checked_div(n).unwrap_or(0);
-    let mut mean = vec![0.0; d];
-    for row in x.chunks_exact(d.max(1)).take(n) {
-        for (m, v) in mean.iter_mut().zip(row) {
-            *m += v / n as f64;
-        }
+    // Column-major view of row-major X is Xᵀ (d × n); centring the columns of X is H X.
+    let mut xt = nalgebra::DMatrix::from_column_slice(d, n, &x[..n * d]);
+    for mut row in xt.row_iter_mut() {
+        let mean = row.sum() / n as f64;
+        row.add_scalar_mut(-mean);
     }
-    // Centring the columns of X is the same as H X.
-    let c: Vec<f64> = x
-        .chunks_exact(d.max(1))
-        .take(n)
-        .flat_map(|row| {
-            row.iter()
-                .zip(&mean)
-                .map(|(v, m)| v - m)
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let mut g = vec![0.0; n * n];
-    for i in 0..n {
-        for j in 0..=i {
-            let dot: f64 = c[i * d..(i + 1) * d]
-                .iter()
-                .zip(&c[j * d..(j + 1) * d])
-                .map(|(a, b)| a * b)
-                .sum();
-            g[i * n + j] = dot;
-            g[j * n + i] = dot;
-        }
-    }
-    g
+    let g = xt.tr_mul(&xt);
+    g.as_slice().to_vec()
 }
 
 /// CKA from two centred Gram matrices of the same tokens.

@@ -4,26 +4,14 @@
 /// Cosine similarity between every pair of rows of `x` (`[n, d]`): `n × n`.
 pub fn similarity_matrix(x: &[f64], n: usize) -> Vec<f64> {
     let d = x.len().checked_div(n).unwrap_or(0);
-    let norms: Vec<f64> = x
-        .chunks_exact(d.max(1))
-        .take(n)
-        .map(|r| r.iter().map(|v| v * v).sum::<f64>().sqrt())
-        .collect();
-    let mut s = vec![0.0; n * n];
-    for i in 0..n {
-        for j in 0..=i {
-            let dot: f64 = x[i * d..(i + 1) * d]
-                .iter()
-                .zip(&x[j * d..(j + 1) * d])
-                .map(|(a, b)| a * b)
-                .sum();
-            let den = norms[i] * norms[j];
-            let v = if den > 0.0 { dot / den } else { 0.0 };
-            s[i * n + j] = v;
-            s[j * n + i] = v;
+    let mut xt = nalgebra::DMatrix::from_column_slice(d, n, &x[..n * d]);
+    for mut col in xt.column_iter_mut() {
+        let norm = col.norm();
+        if norm > 0.0 {
+            col /= norm;
         }
     }
-    s
+    xt.tr_mul(&xt).as_slice().to_vec()
 }
 
 /// Pearson correlation of the strict lower triangles of two `n × n` similarity matrices.

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod decode;
 pub mod engine;
+pub mod lslm;
 pub mod machine;
 pub mod nodes;
 pub mod plot;
@@ -32,6 +33,8 @@ pub enum BenchError {
     Edge(#[from] edgeprompt_edge::EdgeError),
     #[error("cloud: {0}")]
     Cloud(#[from] edgeprompt_cloud::CloudError),
+    #[error("alignment: {0}")]
+    Align(#[from] edgeprompt_align::AlignError),
 }
 
 /// What every bench starts with: the global thread pool sized to `threads` (a no-op if one

@@ -19,6 +19,15 @@ pub async fn cloud(
     model: &Arc<Model>,
     prompts: &[(String, String)],
 ) -> Result<SocketAddr, BenchError> {
+    cloud_with(model, prompts, Vec::new()).await
+}
+
+/// `cloud`, also serving smaller edge models through CE-LSLM adapters.
+pub async fn cloud_with(
+    model: &Arc<Model>,
+    prompts: &[(String, String)],
+    adapters: Vec<edgeprompt_align::AdapterSet>,
+) -> Result<SocketAddr, BenchError> {
     let specs: Vec<PromptSpec> = prompts
         .iter()
         .map(|(id, system)| PromptSpec {
@@ -26,7 +35,7 @@ pub async fn cloud(
             system: system.clone(),
         })
         .collect();
-    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?);
+    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?.with_adapters(adapters)?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(

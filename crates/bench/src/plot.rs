@@ -134,6 +134,122 @@ pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> Stri
     s
 }
 
+/// A heat map of `values[row][col]` in 0..1 (dark = low, bright = high), rows drawn bottom-up
+/// like a matrix plot of layers; `marks` are (row, col) cells outlined (e.g. matched pairs).
+pub fn heat_map(
+    title: &str,
+    row_label: &str,
+    col_label: &str,
+    values: &[Vec<f64>],
+    marks: &[(usize, usize)],
+) -> String {
+    let rows = values.len();
+    let cols = values.first().map_or(0, |r| r.len());
+    let cell = (520.0 / rows.max(cols).max(1) as f64).clamp(6.0, 28.0);
+    let (ml, mt) = (60.0, 40.0);
+    let (w, h) = (
+        ml + cell * cols as f64 + 90.0,
+        mt + cell * rows as f64 + 50.0,
+    );
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-size="13">{}</text>"#,
+        esc(title)
+    );
+    let y_of = |r: usize| mt + cell * (rows - 1 - r) as f64;
+    for (r, row) in values.iter().enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            let _ = write!(
+                s,
+                r#"<rect x="{:.1}" y="{:.1}" width="{cell:.1}" height="{cell:.1}" fill="{}"><title>{r},{c}: {v:.3}</title></rect>"#,
+                ml + cell * c as f64,
+                y_of(r),
+                viridis(*v)
+            );
+        }
+        if r % 4 == 0 || r + 1 == rows {
+            let _ = write!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{r}</text>"#,
+                ml - 4.0,
+                y_of(r) + cell / 2.0 + 4.0
+            );
+        }
+    }
+    for c in (0..cols).filter(|c| c % 4 == 0 || c + 1 == cols) {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{c}</text>"#,
+            ml + cell * (c as f64 + 0.5),
+            mt + cell * rows as f64 + 14.0
+        );
+    }
+    for &(r, c) in marks.iter().filter(|(r, c)| *r < rows && *c < cols) {
+        let _ = write!(
+            s,
+            r##"<rect x="{:.1}" y="{:.1}" width="{cell:.1}" height="{cell:.1}" fill="none" stroke="#ff2020" stroke-width="1.5"/>"##,
+            ml + cell * c as f64,
+            y_of(r)
+        );
+    }
+    // Colour bar.
+    let bx = ml + cell * cols as f64 + 20.0;
+    for i in 0..20 {
+        let v = 1.0 - i as f64 / 19.0;
+        let _ = write!(
+            s,
+            r#"<rect x="{bx:.1}" y="{:.1}" width="14" height="{:.1}" fill="{}"/>"#,
+            mt + i as f64 * cell * rows as f64 / 20.0,
+            cell * rows as f64 / 20.0 + 0.5,
+            viridis(v)
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}">1</text><text x="{:.1}" y="{:.1}">0</text><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="14" y="{:.1}" transform="rotate(-90 14 {:.1})" text-anchor="middle">{}</text></svg>"#,
+        bx + 18.0,
+        mt + 10.0,
+        bx + 18.0,
+        mt + cell * rows as f64,
+        ml + cell * cols as f64 / 2.0,
+        h - 12.0,
+        esc(col_label),
+        mt + cell * rows as f64 / 2.0,
+        mt + cell * rows as f64 / 2.0,
+        esc(row_label)
+    );
+    s.push('\n');
+    s
+}
+
+/// A perceptual dark-blue -> green -> yellow ramp (viridis, a few stops interpolated).
+fn viridis(v: f64) -> String {
+    const STOPS: [(f64, f64, f64); 5] = [
+        (68.0, 1.0, 84.0),
+        (59.0, 82.0, 139.0),
+        (33.0, 145.0, 140.0),
+        (94.0, 201.0, 98.0),
+        (253.0, 231.0, 37.0),
+    ];
+    let v = if v.is_finite() {
+        v.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let x = v * (STOPS.len() - 1) as f64;
+    let i = (x.floor() as usize).min(STOPS.len() - 2);
+    let f = x - i as f64;
+    let (a, b) = (STOPS[i], STOPS[i + 1]);
+    let mix = |p: f64, q: f64| (p + (q - p) * f).round() as u8;
+    format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(a.0, b.0),
+        mix(a.1, b.1),
+        mix(a.2, b.2)
+    )
+}
+
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 || v == 0.0 {
         format!("{v:.0}")
@@ -172,5 +288,17 @@ mod tests {
         assert!(b.starts_with("<svg") && b.trim_end().ends_with("</svg>"));
         assert_eq!(b.matches("<rect").count(), 3);
         assert!(b.contains("x&lt;y"));
+        let m = heat_map(
+            "h",
+            "llm",
+            "slm",
+            &[vec![0.0, 0.5], vec![1.0, 0.25]],
+            &[(1, 0)],
+        );
+        assert!(m.starts_with("<svg") && m.trim_end().ends_with("</svg>"));
+        // 4 cells, 1 mark, 20 colour-bar steps, background.
+        assert_eq!(m.matches("<rect").count(), 4 + 1 + 20 + 1);
+        assert_eq!(viridis(0.0), "#440154");
+        assert_eq!(viridis(1.0), "#fde725");
     }
 }

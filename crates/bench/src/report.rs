@@ -58,6 +58,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     batch_section(dir, &mut md);
     serve_section(dir, &mut md);
     table_section(dir, &mut md);
+    lslm_section(dir, &mut md);
     std::fs::write(out, &md)?;
     Ok(md)
 }
@@ -394,4 +395,129 @@ fn table_section(dir: &Path, md: &mut String) {
         md,
         "\n![ttft](results/table-ttft.svg) ![link](results/table-link.svg)\n"
     );
+}
+
+/// `machine_line` for the two-model reports (align, lslm).
+fn pair_line(v: &Value) -> String {
+    let mut v = v.clone();
+    v["model"] = Value::String(format!(
+        "{} (cloud) / {} (edge)",
+        v["llm"].as_str().unwrap_or("?"),
+        v["slm"].as_str().unwrap_or("?")
+    ));
+    machine_line(&v)
+}
+
+fn lslm_section(dir: &Path, md: &mut String) {
+    if let Some(v) = load(dir, "align.json") {
+        let _ = writeln!(
+            md,
+            "## CE-LSLM layer matching (`edgeprompt align`, CE-LSLM Fig. 5 and eq. 16)\n\n{}; calibration {} \
+             ShareGPT sequences, {} tokens; similarity on {} sampled tokens; thresholds CKA >= {}, RSA >= {}; \
+             ridge {}. R² is on held-out calibration tokens (keys without RoPE).\n\n\
+             ![cka](results/align-cka.svg) ![rsa](results/align-rsa.svg)\n\n\
+             | SLM layer | LLM layer | CKA | RSA | R² keys | R² values | R² keys, ThinK |\n| --- | --- | --- | --- | --- | --- | --- |",
+            pair_line(&v),
+            v["calibration_sequences"],
+            v["calibration_tokens"],
+            v["similarity_tokens"],
+            v["t_cka"],
+            v["t_rsa"],
+            v["ridge"]
+        );
+        let adapters = v["adapters"].as_array().cloned().unwrap_or_default();
+        let pair = |a: usize, j: usize| -> Option<Value> {
+            adapters.get(a)?["pairs"]
+                .as_array()?
+                .iter()
+                .find(|p| p["slm_layer"].as_u64() == Some(j as u64))
+                .cloned()
+        };
+        for (j, m) in v["matches"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            match (m.as_u64(), pair(0, j)) {
+                (Some(i), Some(p)) => {
+                    let think =
+                        pair(1, j).map_or("-".to_string(), |t| format!("{:.3}", f(&t["r2_keys"])));
+                    let _ = writeln!(
+                        md,
+                        "| {j} | {i} | {:.3} | {:.3} | {:.3} | {:.3} | {think} |",
+                        f(&p["cka"]),
+                        f(&p["rsa"]),
+                        f(&p["r2_keys"]),
+                        f(&p["r2_values"])
+                    );
+                }
+                _ => {
+                    let _ = writeln!(md, "| {j} | below threshold | | | | | |");
+                }
+            }
+        }
+        let _ = writeln!(md);
+    }
+    let Some(v) = load(dir, "lslm.json") else {
+        return;
+    };
+    if let Some(q) = v["quality"].as_object() {
+        let _ = writeln!(
+            md,
+            "## CE-LSLM quality (`edgeprompt bench lslm`)\n\n{}; {} held-out ShareGPT conversations (the earlier \
+             turns are the cloud prompt, mean {:.0} tokens; the next user turn is private), {} answer tokens scored \
+             with teacher forcing. Agreement = same top-1 next token.\n\n\
+             ![quality](results/lslm-quality.svg) ![layers](results/lslm-layers.svg)\n\n\
+             | configuration | perplexity | agreement with SLM alone | agreement with LLM alone |\n| --- | --- | --- | --- |",
+            pair_line(&v),
+            q["cases"],
+            f(&q["cloud_tokens_mean"]),
+            q["scored_tokens"]
+        );
+        for c in q["configs"].as_array().cloned().unwrap_or_default() {
+            let _ = writeln!(
+                md,
+                "| {} | {:.2} | {:.1} % | {:.1} % |",
+                c["name"].as_str().unwrap_or("?"),
+                f(&c["perplexity"]),
+                100.0 * f(&c["agree_slm"]),
+                100.0 * f(&c["agree_llm"])
+            );
+        }
+        let _ = writeln!(md);
+    }
+    let rows = v["latency"].as_array().cloned().unwrap_or_default();
+    if !rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "## CE-LSLM TTFT and bytes (`edgeprompt bench lslm`)\n\n{}; f16 wire; adapters on the cloud. The planner \
+             (eq. 19/20) picks the split from per-layer times measured in the run; layers split.. come from the \
+             cloud while the edge computes 0..split.\n\n![ttft](results/lslm-ttft.svg)\n\n\
+             | link | cloud + private tokens | SLM alone s | LLM alone s | planner split | predicted s | measured s | \
+             from layer {} s | MB down (split / min) | LLM KV MB for the same layers |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            pair_line(&v),
+            v["min_split"]
+        );
+        for r in rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} + {} | {:.3} | {:.3} | {} | {:.3} | {:.3} | {:.3} | {:.2} / {:.2} | {:.2} |",
+                r["profile"].as_str().unwrap_or("?"),
+                r["cloud_tokens"],
+                r["edge_tokens"],
+                f(&r["slm_alone_s"]),
+                f(&r["llm_alone_s"]),
+                r["split"],
+                f(&r["predicted_s"]),
+                f(&r["measured_s"]),
+                f(&r["min_split_s"]),
+                f(&r["bytes_down"]) / 1e6,
+                f(&r["min_split_bytes"]) / 1e6,
+                f(&r["llm_kv_bytes_same_layers"]) / 1e6
+            );
+        }
+        let _ = writeln!(md);
+    }
 }

@@ -7,6 +7,22 @@ use crate::BenchError;
 
 /// Texts of the conversation turns of up to `max_records` complete records.
 pub fn turns(path: &Path, max_records: usize) -> Result<Vec<String>, BenchError> {
+    Ok(conversations(path, max_records)?
+        .into_iter()
+        .flatten()
+        .map(|t| t.text)
+        .collect())
+}
+
+/// One turn: `from` is "human" or "gpt" (other speakers are kept as named).
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub from: String,
+    pub text: String,
+}
+
+/// The conversations of up to `max_records` complete records, in file order.
+pub fn conversations(path: &Path, max_records: usize) -> Result<Vec<Vec<Turn>>, BenchError> {
     let bytes = std::fs::read(path)?;
     let mut pos = bytes
         .iter()
@@ -26,9 +42,15 @@ pub fn turns(path: &Path, max_records: usize) -> Result<Vec<String>, BenchError>
         };
         pos += it.byte_offset();
         if let Some(conv) = rec["conversations"].as_array() {
-            out.extend(
+            out.push(
                 conv.iter()
-                    .filter_map(|t| t["value"].as_str().map(str::to_string)),
+                    .filter_map(|t| {
+                        Some(Turn {
+                            from: t["from"].as_str().unwrap_or_default().to_string(),
+                            text: t["value"].as_str()?.to_string(),
+                        })
+                    })
+                    .collect(),
             );
         }
     }

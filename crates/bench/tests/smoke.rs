@@ -176,3 +176,117 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     }
     svg(&out, "planner-validation.svg");
 }
+
+/// CE-LSLM at toy scale on the real 1.5B/0.5B pair: `align` writes the heat maps, the matching
+/// table and adapters that load; `bench lslm` scores every configuration and measures TTFT over
+/// a shaped link; `bench report` renders both. Slow (two real models).
+#[test]
+#[ignore = "slow: two real models (1.5B and 0.5B)"]
+fn ce_lslm_align_and_bench_run_at_toy_scale_and_report() {
+    use edgeprompt_align::Sampling;
+    use edgeprompt_bench::lslm::{self, align, latency, quality};
+
+    let llm = file("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let slm = file("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let sharegpt = file("ShareGPT_V3_unfiltered_cleaned_split.json");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+
+    let a = align::run(&align::Settings {
+        llm: llm.clone(),
+        slm: slm.clone(),
+        sharegpt: sharegpt.clone(),
+        sequences: 3,
+        seq_tokens: 128,
+        sampling: Sampling {
+            skip_first: 4,
+            stride: 4,
+        },
+        t_cka: 0.0,
+        t_rsa: -1.0,
+        ridge: 1e-2,
+        key_keeps: vec![1.0, 0.5],
+        held_out: 0.2,
+        threads: 2,
+        out: out.clone(),
+    })
+    .unwrap();
+    assert_eq!(a.matches.len(), 24);
+    assert!(
+        a.matches.iter().all(|m| m.is_some()),
+        "zero thresholds match every layer"
+    );
+    let v = json(&out, "align.json");
+    assert_eq!(v["similarity"]["cka"].as_array().unwrap().len(), 28);
+    for name in ["align-cka.svg", "align-rsa.svg"] {
+        let s = std::fs::read_to_string(out.join(name)).unwrap();
+        // 28 x 24 cells + 24 matched pairs outlined + 20 colour-bar steps + background.
+        assert_eq!(s.matches("<rect").count(), 28 * 24 + 24 + 20 + 1, "{name}");
+    }
+    let files: Vec<PathBuf> = a.adapters.iter().map(|x| PathBuf::from(&x.path)).collect();
+    assert_eq!(files.len(), 2);
+
+    let r = lslm::run(&lslm::Settings {
+        llm,
+        slm,
+        adapters: files,
+        quality: Some(quality::Settings {
+            sharegpt: sharegpt.clone(),
+            cases: 1,
+            cloud_tokens: 96,
+            user_tokens: 32,
+            answer_tokens: 24,
+            first_record: 4000,
+        }),
+        latency: Some(latency::Settings {
+            cloud_lens: vec![64],
+            edge_len: 16,
+            profiles: vec!["6g".into()],
+            codec: Codec::F16,
+        }),
+        // 0: the planner may load every layer, whatever the toy quality run measured.
+        min_agreement: 0.0,
+        sharegpt,
+        threads: 2,
+        out: out.clone(),
+    })
+    .unwrap();
+    assert_eq!(r.quality_split, Some(0));
+    let q = r.quality.as_ref().unwrap();
+    let find = |name: &str| q.configs.iter().find(|c| c.name == name).unwrap();
+    // Each model alone agrees with itself on every token; perplexities are real numbers.
+    assert_eq!(find("SLM alone").agree_slm, 1.0);
+    assert_eq!(find("LLM alone").agree_llm, 1.0);
+    assert!(q
+        .configs
+        .iter()
+        .all(|c| c.perplexity.is_finite() && c.perplexity >= 1.0));
+    // Every split of both adapter files and all 24 single layers were scored.
+    assert!(q.configs.iter().any(|c| c.name.contains("ThinK 50%")));
+    assert_eq!(
+        q.configs
+            .iter()
+            .filter(|c| c.single_layer.is_some())
+            .count(),
+        24
+    );
+    let row = &r.latency[0];
+    assert!(row.measured_s > 0.0 && row.slm_alone_s > 0.0 && row.llm_alone_s > 0.0);
+    // From layer 0, all 24 mapped layers came down at the small model's size.
+    assert_eq!(row.min_split, 0);
+    assert!(row.min_split_bytes >= 24 * 512 * row.cloud_tokens);
+    assert!(row.llm_kv_bytes_same_layers == 2 * 24 * 512 * row.cloud_tokens);
+    assert_eq!(row.curve.len(), 25);
+    for name in ["lslm-quality.svg", "lslm-ttft.svg"] {
+        svg(&out, name);
+    }
+
+    let md = report::run(&out, &out.join("results.md")).unwrap();
+    for section in [
+        "## CE-LSLM layer matching",
+        "## CE-LSLM quality",
+        "## CE-LSLM TTFT and bytes",
+    ] {
+        assert!(md.contains(section), "report lacks {section}");
+    }
+}

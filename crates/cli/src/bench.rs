@@ -19,8 +19,57 @@ pub enum Bench {
     Batch(BatchArgs),
     /// CE-LSLM Table II analogue: cloud-only vs edge-only vs cloud-edge (per codec).
     Table(TableArgs),
+    /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
+    Lslm(LslmArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
     Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct LslmArgs {
+    #[arg(long, default_value = "qwen15")]
+    llm: String,
+    #[arg(long, default_value = "qwen05")]
+    slm: String,
+    /// Adapter files from `edgeprompt align` (the first drives latency and the per-layer study).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "models/align/adapters.safetensors,models/align/adapters-think50.safetensors"
+    )]
+    adapters: Vec<PathBuf>,
+    /// Held-out conversations scored (0 skips the quality part).
+    #[arg(long, default_value_t = 8)]
+    cases: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    user_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    answer_tokens: usize,
+    /// First ShareGPT record used (the ones before are calibration's).
+    #[arg(long, default_value_t = 4000)]
+    first_record: usize,
+    /// Cloud prompt lengths for TTFT.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024")]
+    cloud_lens: Vec<usize>,
+    /// Quality only.
+    #[arg(long)]
+    skip_latency: bool,
+    #[arg(long, default_value_t = 64)]
+    edge_len: usize,
+    #[arg(long, value_delimiter = ',', default_value = "6g,wifi,4g")]
+    profiles: Vec<String>,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    /// The planner only loads layers whose split kept this next-token agreement with the SLM
+    /// alone in the quality run.
+    #[arg(long, default_value_t = 0.9)]
+    min_agreement: f64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -176,7 +225,7 @@ pub struct EngineArgs {
     out: PathBuf,
 }
 
-fn sharegpt() -> anyhow::Result<PathBuf> {
+pub fn sharegpt() -> anyhow::Result<PathBuf> {
     let p = super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json");
     anyhow::ensure!(
         p.exists(),
@@ -187,6 +236,46 @@ fn sharegpt() -> anyhow::Result<PathBuf> {
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Lslm(a) => {
+            let sharegpt = sharegpt()?;
+            let codec = Codec::parse(&a.codec)
+                .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?;
+            let s = edgeprompt_bench::lslm::Settings {
+                llm: super::models::resolve(&a.llm)?,
+                slm: super::models::resolve(&a.slm)?,
+                adapters: a.adapters,
+                quality: (a.cases > 0).then(|| edgeprompt_bench::lslm::quality::Settings {
+                    sharegpt: sharegpt.clone(),
+                    cases: a.cases,
+                    cloud_tokens: a.cloud_tokens,
+                    user_tokens: a.user_tokens,
+                    answer_tokens: a.answer_tokens,
+                    first_record: a.first_record,
+                }),
+                latency: (!a.skip_latency).then_some({
+                    edgeprompt_bench::lslm::latency::Settings {
+                        cloud_lens: a.cloud_lens,
+                        edge_len: a.edge_len,
+                        profiles: a.profiles,
+                        codec,
+                    }
+                }),
+                min_agreement: a.min_agreement,
+                sharegpt,
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            for p in &s.adapters {
+                anyhow::ensure!(
+                    p.exists(),
+                    "{} missing: run `edgeprompt align` first",
+                    p.display()
+                );
+            }
+            edgeprompt_bench::lslm::run(&s)?;
+            eprintln!("wrote {}/lslm.json and lslm-*.svg", a.out.display());
+            Ok(())
+        }
         Bench::Ttft(a) => {
             let sharegpt = sharegpt()?;
             let s = edgeprompt_bench::ttft::Settings {

@@ -1,5 +1,6 @@
 //! `edgeprompt`: one binary, one subcommand per job.
 
+mod align;
 mod bench;
 mod generate;
 mod models;
@@ -34,6 +35,9 @@ enum Command {
     Link(nodes::LinkArgs),
     /// Cloud, link and edge on loopback answering a chat with a private prompt.
     Demo(nodes::DemoArgs),
+    /// CE-LSLM: match a large cloud model's layers to a small edge model's (CKA, RSA) and fit
+    /// the K/V adapters the cloud serves the small model through.
+    Align(align::AlignArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
     /// Benchmarks (machine, settings and baselines printed with every result).
@@ -56,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),
+        Command::Align(a) => align::run(a),
         Command::Bench(b) => bench::run(b),
     }
 }

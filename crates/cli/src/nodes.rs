@@ -29,6 +29,10 @@ pub struct CloudArgs {
     /// Bytes of prompt KV the cloud keeps in memory (LRU).
     #[arg(long, default_value_t = 1 << 30)]
     cache_bytes: usize,
+    /// CE-LSLM adapter files from `edgeprompt align` (repeatable): edges running those
+    /// smaller models get their deep layers' KV mapped from this model's.
+    #[arg(long)]
+    adapters: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -74,6 +78,10 @@ pub struct EdgeArgs {
     /// Wait for all cloud layers before computing (for comparison).
     #[arg(long)]
     no_pipeline: bool,
+    /// CE-LSLM: compute the cloud prompt's layers below this one here and load the rest from
+    /// a cloud running a larger model with adapters for this one (0 = all from the cloud).
+    #[arg(long, default_value_t = 0)]
+    cloud_layers_from: usize,
     #[command(flatten)]
     security: security::ClientArgs,
 }
@@ -190,7 +198,21 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         _ => bail!("[server] needs both tls_cert and tls_key"),
     };
     let (tls_on, token_on) = (tls.is_some(), token.is_some());
-    let mut node = CloudNode::new(model, &specs, a.cache_bytes)?.with_guard(limits, token);
+    let adapters = a
+        .adapters
+        .iter()
+        .map(|p| {
+            edgeprompt_align::AdapterSet::load(p)
+                .with_context(|| "run `edgeprompt align` for this model pair".to_string())
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let n_adapters = adapters.len();
+    let mut node = CloudNode::new(model, &specs, a.cache_bytes)?
+        .with_guard(limits, token)
+        .with_adapters(adapters)?;
+    if n_adapters > 0 {
+        eprintln!("serving {n_adapters} smaller edge model(s) through CE-LSLM adapters");
+    }
     if let Some(url) = &server.redis_url {
         let ns = server.redis_namespace.as_deref().unwrap_or("edgeprompt");
         node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
@@ -271,6 +293,8 @@ struct Turn<'a> {
     max_tokens: usize,
     echo: bool,
     security: ClientSecurity,
+    /// CE-LSLM: the first layer loaded from the cloud (0 = all).
+    first_layer: usize,
 }
 
 async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Result<EdgeRun> {
@@ -283,6 +307,7 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
         max_tokens,
         echo,
         security,
+        first_layer,
     } = t;
     let chat = model.chat.as_ref().context("no chat template")?;
     let split = chat.split(system, &[Message::new("user", user)])?;
@@ -292,7 +317,13 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
     let fetched = async {
         let mut client = CloudClient::connect_with(url, &security).await?;
         let (header, rx) = client
-            .fetch(&model, PromptRef::Id(prompt_id.into()), &[codec], false)
+            .fetch_from(
+                &model,
+                PromptRef::Id(prompt_id.into()),
+                &[codec],
+                false,
+                first_layer,
+            )
             .await?;
         anyhow::Ok((header, rx))
     }
@@ -384,6 +415,7 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
             max_tokens: a.max_tokens,
             echo: true,
             security: a.security.load()?,
+            first_layer: a.cloud_layers_from,
         },
     ))?;
     eprintln!(
@@ -434,6 +466,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 max_tokens: a.max_tokens,
                 echo: true,
                 security: ClientSecurity::default(),
+                first_layer: 0,
             },
         ).await?;
         let (up, down) = (link.counters.up() - up0, link.counters.down() - down0);

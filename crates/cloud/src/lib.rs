@@ -1,8 +1,10 @@
 //! The cloud node: holds named cloud prompts, prefills each once with the shared model, caches
 //! the KV and streams it to edges over gRPC in layer-major chunks. A cold prompt streams layer
-//! `l` as soon as layer `l` is computed.
+//! `l` as soon as layer `l` is computed. With CE-LSLM adapters it also serves a smaller edge
+//! model: its deep layers' KV, mapped from this model's (`lslm`).
 
 pub mod guard;
+mod lslm;
 mod prompts;
 mod service;
 pub mod stream;
@@ -19,4 +21,6 @@ pub enum CloudError {
     Engine(#[from] edgeprompt_engine::EngineError),
     #[error(transparent)]
     Kv(#[from] edgeprompt_kv::KvError),
+    #[error("CE-LSLM adapters: {0}")]
+    Adapters(String),
 }

@@ -16,18 +16,19 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::guard::{Guard, Limits};
+use crate::stream::Layout;
 use crate::{CloudError, PromptSpec};
 
-struct Prompt {
-    id: String,
-    token_ids: Vec<u32>,
+pub(crate) struct Prompt {
+    pub(crate) id: String,
+    pub(crate) token_ids: Vec<u32>,
     address: String,
     /// Held while the prompt's KV is being computed, so it is computed once.
     compute: Mutex<()>,
 }
 
 pub struct CloudNode {
-    model: Arc<Model>,
+    pub(crate) model: Arc<Model>,
     prompts: HashMap<String, Arc<Prompt>>,
     by_address: HashMap<String, String>,
     cache: MemoryStore,
@@ -35,6 +36,7 @@ pub struct CloudNode {
     shared: Option<Arc<RedisStore>>,
     prefills: AtomicUsize,
     guard: Guard,
+    pub(crate) lslm: crate::lslm::Adapters,
 }
 
 impl CloudNode {
@@ -71,6 +73,7 @@ impl CloudNode {
             shared: None,
             prefills: AtomicUsize::new(0),
             guard: Guard::new(Limits::default(), None),
+            lslm: Default::default(),
         })
     }
 
@@ -131,9 +134,14 @@ impl CloudNode {
             .get(id)
             .cloned()
             .ok_or_else(|| Status::not_found(id.to_string()))?;
+        self.kv_of(p).await
+    }
+
+    pub(crate) async fn kv_of(self: &Arc<Self>, p: Arc<Prompt>) -> Result<Arc<PrefixKv>, Status> {
+        let layout = Layout::of(&self.model, &FetchRequest::default())?;
         let (tx, mut rx) = mpsc::channel(64);
         let me = self.clone();
-        let task = tokio::spawn(async move { me.produce(p, Codec::F16, None, tx).await });
+        let task = tokio::spawn(async move { me.produce(p, layout, Codec::F16, None, tx).await });
         while rx.recv().await.is_some() {}
         task.await.map_err(|e| Status::internal(e.to_string()))?
     }
@@ -158,17 +166,19 @@ impl CloudNode {
             .ok_or_else(|| Status::not_found(format!("unknown cloud prompt {id:?}")))
     }
 
-    /// Send the header and the chunks of `p` into `tx`, computing the KV first if it is not
-    /// cached (layer by layer, each layer sent as soon as it is computed).
+    /// Send the header and the chunks of `p` from `layout.first_layer` on into `tx`,
+    /// computing the KV first if it is not cached (layer by layer, each layer sent as soon as
+    /// it is computed).
     async fn produce(
         self: Arc<Self>,
         p: Arc<Prompt>,
+        layout: Layout,
         codec: Codec,
         zstd: Option<i32>,
         tx: mpsc::Sender<Result<FetchMessage, Status>>,
     ) -> Result<Arc<PrefixKv>, Status> {
-        let header =
-            crate::stream::header(&self.model, &p.id, &p.address, &p.token_ids, codec, zstd);
+        let first = layout.first_layer;
+        let header = crate::stream::header(&layout, &p.id, &p.address, &p.token_ids, codec, zstd);
         let _ = tx.send(Ok(header)).await;
         let guard = p.compute.lock().await;
         let cached = match self.cache.get(&p.address) {
@@ -180,7 +190,7 @@ impl CloudNode {
         };
         if let Some(kv) = cached {
             drop(guard);
-            for (l, layer) in kv.layers.iter().enumerate() {
+            for (l, layer) in kv.layers.iter().enumerate().skip(first) {
                 crate::stream::send_layer(&tx, l, layer, codec, zstd).await?;
             }
             return Ok(kv);
@@ -199,6 +209,9 @@ impl CloudNode {
             pass.into_prefix(&model).map_err(err)
         });
         while let Some((l, layer)) = lrx.recv().await {
+            if l < first {
+                continue;
+            }
             // A client that went away does not stop the computation: the cache still gets it.
             let _ = crate::stream::send_layer(&tx, l, &layer, codec, zstd).await;
         }
@@ -246,16 +259,31 @@ impl CloudKv for CloudService {
         let this = &self.0;
         let permit = this.guard.admit(&req)?;
         let req = req.into_inner();
-        crate::stream::check_fingerprint(&req, &this.model.fingerprint)?;
+        // This model's own KV, or a smaller model's through CE-LSLM adapters.
+        let adapters = match this.lslm.for_edge(&req.model_fingerprint) {
+            Some(set) => Some(set),
+            None => {
+                crate::stream::check_fingerprint(&req, &this.model.fingerprint)?;
+                None
+            }
+        };
         let p = this.resolve(&req)?;
         let (codec, zstd) = crate::stream::negotiate(&req)?;
+        let layout = match &adapters {
+            Some(set) => crate::lslm::layout(set, req.first_layer)?,
+            None => Layout::of(&this.model, &req)?,
+        };
         let (tx, rx) = mpsc::channel(64);
         let me = this.clone();
         tokio::spawn(async move {
             // The stream slot is held until the stream ends.
             let _permit = permit;
             let err_tx = tx.clone();
-            if let Err(e) = me.produce(p, codec, zstd, tx).await {
+            let done = match adapters {
+                Some(set) => me.produce_mapped(p, set, layout, codec, zstd, tx).await,
+                None => me.produce(p, layout, codec, zstd, tx).await.map(|_| ()),
+            };
+            if let Err(e) = done {
                 let _ = err_tx.send(Err(e)).await;
             }
         });

@@ -39,26 +39,63 @@ pub fn negotiate(req: &FetchRequest) -> Result<(Codec, Option<i32>), Status> {
     Ok((codec, req.accept_zstd.then_some(3)))
 }
 
+/// What a stream carries: whose KV (fingerprint and shape) and from which layer on.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub fingerprint: String,
+    pub n_layers: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub first_layer: usize,
+}
+
+impl Layout {
+    /// `model`'s own KV from the first layer the request asks for.
+    pub fn of(model: &Model, req: &FetchRequest) -> Result<Self, Status> {
+        let c = &model.cfg;
+        Self {
+            fingerprint: model.fingerprint.clone(),
+            n_layers: c.n_layer,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            first_layer: 0,
+        }
+        .from_layer(req.first_layer)
+    }
+
+    /// The same layout starting at `first` (refused past the last layer).
+    pub fn from_layer(mut self, first: u32) -> Result<Self, Status> {
+        if first as usize >= self.n_layers {
+            return Err(Status::invalid_argument(format!(
+                "first layer {first} of a {}-layer model",
+                self.n_layers
+            )));
+        }
+        self.first_layer = first as usize;
+        Ok(self)
+    }
+}
+
 pub fn header(
-    model: &Model,
+    layout: &Layout,
     prompt_id: &str,
     address: &str,
     token_ids: &[u32],
     codec: Codec,
     zstd: Option<i32>,
 ) -> FetchMessage {
-    let cfg = &model.cfg;
     FetchMessage {
         body: Some(Body::Header(Header {
             prompt_id: prompt_id.into(),
             content_address: hex::decode(address).unwrap_or_default(),
             token_ids: token_ids.to_vec(),
-            n_layers: cfg.n_layer as u32,
-            n_kv_head: cfg.n_kv_head as u32,
-            head_dim: cfg.head_dim as u32,
+            n_layers: layout.n_layers as u32,
+            n_kv_head: layout.n_kv_head as u32,
+            head_dim: layout.head_dim as u32,
             codec: codec.name().into(),
             compressed: zstd.is_some(),
-            model_fingerprint: model.fingerprint.clone(),
+            model_fingerprint: layout.fingerprint.clone(),
+            first_layer: layout.first_layer as u32,
         })),
     }
 }

@@ -16,6 +16,8 @@ pub struct CloudHeader {
     pub prompt_id: String,
     pub token_ids: Vec<u32>,
     pub n_layers: usize,
+    /// The first layer the stream carries (CE-LSLM: the ones below are computed here).
+    pub first_layer: usize,
     pub codec: String,
     pub content_address: String,
 }
@@ -95,11 +97,25 @@ impl CloudClient {
         codecs: &[Codec],
         zstd: bool,
     ) -> Result<(CloudHeader, mpsc::Receiver<Result<LayerArrival>>)> {
+        self.fetch_from(model, prompt, codecs, zstd, 0).await
+    }
+
+    /// `fetch` for the layers from `first_layer` on only (CE-LSLM: a cloud with adapters for
+    /// this model maps its own KV to this model's for those layers).
+    pub async fn fetch_from(
+        &mut self,
+        model: &Model,
+        prompt: PromptRef,
+        codecs: &[Codec],
+        zstd: bool,
+        first_layer: usize,
+    ) -> Result<(CloudHeader, mpsc::Receiver<Result<LayerArrival>>)> {
         let req = FetchRequest {
             prompt: Some(prompt),
             model_fingerprint: model.fingerprint.clone(),
             accept_codecs: codecs.iter().map(|c| c.name().to_string()).collect(),
             accept_zstd: zstd,
+            first_layer: first_layer as u32,
         };
         let mut req = tonic::Request::new(req);
         if let Some(t) = &self.token {
@@ -123,16 +139,18 @@ impl CloudClient {
             || h.n_layers as usize != cfg.n_layer
             || h.n_kv_head as usize != cfg.n_kv_head
             || h.head_dim as usize != cfg.head_dim
+            || h.first_layer as usize != first_layer
         {
             return Err(EdgeError::Stream(format!(
-                "header does not fit this model: {} layers x {} heads x {}",
-                h.n_layers, h.n_kv_head, h.head_dim
+                "header does not fit this model: {} layers x {} heads x {} from layer {}",
+                h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
             )));
         }
         let header = CloudHeader {
             prompt_id: h.prompt_id,
             token_ids: h.token_ids,
             n_layers: cfg.n_layer,
+            first_layer,
             codec: h.codec,
             content_address: hex::encode(&h.content_address),
         };
@@ -142,7 +160,8 @@ impl CloudClient {
             header.token_ids.len(),
             cfg.n_kv_head,
             cfg.head_dim,
-        );
+        )
+        .starting_at(first_layer);
         tokio::spawn(async move {
             let mut bytes = 0;
             loop {

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use edgeprompt_cloud::stream::{check_fingerprint, header, negotiate, send_layer};
+use edgeprompt_cloud::stream::{check_fingerprint, header, negotiate, send_layer, Layout};
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
 use tokio::sync::mpsc;
@@ -42,6 +42,7 @@ impl CloudKv for PeerService {
             }
         };
         let (codec, zstd) = negotiate(&req)?;
+        let layout = Layout::of(&model, &req)?;
         let prefix = self
             .0
             .cached(&address)
@@ -49,11 +50,11 @@ impl CloudKv for PeerService {
             .ok_or_else(|| Status::not_found("this edge holds no such cloud prompt"))?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            let first = header(&model, "", &address, &prefix.token_ids, codec, zstd);
-            if tx.send(Ok(first)).await.is_err() {
+            let head = header(&layout, "", &address, &prefix.token_ids, codec, zstd);
+            if tx.send(Ok(head)).await.is_err() {
                 return;
             }
-            for (l, layer) in prefix.layers.iter().enumerate() {
+            for (l, layer) in prefix.layers.iter().enumerate().skip(layout.first_layer) {
                 if let Err(e) = send_layer(&tx, l, layer, codec, zstd).await {
                     let _ = tx.send(Err(e)).await;
                     return;

@@ -33,6 +33,8 @@ impl Timeline {
 
 /// Prefill the private `edge_ids` after the cloud prefix arriving on `rx`. With `pipeline`,
 /// layer `l` runs as soon as cloud layer `l` is here; without, all layers are awaited first.
+/// When the stream starts at a later layer (CE-LSLM), the layers below it of the cloud prompt
+/// are computed here first, while the deep layers load (CE-LSLM eq. 20).
 /// Blocking: run it on a blocking thread.
 pub fn prefill_from_cloud(
     model: &Model,
@@ -51,17 +53,40 @@ pub fn prefill_from_cloud(
         rx.blocking_recv()
             .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))?
     };
+    let first = header.first_layer.min(n);
     let mut queued = std::collections::VecDeque::new();
     if !pipeline {
-        for _ in 0..n {
+        for _ in first..n {
             queued.push_back(recv(rx)?);
         }
     }
-    for _ in 0..n {
+    if first > 0 {
+        let mut local = PrefillPass::new(model, &header.token_ids, 0)?;
+        for l in 0..first {
+            local.run_layer(model, None)?;
+            let done = Instant::now();
+            pass.run_layer(model, Some(local.layer_kv(l)))?;
+            timeline.layers.push(LayerTiming {
+                layer: l,
+                arrived: secs(done),
+                compute_start: secs(done),
+                compute_end: secs(Instant::now()),
+                wire_bytes: 0,
+            });
+            layers.push(Arc::new(local.layer_kv(l).clone()));
+        }
+    }
+    for l in first..n {
         let a = match queued.pop_front() {
             Some(a) => a,
             None => recv(rx)?,
         };
+        if a.layer != l {
+            return Err(EdgeError::Stream(format!(
+                "layer {} arrived where {l} was due",
+                a.layer
+            )));
+        }
         let t0 = Instant::now();
         pass.run_layer(model, Some(&a.kv))?;
         timeline.layers.push(LayerTiming {

@@ -169,6 +169,7 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
         model_fingerprint: "0".repeat(64),
         accept_codecs: vec!["f16".into()],
         accept_zstd: false,
+        first_layer: 0,
     };
     let mut raw = edgeprompt_protocol::cloud_kv_client::CloudKvClient::connect(url.clone())
         .await

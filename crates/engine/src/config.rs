@@ -12,7 +12,7 @@ pub enum Arch {
 
 /// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
 /// adjacent pairs rotate; qwen2 keeps the NEOX layout (dimension i pairs with i + d/2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RopeStyle {
     Adjacent,
     Neox,

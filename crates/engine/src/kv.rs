@@ -81,6 +81,16 @@ impl LayerKv {
         self.len += rows;
     }
 
+    /// Keys as token-major f32 rows `[len, n_kv_head * head_dim]` (the layout `append` takes).
+    pub fn key_rows(&self) -> Vec<f32> {
+        rows(&self.k, self.len, self.head_dim)
+    }
+
+    /// Values as token-major f32 rows `[len, n_kv_head * head_dim]`.
+    pub fn value_rows(&self) -> Vec<f32> {
+        rows(&self.v, self.len, self.head_dim)
+    }
+
     /// Bytes of K and V.
     pub fn bytes(&self) -> usize {
         2 * 2 * self.len * self.n_kv_head * self.head_dim
@@ -94,6 +104,20 @@ impl LayerKv {
             self.len = len;
         }
     }
+}
+
+fn rows(heads: &[Vec<f16>], len: usize, head_dim: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len * heads.len() * head_dim);
+    for t in 0..len {
+        for h in heads {
+            out.extend(
+                h[t * head_dim..(t + 1) * head_dim]
+                    .iter()
+                    .map(|x| x.to_f32()),
+            );
+        }
+    }
+    out
 }
 
 /// The KV of a shared prompt prefix (the cloud prompt): read-only, shared by many sequences.

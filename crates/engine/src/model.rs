@@ -107,6 +107,42 @@ impl Model {
         LayerKv::new(self.cfg.n_kv_head, self.cfg.head_dim)
     }
 
+    /// Keys of `kv` (tokens at positions `pos0..`) as token-major rows with RoPE undone.
+    pub fn unrotated_keys(&self, kv: &LayerKv, pos0: usize) -> Result<Vec<f32>> {
+        if kv.head_dim != self.cfg.head_dim || pos0 + kv.len() > self.max_positions() {
+            return Err(EngineError::KvMismatch(format!(
+                "keys of head size {} at {pos0}.., this model's heads are {}",
+                kv.head_dim, self.cfg.head_dim
+            )));
+        }
+        let mut k = kv.key_rows();
+        let w = kv.n_kv_head * kv.head_dim;
+        for (t, row) in k.chunks_exact_mut(w.max(1)).enumerate() {
+            self.rope.unapply(row, pos0 + t);
+        }
+        Ok(k)
+    }
+
+    /// The rotated queries layer `l` computes from its input rows `x` (tokens at `pos0..`):
+    /// what key-channel selection (ThinK) scores channels against.
+    pub fn queries(&self, l: usize, x: &[f32], pos0: usize) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let rows = x.len() / c.n_embd;
+        if l >= c.n_layer || x.len() != rows * c.n_embd || pos0 + rows > self.max_positions() {
+            return Err(EngineError::Input(format!(
+                "queries of layer {l} for {} floats at {pos0}..",
+                x.len()
+            )));
+        }
+        let w = &self.weights.layers[l];
+        let h = rms_norm(x, &w.attn_norm, c.rms_eps);
+        let mut q = w.wq.forward(&h, rows)?;
+        for (t, row) in q.chunks_exact_mut(c.n_embd).enumerate() {
+            self.rope.apply(row, pos0 + t);
+        }
+        Ok(q)
+    }
+
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
         self.weights.embed(ids, self.cfg.vocab_size)

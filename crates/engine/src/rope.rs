@@ -40,6 +40,16 @@ impl Rope {
 
     /// Rotate every head of one token's row (`n_heads * head_dim` floats) for position `pos`.
     pub fn apply(&self, row: &mut [f32], pos: usize) {
+        self.rotate(row, pos, 1.0);
+    }
+
+    /// Undo `apply` (rotate by `-pos`): keys back to position-free form, e.g. to map one
+    /// model's keys onto another's whose head size and frequencies differ.
+    pub fn unapply(&self, row: &mut [f32], pos: usize) {
+        self.rotate(row, pos, -1.0);
+    }
+
+    fn rotate(&self, row: &mut [f32], pos: usize, sign: f32) {
         let (cos, sin) = (
             &self.cos[pos * self.half..(pos + 1) * self.half],
             &self.sin[pos * self.half..(pos + 1) * self.half],
@@ -50,9 +60,9 @@ impl Rope {
                     RopeStyle::Adjacent => (2 * i, 2 * i + 1),
                     RopeStyle::Neox => (i, i + self.half),
                 };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos[i] - x1 * sin[i];
-                head[b] = x0 * sin[i] + x1 * cos[i];
+                let (x0, x1, sn) = (head[a], head[b], sign * sin[i]);
+                head[a] = x0 * cos[i] - x1 * sn;
+                head[b] = x0 * sn + x1 * cos[i];
             }
         }
     }
@@ -73,6 +83,19 @@ mod tests {
             rope.apply(&mut y, 7);
             let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
             assert!((n(&x) - n(&y)).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    fn unapply_undoes_apply() {
+        for style in [RopeStyle::Adjacent, RopeStyle::Neox] {
+            let rope = Rope::new(16, 1e6, style, 600);
+            let x: Vec<f32> = (0..32).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut y = x.clone();
+            rope.apply(&mut y, 517);
+            assert!(x.iter().zip(&y).any(|(a, b)| (a - b).abs() > 1e-3));
+            rope.unapply(&mut y, 517);
+            assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-5));
         }
     }
 

@@ -170,6 +170,12 @@ impl PrefillPass {
         Ok(())
     }
 
+    /// The hidden rows (`[ids, n_embd]`) after the layers run so far: the representation
+    /// layer alignment compares (CE-LSLM eq. 11).
+    pub fn hidden(&self) -> &[f32] {
+        &self.x
+    }
+
     /// This pass's own KV of layer `l` (complete once that layer ran).
     pub fn layer_kv(&self, l: usize) -> &LayerKv {
         &self.kv[l]

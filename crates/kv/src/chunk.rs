@@ -110,11 +110,17 @@ impl Reassembler {
         }
     }
 
+    /// A stream that starts at layer `first` (the layers below are computed elsewhere).
+    pub fn starting_at(mut self, first: usize) -> Self {
+        self.next_layer = first.min(self.n_layers);
+        self
+    }
+
     pub fn is_complete(&self) -> bool {
         self.next_layer == self.n_layers
     }
 
-    /// Layers completed so far.
+    /// Index of the next layer expected (layers completed, counting skipped ones).
     pub fn layers_done(&self) -> usize {
         self.next_layer
     }
@@ -208,6 +214,19 @@ mod tests {
         }
         assert!(r.is_complete());
         assert_eq!(got, layers);
+    }
+
+    #[test]
+    fn a_stream_starting_at_a_later_layer() {
+        let layers = vec![layer(5, 0.0), layer(5, 1.0), layer(5, 2.0)];
+        let cs = chunks(&layers, 4);
+        let mut r = Reassembler::new(3, 5, 2, 32).starting_at(1);
+        // Layer 0 is not part of this stream.
+        assert!(matches!(r.push(&cs[0]), Err(KvError::Order { .. })));
+        let got: Vec<_> = cs[2..].iter().filter_map(|c| r.push(c).unwrap()).collect();
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(got[1].1, layers[2]);
+        assert!(r.is_complete());
     }
 
     #[test]

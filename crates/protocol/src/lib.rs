@@ -23,6 +23,9 @@ pub struct FetchRequest {
     pub accept_codecs: Vec<String>,
     #[prost(bool, tag = "5")]
     pub accept_zstd: bool,
+    /// CE-LSLM: the edge computes the layers below this one itself; 0 asks for all.
+    #[prost(uint32, tag = "6")]
+    pub first_layer: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -72,6 +75,9 @@ pub struct Header {
     pub compressed: bool,
     #[prost(string, tag = "9")]
     pub model_fingerprint: String,
+    /// The first layer streamed (layers below it are not sent).
+    #[prost(uint32, tag = "10")]
+    pub first_layer: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,0 +1,17 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum AlignError {
+    #[error(transparent)]
+    Engine(#[from] edgeprompt_engine::EngineError),
+    #[error("adapter file {path}: {msg}")]
+    File { path: String, msg: String },
+    #[error("adapters do not fit: {0}")]
+    Mismatch(String),
+    #[error("calibration: {0}")]
+    Calibration(String),
+    #[error("least squares: {0}")]
+    Solve(String),
+}
+
+pub type Result<T> = std::result::Result<T, AlignError>;

@@ -1,0 +1,288 @@
+//! CE-LSLM experiments: `align` (layer similarity, matching table, adapters) and `lslm`
+//! (quality of the small model with the large model's mapped KV, TTFT and bytes).
+
+pub mod align;
+pub mod latency;
+pub mod quality;
+
+use edgeprompt_engine::{Message, Model};
+
+use crate::BenchError;
+
+/// Token ids of `system` as a cloud prompt (the chat template's system message) for a model
+/// pair that must share its tokenizer and template.
+pub fn system_ids(llm: &Model, slm: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
+    let ids = |m: &Model| -> Result<Vec<u32>, BenchError> {
+        let chat = m
+            .chat
+            .as_ref()
+            .ok_or_else(|| BenchError::Data("model has no chat template".into()))?;
+        Ok(m.tokenizer
+            .encode(&chat.render(&[Message::new("system", system)], false)?)?)
+    };
+    let a = ids(llm)?;
+    if ids(slm)? != a {
+        return Err(BenchError::Data(
+            "the two models tokenize the prompt differently: CE-LSLM needs one tokenizer".into(),
+        ));
+    }
+    Ok(a)
+}
+
+/// `edgeprompt bench lslm`: quality, then TTFT and bytes.
+pub struct Settings {
+    pub llm: std::path::PathBuf,
+    pub slm: std::path::PathBuf,
+    /// Adapter files; the first drives the latency runs and the single-layer study.
+    pub adapters: Vec<std::path::PathBuf>,
+    pub quality: Option<quality::Settings>,
+    pub latency: Option<latency::Settings>,
+    /// The planner may only load layers whose split kept at least this next-token agreement
+    /// with the SLM alone in the quality run (the split chooses latency *and* drift).
+    pub min_agreement: f64,
+    pub sharegpt: std::path::PathBuf,
+    pub threads: usize,
+    pub out: std::path::PathBuf,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub machine: crate::machine::Machine,
+    pub llm: String,
+    pub slm: String,
+    pub threads: usize,
+    pub adapters: Vec<String>,
+    /// Smallest split the adapters allow (every layer from it on is matched).
+    pub min_split: usize,
+    pub min_agreement: f64,
+    /// Smallest split whose measured agreement reached `min_agreement` (and every deeper
+    /// split's did too); the latency runs do not go below it.
+    pub quality_split: Option<usize>,
+    pub quality: Option<quality::Report>,
+    pub latency: Vec<latency::Row>,
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let (machine, llm) = crate::setup(s.threads, &s.llm)?;
+    let slm = std::sync::Arc::new(Model::load(&s.slm)?);
+    eprintln!(
+        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {}",
+        machine.cpu,
+        machine.cores,
+        machine.git_rev,
+        llm.cfg.name,
+        llm.cfg.n_layer,
+        slm.cfg.name,
+        slm.cfg.n_layer,
+        s.threads
+    );
+    let mut sets = Vec::new();
+    for p in &s.adapters {
+        let a = align::load_adapters(p)?;
+        if a.meta.slm_fingerprint != slm.fingerprint || a.meta.llm_fingerprint != llm.fingerprint {
+            return Err(BenchError::Data(format!(
+                "{} was fitted for other models: run `edgeprompt align` again",
+                p.display()
+            )));
+        }
+        sets.push((p.display().to_string(), a));
+    }
+    let first = sets
+        .first()
+        .ok_or_else(|| BenchError::Data("no adapter file given".into()))?;
+    let min_split = first.1.min_split();
+    let quality = match &s.quality {
+        Some(q) => Some(quality::run(&llm, &slm, &sets, q)?),
+        None => None,
+    };
+    let quality_split = quality.as_ref().map(|q| {
+        let mut splits: Vec<(usize, f64)> = q
+            .configs
+            .iter()
+            .filter(|c| c.adapters.as_deref() == Some(first.0.as_str()) && c.split.is_some())
+            .filter_map(|c| Some((c.split?, c.agree_slm)))
+            .collect();
+        splits.sort_by_key(|s| std::cmp::Reverse(s.0));
+        splits
+            .iter()
+            .take_while(|(_, agree)| *agree >= s.min_agreement)
+            .last()
+            .map_or(slm.cfg.n_layer, |(split, _)| *split)
+    });
+    let latency = match &s.latency {
+        Some(l) => {
+            let set = align::load_adapters(&s.adapters[0])?;
+            let floor = quality_split.unwrap_or(0).max(set.min_split());
+            eprintln!(
+                "latency: the planner may load layers {floor}.. (agreement >= {:.0} % in the quality run)",
+                100.0 * s.min_agreement
+            );
+            latency::run(&llm, &slm, set, &s.sharegpt, l, floor)?
+        }
+        None => Vec::new(),
+    };
+    let report = Report {
+        machine,
+        llm: llm.cfg.name.clone(),
+        slm: slm.cfg.name.clone(),
+        threads: s.threads,
+        adapters: sets.iter().map(|s| s.0.clone()).collect(),
+        min_split,
+        min_agreement: s.min_agreement,
+        quality_split,
+        quality,
+        latency,
+    };
+    std::fs::create_dir_all(&s.out)?;
+    std::fs::write(
+        s.out.join("lslm.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    for (name, svg) in plots(&report) {
+        std::fs::write(s.out.join(name), svg)?;
+    }
+    Ok(report)
+}
+
+/// Quality vs split, per-layer reuse, and TTFT vs split (predicted curve, measured points).
+pub fn plots(r: &Report) -> Vec<(String, String)> {
+    use crate::plot::{bar_chart, line_chart, Series};
+    let mut out = Vec::new();
+    if let Some(q) = &r.quality {
+        let mut series = Vec::new();
+        let mut by_file: Vec<(String, Vec<&quality::Config>)> = Vec::new();
+        for c in q
+            .configs
+            .iter()
+            .filter(|c| c.split.is_some() && c.adapters.is_some())
+        {
+            let key = c
+                .name
+                .split(" (")
+                .nth(1)
+                .map_or("full keys".to_string(), |t| {
+                    t.trim_end_matches(')').to_string()
+                });
+            match by_file.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(c),
+                None => by_file.push((key, vec![c])),
+            }
+        }
+        let slm_ppl = q
+            .configs
+            .iter()
+            .find(|c| c.name == "SLM alone")
+            .map_or(0.0, |c| c.perplexity);
+        for (key, cs) in &by_file {
+            let loaded = |c: &&quality::Config| (r_layers(r) - c.split.unwrap_or(0)) as f64;
+            series.push(Series {
+                name: format!("agree w/ SLM alone, % ({key})"),
+                points: std::iter::once((0.0, 100.0))
+                    .chain(cs.iter().map(|c| (loaded(c), 100.0 * c.agree_slm)))
+                    .collect(),
+                dashed: false,
+            });
+            series.push(Series {
+                name: format!("perplexity x10 ({key})"),
+                points: std::iter::once((0.0, 10.0 * slm_ppl))
+                    .chain(cs.iter().map(|c| (loaded(c), 10.0 * c.perplexity)))
+                    .collect(),
+                dashed: true,
+            });
+        }
+        let control: Vec<&quality::Config> = q
+            .configs
+            .iter()
+            .filter(|c| c.name.starts_with("control"))
+            .collect();
+        if !control.is_empty() {
+            series.push(Series {
+                name: "agree w/ SLM alone, % (control: mean KV)".into(),
+                points: std::iter::once((0.0, 100.0))
+                    .chain(control.iter().map(|c| {
+                        (
+                            (r_layers(r) - c.split.unwrap_or(0)) as f64,
+                            100.0 * c.agree_slm,
+                        )
+                    }))
+                    .collect(),
+                dashed: false,
+            });
+        }
+        out.push((
+            "lslm-quality.svg".into(),
+            line_chart(
+                &format!(
+                    "{} with the top-k layers' KV from {} (held-out answers)",
+                    r.slm, r.llm
+                ),
+                "layers loaded from the cloud (deepest first)",
+                "% agreement / perplexity x10",
+                &series,
+            ),
+        ));
+        let bars: Vec<(String, f64)> = q
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.single_layer
+                    .map(|j| (format!("layer {j}"), 100.0 * c.agree_slm))
+            })
+            .collect();
+        if !bars.is_empty() {
+            out.push((
+                "lslm-layers.svg".into(),
+                bar_chart(
+                    "next-token agreement with the SLM alone when only this layer comes from the cloud",
+                    "% agreement",
+                    &bars,
+                ),
+            ));
+        }
+    }
+    let mut series = Vec::new();
+    for row in &r.latency {
+        let tag = format!("{} {} tok", row.profile, row.cloud_tokens);
+        series.push(Series {
+            name: format!("predicted, {tag}"),
+            points: row.curve.iter().map(|&(s, t)| (s as f64, t)).collect(),
+            dashed: true,
+        });
+        series.push(Series {
+            name: format!("measured, {tag}"),
+            points: vec![
+                (row.min_split as f64, row.min_split_s),
+                (row.split as f64, row.measured_s),
+                (r_layers(r) as f64, row.slm_alone_s),
+            ],
+            dashed: false,
+        });
+    }
+    if !series.is_empty() {
+        out.push((
+            "lslm-ttft.svg".into(),
+            line_chart(
+                "CE-LSLM TTFT vs split (layers split.. from the cloud)",
+                "split layer",
+                "TTFT (s)",
+                &series,
+            ),
+        ));
+    }
+    out
+}
+
+fn r_layers(r: &Report) -> usize {
+    r.latency
+        .first()
+        .and_then(|l| l.curve.last().map(|c| c.0))
+        .or_else(|| {
+            r.quality.as_ref().and_then(|q| {
+                q.configs
+                    .iter()
+                    .find(|c| c.name == "SLM alone")
+                    .and_then(|c| c.split)
+            })
+        })
+        .unwrap_or(0)
+}

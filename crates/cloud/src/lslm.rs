@@ -1,0 +1,150 @@
+//! CE-LSLM serving: an edge running a smaller model of the same family asks with its own
+//! fingerprint and a first layer; the cloud answers with the small model's KV for those layers,
+//! mapped from its own KV through the adapters fitted by `edgeprompt align`.
+//!
+//! The adapters run here, not on the edge: the mapped KV has the small model's shape (for the
+//! Qwen2.5 1.5B -> 0.5B pair, half the bytes per layer of the large model's KV), the mapping is
+//! computed once per prompt and cached for every edge, and the edge spends its cycles on the
+//! layers it computes itself. The prompt is public, so mapping it in the cloud reveals nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use edgeprompt_align::AdapterSet;
+use edgeprompt_engine::LayerKv;
+use edgeprompt_kv::{content_address, Codec};
+use edgeprompt_protocol::FetchMessage;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::service::{CloudNode, Prompt};
+use crate::stream::Layout;
+use crate::CloudError;
+
+/// A prompt's layers from the adapters' `min_split` on, in the small model's shape.
+type MappedLayers = Arc<Vec<Arc<LayerKv>>>;
+
+/// Adapter sets by the small model's fingerprint, and the mapped KV computed so far.
+#[derive(Default)]
+pub(crate) struct Adapters {
+    sets: HashMap<String, Arc<AdapterSet>>,
+    /// (small model, prompt id) -> its layers from `min_split` on.
+    mapped: Mutex<HashMap<(String, String), MappedLayers>>,
+}
+
+impl Adapters {
+    pub(crate) fn for_edge(&self, fingerprint: &str) -> Option<Arc<AdapterSet>> {
+        self.sets.get(fingerprint).cloned()
+    }
+}
+
+/// The small model's layout from `first` on; layers without an adapter cannot be served.
+pub(crate) fn layout(set: &AdapterSet, first: u32) -> Result<Layout, Status> {
+    let m = &set.meta;
+    let layout = Layout {
+        fingerprint: m.slm_fingerprint.clone(),
+        n_layers: m.slm.n_layer,
+        n_kv_head: m.slm.n_kv_head,
+        head_dim: m.slm.head_dim,
+        first_layer: 0,
+    }
+    .from_layer(first)?;
+    if layout.first_layer < set.min_split() {
+        return Err(Status::failed_precondition(format!(
+            "layers below {} of the edge's model have no matched cloud layer: ask from there",
+            set.min_split()
+        )));
+    }
+    Ok(layout)
+}
+
+impl CloudNode {
+    /// Serve edges running the adapters' small model. Each set must be fitted for this
+    /// node's model.
+    pub fn with_adapters(mut self, sets: Vec<AdapterSet>) -> Result<Self, CloudError> {
+        for set in sets {
+            if set.meta.llm_fingerprint != self.model.fingerprint {
+                return Err(CloudError::Adapters(format!(
+                    "fitted for cloud model {}, this node runs {}",
+                    short(&set.meta.llm_fingerprint),
+                    short(&self.model.fingerprint)
+                )));
+            }
+            tracing::info!(
+                edge_model = short(&set.meta.slm_fingerprint),
+                from_layer = set.min_split(),
+                "CE-LSLM adapters loaded"
+            );
+            self.lslm
+                .sets
+                .insert(set.meta.slm_fingerprint.clone(), Arc::new(set));
+        }
+        Ok(self)
+    }
+
+    pub(crate) async fn produce_mapped(
+        self: Arc<Self>,
+        p: Arc<Prompt>,
+        set: Arc<AdapterSet>,
+        layout: Layout,
+        codec: Codec,
+        zstd: Option<i32>,
+        tx: mpsc::Sender<Result<FetchMessage, Status>>,
+    ) -> Result<(), Status> {
+        // The address the edge would compute for this prompt with its own model.
+        let address = content_address(&layout.fingerprint, &p.token_ids);
+        let header = crate::stream::header(&layout, &p.id, &address, &p.token_ids, codec, zstd);
+        tx.send(Ok(header))
+            .await
+            .map_err(|_| Status::cancelled("client went away"))?;
+        let layers = self.mapped_layers(&p, &set).await?;
+        let from = set.min_split();
+        for j in layout.first_layer..layout.n_layers {
+            crate::stream::send_layer(&tx, j, &layers[j - from], codec, zstd).await?;
+        }
+        Ok(())
+    }
+
+    async fn mapped_layers(
+        self: &Arc<Self>,
+        p: &Arc<Prompt>,
+        set: &Arc<AdapterSet>,
+    ) -> Result<MappedLayers, Status> {
+        let key = (set.meta.slm_fingerprint.clone(), p.id.clone());
+        if let Some(hit) = self
+            .lslm
+            .mapped
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(hit);
+        }
+        let kv = self.kv_of(p.clone()).await?;
+        let (model, set2) = (self.model.clone(), set.clone());
+        let layers = tokio::task::spawn_blocking(move || {
+            (set2.min_split()..set2.meta.slm.n_layer)
+                .map(|j| {
+                    let i = set2
+                        .llm_layer(j)
+                        .ok_or_else(|| Status::internal(format!("no adapter for layer {j}")))?;
+                    set2.map_layer(&model, j, &kv.layers[i])
+                        .map(Arc::new)
+                        .map_err(|e| Status::internal(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, Status>>()
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        let layers = Arc::new(layers);
+        if let Ok(mut m) = self.lslm.mapped.lock() {
+            m.insert(key, layers.clone());
+        }
+        tracing::info!(prompt = %p.id, "cloud prompt KV mapped for a CE-LSLM edge");
+        Ok(layers)
+    }
+}
+
+fn short(fp: &str) -> &str {
+    &fp[..fp.len().min(12)]
+}

@@ -1,0 +1,276 @@
+//! CE-LSLM over real loopback gRPC with the real models (cloud Qwen2.5-Coder-1.5B, edge
+//! Qwen2.5-Coder-0.5B): adapters fitted on ShareGPT text, saved and loaded; the cloud serves
+//! the edge model's deep layers mapped from its own KV; the edge computes the shallow layers
+//! itself. The network result is checked against an independent single-process reference
+//! (the LLM prefilled on its own, the adapters applied by hand), bit for bit, and the cloud's
+//! refusals are checked. Slow (two real models): run with `--include-ignored`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_align::{
+    collect, compare, fit_adapters, match_layers, AdapterSet, FitOptions, Sampling,
+};
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::{prefill_from_cloud, CloudClient};
+use edgeprompt_engine::sequence::PrefillPass;
+use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
+use edgeprompt_kv::Codec;
+use edgeprompt_protocol::PromptRef;
+use tokio_stream::wrappers::TcpListenerStream;
+
+const SYSTEM: &str = "You are the release assistant of the Tern build system. Tern caches every \
+build step by the hash of its inputs, runs steps in parallel up to the core count, and never \
+uploads source code: only hashes leave the machine. Answer in two sentences and cite the \
+relevant flag: --jobs sets parallelism, --offline disables the remote cache, --explain prints \
+why a step re-ran, and --keep-going continues after a failed step.";
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("EDGEPROMPT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
+}
+
+fn load(file: &str) -> Arc<Model> {
+    let p = models_dir().join(file);
+    assert!(
+        p.exists(),
+        "{} missing: run python3 scripts/models.py",
+        p.display()
+    );
+    Arc::new(Model::load(p).unwrap())
+}
+
+/// ShareGPT turn texts from the first records (what `edgeprompt align` calibrates on).
+fn sharegpt_text(max_chars: usize) -> String {
+    let bytes = std::fs::read(models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json"))
+        .expect("ShareGPT missing: run python3 scripts/models.py sharegpt");
+    let start = bytes.iter().position(|&b| b == b'[').unwrap() + 1;
+    let mut text = String::new();
+    let mut pos = start;
+    while text.len() < max_chars {
+        while matches!(bytes.get(pos), Some(b' ' | b'\n' | b',')) {
+            pos += 1;
+        }
+        let mut it =
+            serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<serde_json::Value>();
+        let rec = it.next().unwrap().unwrap();
+        pos += it.byte_offset();
+        for t in rec["conversations"].as_array().into_iter().flatten() {
+            text.push_str(t["value"].as_str().unwrap_or_default());
+            text.push('\n');
+        }
+    }
+    text
+}
+
+fn system_ids(m: &Model, system: &str) -> Vec<u32> {
+    let chat = m.chat.as_ref().unwrap();
+    m.tokenizer
+        .encode(
+            &chat
+                .render(&[Message::new("system", system)], false)
+                .unwrap(),
+        )
+        .unwrap()
+}
+
+fn prefix_of(m: &Model, ids: &[u32]) -> PrefixKv {
+    let mut pass = PrefillPass::new(m, ids, 0).unwrap();
+    for _ in 0..m.cfg.n_layer {
+        pass.run_layer(m, None).unwrap();
+    }
+    pass.into_prefix(m).unwrap()
+}
+
+#[test]
+#[ignore = "slow: two real models (1.5B and 0.5B)"]
+fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build_global();
+    let llm = load("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let slm = load("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+
+    // Calibrate on ShareGPT: 4 sequences of 300 tokens (1200 rows for 257 features).
+    let text = sharegpt_text(40_000);
+    let all = llm.tokenizer.encode(&text).unwrap();
+    let seqs: Vec<Vec<u32>> = all.chunks(300).take(4).map(|c| c.to_vec()).collect();
+    assert_eq!(seqs.len(), 4);
+    let sampling = Sampling {
+        skip_first: 4,
+        stride: 6,
+    };
+    let llm_cal = collect(&llm, &seqs, sampling, |_, _| {}).unwrap();
+    let slm_cal = collect(&slm, &seqs, sampling, |_, _| {}).unwrap();
+    let sim = compare(&llm_cal, &slm_cal).unwrap();
+    // The paper's observation (Fig. 5): similarity runs along the diagonal, so the deepest
+    // SLM layer is closer to the LLM's deepest layer than to its first.
+    let (nl, ns) = (llm.cfg.n_layer, slm.cfg.n_layer);
+    assert!(sim.cka[nl - 1][ns - 1] > sim.cka[0][ns - 1]);
+    assert!(sim.cka[0][0] > sim.cka[nl - 1][0]);
+    let matches = match_layers(&sim.cka, &sim.rsa, 0.0, -1.0);
+    assert!(matches.iter().all(|m| m.is_some()));
+    let set = fit_adapters(
+        &llm,
+        &slm,
+        &llm_cal,
+        &slm_cal,
+        &matches,
+        &sim.cka,
+        &sim.rsa,
+        FitOptions {
+            ridge: 1e-2,
+            key_keep: 1.0,
+            held_out: 0.25,
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    // The key maps explain held-out keys better than their mean does, on average.
+    let r2: f64 = set.meta.pairs.iter().map(|p| p.r2_keys).sum::<f64>() / ns as f64;
+    assert!(r2 > 0.0, "mean held-out R² of the key maps: {r2}");
+
+    // Saved and loaded: the same maps.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("adapters.safetensors");
+    set.save(&path).unwrap();
+    let set = AdapterSet::load(&path).unwrap();
+    assert_eq!(set.meta.llm_fingerprint, llm.fingerprint);
+    assert_eq!(set.meta.slm_fingerprint, slm.fingerprint);
+    assert_eq!(set.min_split(), 0);
+
+    // The reference, in one process: LLM prefill, adapters by hand, SLM shallow layers.
+    let cloud_ids = system_ids(&llm, SYSTEM);
+    assert_eq!(cloud_ids, system_ids(&slm, SYSTEM), "one tokenizer");
+    let user = "Which flag shows why my build step ran again?";
+    let split_prompt = slm
+        .chat
+        .as_ref()
+        .unwrap()
+        .split(SYSTEM, &[Message::new("user", user)])
+        .unwrap();
+    let private = slm.tokenizer.encode(&split_prompt.edge).unwrap();
+    let llm_prefix = prefix_of(&llm, &cloud_ids);
+    let slm_prefix = prefix_of(&slm, &cloud_ids);
+    let split = 16;
+    let layers: Vec<Arc<LayerKv>> = (0..ns)
+        .map(|j| {
+            if j < split {
+                slm_prefix.layers[j].clone()
+            } else {
+                let i = set.llm_layer(j).unwrap();
+                Arc::new(set.map_layer(&llm, j, &llm_prefix.layers[i]).unwrap())
+            }
+        })
+        .collect();
+    let mut pass = PrefillPass::new(&slm, &private, cloud_ids.len()).unwrap();
+    for l in &layers {
+        pass.run_layer(&slm, Some(l)).unwrap();
+    }
+    let reference = slm
+        .logits(&pass.hidden()[(private.len() - 1) * slm.cfg.n_embd..])
+        .unwrap();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let specs = vec![PromptSpec {
+            id: "tern".into(),
+            system: SYSTEM.into(),
+        }];
+        let node = Arc::new(
+            CloudNode::new(llm.clone(), &specs, 256 << 20)
+                .unwrap()
+                .with_adapters(vec![set])
+                .unwrap(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CloudService::server(node))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+
+        // Over the network: layers 16.. from the cloud, 0..16 computed here.
+        let mut client = CloudClient::connect(&url).await.unwrap();
+        let (header, mut rx) = client
+            .fetch_from(
+                &slm,
+                PromptRef::Id("tern".into()),
+                &[Codec::F16],
+                false,
+                split,
+            )
+            .await
+            .unwrap();
+        assert_eq!(header.first_layer, split);
+        assert_eq!(header.token_ids, cloud_ids);
+        let (m, ids) = (slm.clone(), private.clone());
+        let (seq, logits, timeline) = tokio::task::spawn_blocking(move || {
+            prefill_from_cloud(&m, &header, &mut rx, &ids, Instant::now(), true).unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(logits, reference, "network CE-LSLM == in-process reference");
+        assert_eq!(seq.len(), cloud_ids.len() + private.len());
+        // Only the loaded layers crossed the wire, at the small model's size (f16, 2 KV
+        // heads x 64 dims x K and V = 512 bytes per token per layer).
+        let loaded: Vec<_> = timeline
+            .layers
+            .iter()
+            .filter(|l| l.wire_bytes > 0)
+            .collect();
+        assert_eq!(loaded.len(), ns - split);
+        assert!(loaded.iter().all(|l| l.layer >= split));
+        let per_layer = 512 * cloud_ids.len();
+        for l in &loaded {
+            assert!(l.wire_bytes >= per_layer && l.wire_bytes < per_layer + 4096);
+        }
+
+        // The large model's own edges are still served as before.
+        let mut client = CloudClient::connect(&url).await.unwrap();
+        let (h, _rx) = client
+            .fetch(&llm, PromptRef::Id("tern".into()), &[Codec::F16], false)
+            .await
+            .unwrap();
+        assert_eq!((h.first_layer, h.n_layers), (0, nl));
+
+        // Refusals: a first layer past the model, and an edge model without adapters.
+        let Err(e) = client
+            .fetch_from(&slm, PromptRef::Id("tern".into()), &[Codec::F16], false, ns)
+            .await
+        else {
+            panic!("first layer past the model is refused")
+        };
+        assert!(e.to_string().contains("InvalidArgument"), "{e}");
+        let other = load("SmolLM2-135M-Instruct.Q4_1.gguf");
+        let Err(e) = client
+            .fetch_from(
+                &other,
+                PromptRef::Id("tern".into()),
+                &[Codec::F16],
+                false,
+                4,
+            )
+            .await
+        else {
+            panic!("an edge model the cloud has no adapters for is refused")
+        };
+        assert!(e.to_string().contains("fingerprint"), "{e}");
+        // And the cloud still serves after the refusals.
+        let mut client = CloudClient::connect(&url).await.unwrap();
+        let (_, mut rx) = client
+            .fetch_from(&slm, PromptRef::Id("tern".into()), &[Codec::F16], false, 20)
+            .await
+            .unwrap();
+        let mut got = 0;
+        while let Some(a) = rx.recv().await {
+            let a = a.unwrap();
+            assert_eq!(a.layer, 20 + got);
+            got += 1;
+        }
+        assert_eq!(got, ns - 20);
+    });
+}
