@@ -147,10 +147,9 @@ pub fn heat_map(
     let cols = values.first().map_or(0, |r| r.len());
     let cell = (520.0 / rows.max(cols).max(1) as f64).clamp(6.0, 28.0);
     let (ml, mt) = (60.0, 40.0);
-    let (w, h) = (
-        ml + cell * cols as f64 + 90.0,
-        mt + cell * rows as f64 + 50.0,
-    );
+    // Wide enough for the title (about 6.5 px per character at 13 px).
+    let w = (ml + cell * cols as f64 + 90.0).max(20.0 + 6.5 * title.chars().count() as f64);
+    let h = mt + cell * rows as f64 + 50.0;
     let mut s = String::new();
     let _ = write!(
         s,

@@ -463,6 +463,14 @@ fn lslm_section(dir: &Path, md: &mut String) {
     let Some(v) = load(dir, "lslm.json") else {
         return;
     };
+    // Redraw the plots from the data (so a plot change needs no new measurement).
+    if let Ok(d) = serde_json::from_value::<crate::lslm::PlotData>(v.clone()) {
+        for (name, svg) in crate::lslm::plots(d.quality.as_ref(), &d.latency) {
+            if let Err(e) = std::fs::write(dir.join(&name), svg) {
+                eprintln!("could not write {name}: {e}");
+            }
+        }
+    }
     if let Some(q) = v["quality"].as_object() {
         let _ = writeln!(
             md,
@@ -493,17 +501,19 @@ fn lslm_section(dir: &Path, md: &mut String) {
         let _ = writeln!(
             md,
             "## CE-LSLM TTFT and bytes (`edgeprompt bench lslm`)\n\n{}; f16 wire; adapters on the cloud. The planner \
-             (eq. 19/20) picks the split from per-layer times measured in the run; layers split.. come from the \
-             cloud while the edge computes 0..split.\n\n![ttft](results/lslm-ttft.svg)\n\n\
+             (eq. 19/20) picks the split from per-layer times measured in the run, among the splits that kept at \
+             least {:.0} % next-token agreement with the SLM alone in the quality run (layers {}..); layers split.. \
+             come from the cloud while the edge computes 0..split.\n\n![ttft](results/lslm-ttft.svg)\n\n\
              | link | cloud + private tokens | SLM alone s | LLM alone s | planner split | predicted s | measured s | \
-             from layer {} s | MB down (split / min) | LLM KV MB for the same layers |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             lowest allowed split: measured s | MB down (split / lowest) | LLM KV MB for the same layers |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             pair_line(&v),
-            v["min_split"]
+            100.0 * f(&v["min_agreement"]),
+            v["quality_split"]
         );
         for r in rows {
             let _ = writeln!(
                 md,
-                "| {} | {} + {} | {:.3} | {:.3} | {} | {:.3} | {:.3} | {:.3} | {:.2} / {:.2} | {:.2} |",
+                "| {} | {} + {} | {:.3} | {:.3} | {} | {:.3} | {:.3} | {}: {:.3} | {:.2} / {:.2} | {:.2} |",
                 r["profile"].as_str().unwrap_or("?"),
                 r["cloud_tokens"],
                 r["edge_tokens"],
@@ -512,6 +522,7 @@ fn lslm_section(dir: &Path, md: &mut String) {
                 r["split"],
                 f(&r["predicted_s"]),
                 f(&r["measured_s"]),
+                r["min_split"],
                 f(&r["min_split_s"]),
                 f(&r["bytes_down"]) / 1e6,
                 f(&r["min_split_bytes"]) / 1e6,

@@ -138,7 +138,7 @@ impl CloudNode {
     }
 
     pub(crate) async fn kv_of(self: &Arc<Self>, p: Arc<Prompt>) -> Result<Arc<PrefixKv>, Status> {
-        let layout = Layout::of(&self.model, &FetchRequest::default())?;
+        let layout = Layout::full(&self.model);
         let (tx, mut rx) = mpsc::channel(64);
         let me = self.clone();
         let task = tokio::spawn(async move { me.produce(p, layout, Codec::F16, None, tx).await });

@@ -50,8 +50,8 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// `model`'s own KV from the first layer the request asks for.
-    pub fn of(model: &Model, req: &FetchRequest) -> Result<Self, Status> {
+    /// All of `model`'s own KV.
+    pub fn full(model: &Model) -> Self {
         let c = &model.cfg;
         Self {
             fingerprint: model.fingerprint.clone(),
@@ -60,7 +60,11 @@ impl Layout {
             head_dim: c.head_dim,
             first_layer: 0,
         }
-        .from_layer(req.first_layer)
+    }
+
+    /// `model`'s own KV from the first layer the request asks for.
+    pub fn of(model: &Model, req: &FetchRequest) -> Result<Self, Status> {
+        Self::full(model).from_layer(req.first_layer)
     }
 
     /// The same layout starting at `first` (refused past the last layer).

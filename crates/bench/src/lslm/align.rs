@@ -208,10 +208,8 @@ fn write_outputs(r: &Report, out: &Path) -> Result<(), BenchError> {
         .collect();
     for (name, values) in [("cka", &r.similarity.cka), ("rsa", &r.similarity.rsa)] {
         let title = format!(
-            "{}: {} layer (rows) vs {} layer (columns); matched pairs outlined",
-            name.to_uppercase(),
-            r.llm,
-            r.slm
+            "{}: cloud LLM layer (rows) vs edge SLM layer (columns); eq. 16 matches outlined",
+            name.to_uppercase()
         );
         std::fs::write(
             out.join(format!("align-{name}.svg")),

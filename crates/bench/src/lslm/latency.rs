@@ -16,7 +16,7 @@ use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use edgeprompt_planner::lslm::{plan, SplitInputs};
 use edgeprompt_protocol::PromptRef;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::workload::cut;
 use crate::BenchError;
@@ -28,7 +28,7 @@ pub struct Settings {
     pub codec: Codec,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     pub profile: String,
     pub cloud_tokens: usize,
@@ -68,19 +68,6 @@ async fn measure(
     split: usize,
 ) -> Result<(f64, Timeline), BenchError> {
     let start = Instant::now();
-    let n = slm.cfg.n_layer;
-    if split >= n {
-        // All local: no request at all.
-        let (m, ids) = (slm.clone(), [c.cloud.clone(), c.private.clone()].concat());
-        let t = tokio::task::spawn_blocking(move || -> Result<f64, BenchError> {
-            let mut seq = Sequence::new(&m);
-            let _ = argmax(&seq.prefill(&m, &ids)?);
-            Ok(start.elapsed().as_secs_f64())
-        })
-        .await
-        .map_err(|e| BenchError::Data(e.to_string()))??;
-        return Ok((t, Timeline::default()));
-    }
     let mut client = CloudClient::connect(url).await?;
     let (header, mut rx) = client
         .fetch_from(slm, PromptRef::Id(c.id.clone()), &[codec], false, split)
@@ -190,6 +177,9 @@ pub fn run(
                 let planned = plan(&inputs);
                 let (t_plan, tl_plan) = if planned.split == probe {
                     (t_min, tl.clone())
+                } else if planned.split >= n {
+                    // All local: no request at all, the SLM-alone run.
+                    (slm_alone, Timeline::default())
                 } else {
                     measure(slm, &url, c, s.codec, planned.split).await?
                 };

@@ -138,17 +138,26 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         s.out.join("lslm.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    for (name, svg) in plots(&report) {
+    for (name, svg) in plots(report.quality.as_ref(), &report.latency) {
         std::fs::write(s.out.join(name), svg)?;
     }
     Ok(report)
 }
 
+/// The parts of `lslm.json` the plots are drawn from (`bench report` redraws them).
+#[derive(serde::Deserialize)]
+pub struct PlotData {
+    pub quality: Option<quality::Report>,
+    #[serde(default)]
+    pub latency: Vec<latency::Row>,
+}
+
 /// Quality vs split, per-layer reuse, and TTFT vs split (predicted curve, measured points).
-pub fn plots(r: &Report) -> Vec<(String, String)> {
+pub fn plots(quality: Option<&quality::Report>, latency: &[latency::Row]) -> Vec<(String, String)> {
     use crate::plot::{bar_chart, line_chart, Series};
     let mut out = Vec::new();
-    if let Some(q) = &r.quality {
+    let n_layers = n_layers(quality, latency);
+    if let Some(q) = quality {
         let mut series = Vec::new();
         let mut by_file: Vec<(String, Vec<&quality::Config>)> = Vec::new();
         for c in q
@@ -174,16 +183,16 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
             .find(|c| c.name == "SLM alone")
             .map_or(0.0, |c| c.perplexity);
         for (key, cs) in &by_file {
-            let loaded = |c: &&quality::Config| (r_layers(r) - c.split.unwrap_or(0)) as f64;
+            let loaded = |c: &&quality::Config| (n_layers - c.split.unwrap_or(0)) as f64;
             series.push(Series {
-                name: format!("agree w/ SLM alone, % ({key})"),
+                name: format!("agree %, {key}"),
                 points: std::iter::once((0.0, 100.0))
                     .chain(cs.iter().map(|c| (loaded(c), 100.0 * c.agree_slm)))
                     .collect(),
                 dashed: false,
             });
             series.push(Series {
-                name: format!("perplexity x10 ({key})"),
+                name: format!("ppl x10, {key}"),
                 points: std::iter::once((0.0, 10.0 * slm_ppl))
                     .chain(cs.iter().map(|c| (loaded(c), 10.0 * c.perplexity)))
                     .collect(),
@@ -197,11 +206,11 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
             .collect();
         if !control.is_empty() {
             series.push(Series {
-                name: "agree w/ SLM alone, % (control: mean KV)".into(),
+                name: "agree %, mean-KV control".into(),
                 points: std::iter::once((0.0, 100.0))
                     .chain(control.iter().map(|c| {
                         (
-                            (r_layers(r) - c.split.unwrap_or(0)) as f64,
+                            (n_layers - c.split.unwrap_or(0)) as f64,
                             100.0 * c.agree_slm,
                         )
                     }))
@@ -212,12 +221,9 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
         out.push((
             "lslm-quality.svg".into(),
             line_chart(
-                &format!(
-                    "{} with the top-k layers' KV from {} (held-out answers)",
-                    r.slm, r.llm
-                ),
+                "Edge SLM with its deepest layers' KV mapped from the cloud LLM (held-out answers)",
                 "layers loaded from the cloud (deepest first)",
-                "% agreement / perplexity x10",
+                "% top-1 agreement with SLM alone / perplexity x10",
                 &series,
             ),
         ));
@@ -241,7 +247,7 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
         }
     }
     let mut series = Vec::new();
-    for row in &r.latency {
+    for row in latency {
         let tag = format!("{} {} tok", row.profile, row.cloud_tokens);
         series.push(Series {
             name: format!("predicted, {tag}"),
@@ -253,7 +259,7 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
             points: vec![
                 (row.min_split as f64, row.min_split_s),
                 (row.split as f64, row.measured_s),
-                (r_layers(r) as f64, row.slm_alone_s),
+                (n_layers as f64, row.slm_alone_s),
             ],
             dashed: false,
         });
@@ -272,12 +278,12 @@ pub fn plots(r: &Report) -> Vec<(String, String)> {
     out
 }
 
-fn r_layers(r: &Report) -> usize {
-    r.latency
+fn n_layers(quality: Option<&quality::Report>, latency: &[latency::Row]) -> usize {
+    latency
         .first()
         .and_then(|l| l.curve.last().map(|c| c.0))
         .or_else(|| {
-            r.quality.as_ref().and_then(|q| {
+            quality.and_then(|q| {
                 q.configs
                     .iter()
                     .find(|c| c.name == "SLM alone")

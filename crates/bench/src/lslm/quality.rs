@@ -12,7 +12,7 @@ use edgeprompt_align::AdapterSet;
 use edgeprompt_engine::rope::Rope;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::sharegpt::Turn;
 use crate::workload::cut;
@@ -28,7 +28,7 @@ pub struct Settings {
     pub first_record: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Config {
     pub name: String,
     /// Adapter file (None for the two models alone).
@@ -44,7 +44,7 @@ pub struct Config {
     pub tokens: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub cases: usize,
     pub cloud_tokens_mean: f64,
@@ -99,13 +99,9 @@ fn cases(llm: &Model, slm: &Model, s: &Settings) -> Result<Vec<Case>, BenchError
             continue;
         };
         let context = transcript(&conv[..k]);
-        let (Ok(system), Ok(user)) = (
-            cut(llm, &context, s.cloud_tokens).or_else(|_| Ok::<_, BenchError>(context.clone())),
-            cut(llm, &conv[k].text, s.user_tokens)
-                .or_else(|_| Ok::<_, BenchError>(conv[k].text.clone())),
-        ) else {
-            continue;
-        };
+        // Shorter texts are kept whole.
+        let system = cut(llm, &context, s.cloud_tokens).unwrap_or(context);
+        let user = cut(llm, &conv[k].text, s.user_tokens).unwrap_or_else(|_| conv[k].text.clone());
         let answer = llm.tokenizer.encode(&conv[k + 1].text)?;
         let cloud_len = llm.tokenizer.encode(&system)?.len();
         if answer.len() < 16 || cloud_len < s.cloud_tokens / 2 || user.trim().is_empty() {
