@@ -89,3 +89,37 @@ pub async fn edge(
     tokio::spawn(edgeprompt_edge::http::serve(listener, state));
     Ok(url)
 }
+
+/// One edge request against `url`: fetch cloud prompt `id` from `first_layer` on, prefill the
+/// private `ids` (layers below `first_layer` of the cloud prompt computed here), pick the first
+/// token. Returns the TTFT from before connecting, and the layer timeline.
+pub async fn edge_ttft(
+    model: &Arc<Model>,
+    url: &str,
+    id: &str,
+    ids: &[u32],
+    codec: Codec,
+    pipeline: bool,
+    first_layer: usize,
+) -> Result<(f64, edgeprompt_edge::Timeline), BenchError> {
+    let start = std::time::Instant::now();
+    let mut client = edgeprompt_edge::CloudClient::connect(url).await?;
+    let (header, mut rx) = client
+        .fetch_from(
+            model,
+            edgeprompt_protocol::PromptRef::Id(id.into()),
+            &[codec],
+            false,
+            first_layer,
+        )
+        .await?;
+    let (m, ids) = (model.clone(), ids.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let (_, logits, tl) =
+            edgeprompt_edge::prefill_from_cloud(&m, &header, &mut rx, &ids, start, pipeline)?;
+        let _ = edgeprompt_engine::sample::argmax(&logits);
+        Ok((start.elapsed().as_secs_f64(), tl))
+    })
+    .await
+    .map_err(|e| BenchError::Data(e.to_string()))?
+}

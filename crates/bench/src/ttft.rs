@@ -4,16 +4,14 @@
 //! prediction, all measured in one run on real gRPC through the shaping link.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
+use edgeprompt_edge::Timeline;
 use edgeprompt_engine::sample::argmax;
-use edgeprompt_engine::{Message, Model, Sequence};
+use edgeprompt_engine::{Message, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use edgeprompt_planner::{predict, Inputs, Regime};
-use edgeprompt_protocol::PromptRef;
 use serde::Serialize;
 
 use crate::machine::Machine;
@@ -62,29 +60,6 @@ struct Case {
     system: String,
     cloud_ids: Vec<u32>,
     edge_ids: Vec<u32>,
-}
-
-async fn edge_ttft(
-    model: &Arc<Model>,
-    url: &str,
-    c: &Case,
-    codec: Codec,
-    pipeline: bool,
-) -> Result<(f64, Timeline), BenchError> {
-    let start = Instant::now();
-    let mut client = CloudClient::connect(url).await?;
-    let (header, mut rx) = client
-        .fetch(model, PromptRef::Id(c.id.clone()), &[codec], false)
-        .await?;
-    let (m, ids) = (model.clone(), c.edge_ids.clone());
-    let (ttft, tl) = tokio::task::spawn_blocking(move || -> Result<(f64, Timeline), BenchError> {
-        let (_, logits, tl) = prefill_from_cloud(&m, &header, &mut rx, &ids, start, pipeline)?;
-        let _first = argmax(&logits);
-        Ok((start.elapsed().as_secs_f64(), tl))
-    })
-    .await
-    .map_err(|e| BenchError::Data(e.to_string()))??;
-    Ok((ttft, tl))
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
@@ -146,8 +121,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), p).await?;
             let url = format!("http://{}", link.addr);
             for (c, &eo) in cases.iter().zip(&edge_only) {
-                let (pipe, tl) = edge_ttft(&model, &url, c, s.codec, true).await?;
-                let (seq, _) = edge_ttft(&model, &url, c, s.codec, false).await?;
+                let (pipe, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
+                let (seq, _) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, false, 0).await?;
                 let l = &tl.layers;
                 let pred = predict(&Inputs {
                     cloud_layer_secs: vec![0.0; l.len()],

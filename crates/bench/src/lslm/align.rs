@@ -111,17 +111,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let start = Instant::now();
     let (machine, llm) = crate::setup(s.threads, &s.llm)?;
     let slm = Model::load(&s.slm)?;
-    eprintln!(
-        "machine: {} ({} cores), rev {}; LLM {} ({} layers), SLM {} ({} layers); threads {}",
-        machine.cpu,
-        machine.cores,
-        machine.git_rev,
-        llm.cfg.name,
-        llm.cfg.n_layer,
-        slm.cfg.name,
-        slm.cfg.n_layer,
-        s.threads
-    );
+    eprintln!("{}", super::describe(&machine, &llm, &slm, s.threads));
     let seqs = calibration(&llm, &slm, &s.sharegpt, s.sequences, s.seq_tokens)?;
     let tokens: usize = seqs.iter().map(Vec::len).sum();
     eprintln!(

@@ -8,14 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use edgeprompt_align::AdapterSet;
-use edgeprompt_edge::{prefill_from_cloud, CloudClient, Timeline};
+use edgeprompt_edge::Timeline;
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use edgeprompt_planner::lslm::{plan, SplitInputs};
-use edgeprompt_protocol::PromptRef;
 use serde::{Deserialize, Serialize};
 
 use crate::workload::cut;
@@ -67,19 +66,7 @@ async fn measure(
     codec: Codec,
     split: usize,
 ) -> Result<(f64, Timeline), BenchError> {
-    let start = Instant::now();
-    let mut client = CloudClient::connect(url).await?;
-    let (header, mut rx) = client
-        .fetch_from(slm, PromptRef::Id(c.id.clone()), &[codec], false, split)
-        .await?;
-    let (m, ids) = (slm.clone(), c.private.clone());
-    tokio::task::spawn_blocking(move || -> Result<(f64, Timeline), BenchError> {
-        let (_, logits, tl) = prefill_from_cloud(&m, &header, &mut rx, &ids, start, true)?;
-        let _ = argmax(&logits);
-        Ok((start.elapsed().as_secs_f64(), tl))
-    })
-    .await
-    .map_err(|e| BenchError::Data(e.to_string()))?
+    crate::nodes::edge_ttft(slm, url, &c.id, &c.private, codec, true, split).await
 }
 
 fn time_alone(model: &Model, c: &Case) -> Result<f64, BenchError> {

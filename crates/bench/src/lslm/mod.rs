@@ -29,6 +29,25 @@ pub fn system_ids(llm: &Model, slm: &Model, system: &str) -> Result<Vec<u32>, Be
     Ok(a)
 }
 
+/// The line every CE-LSLM job starts with: machine, revision, both models, threads.
+pub fn describe(
+    machine: &crate::machine::Machine,
+    llm: &Model,
+    slm: &Model,
+    threads: usize,
+) -> String {
+    format!(
+        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {threads}",
+        machine.cpu,
+        machine.cores,
+        machine.git_rev,
+        llm.cfg.name,
+        llm.cfg.n_layer,
+        slm.cfg.name,
+        slm.cfg.n_layer,
+    )
+}
+
 /// `edgeprompt bench lslm`: quality, then TTFT and bytes.
 pub struct Settings {
     pub llm: std::path::PathBuf,
@@ -65,17 +84,7 @@ pub struct Report {
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (machine, llm) = crate::setup(s.threads, &s.llm)?;
     let slm = std::sync::Arc::new(Model::load(&s.slm)?);
-    eprintln!(
-        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {}",
-        machine.cpu,
-        machine.cores,
-        machine.git_rev,
-        llm.cfg.name,
-        llm.cfg.n_layer,
-        slm.cfg.name,
-        slm.cfg.n_layer,
-        s.threads
-    );
+    eprintln!("{}", describe(&machine, &llm, &slm, s.threads));
     let mut sets = Vec::new();
     for p in &s.adapters {
         let a = align::load_adapters(p)?;
