@@ -144,7 +144,7 @@ impl Format {
 
 /// ggml's packed 6-bit scale and min of sub-block `j` of a q4_K block.
 #[inline(always)]
-fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

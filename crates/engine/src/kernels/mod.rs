@@ -1,16 +1,21 @@
-//! Quantized matrix multiply for the GGUF block formats candle runs with scalar code
-//! (q4_0, q4_1, q5_0, q8_0).
+//! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K).
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
-//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The SIMD and
-//! scalar paths produce the same bits, and a row's result never depends on how many rows
+//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The AVX2 GEMM
+//! (`gemm.rs`, on weights repacked at load by `repack.rs`) and the scalar path (`simd.rs`)
+//! produce the same bits, and a row's result never depends on how many rows
 //! share the call: prefill, chunked prefill and batched decode agree exactly.
 
+mod acts;
 mod formats;
+mod gemm;
+mod repack;
 mod simd;
 
 use rayon::prelude::*;
+
+use acts::Acts;
 
 pub use formats::Format;
 pub use simd::{Level, LEVEL};
@@ -35,9 +40,6 @@ struct Unpacked {
     d: Vec<f32>,
     m: Vec<f32>,
     sc: Vec<i32>,
-    /// 128 * (scaled) sum of each block's values: undoes the +128 offset of `QuantRow::u`
-    /// (AVX-512 VNNI path only).
-    corr: Vec<i32>,
 }
 
 /// Rows are padded with zero blocks to a multiple of `PAD_BLOCKS`, so SIMD groups of 8 (or 16)
@@ -58,7 +60,6 @@ impl Unpacked {
             d: vec![0.0; pb],
             m: vec![0.0; pb],
             sc: vec![1; 2 * pb],
-            corr: vec![0; pb],
         }
     }
 }
@@ -66,18 +67,21 @@ impl Unpacked {
 /// A row of activations quantized to blocks of 32 i8 values.
 pub(crate) struct QuantRow {
     pub q: Vec<i8>,
-    /// `q + 128` as unsigned bytes, for `vpdpbusd` (unsigned x signed, no saturation).
-    pub u: Vec<u8>,
     pub d: Vec<f32>,
     /// d * sum(q) per block: the block's sum, for formats with a min.
     pub s: Vec<f32>,
 }
 
 impl QMatrix {
+    /// `data`: `n` rows of `k` values in GGUF block layout; kept repacked (`repack.rs`).
     pub fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
         let bv = format.block_values();
         let expect = n * (k / bv) * format.block_bytes();
-        (k.is_multiple_of(bv) && data.len() == expect).then_some(Self { format, n, k, data })
+        if !k.is_multiple_of(bv) || data.len() != expect {
+            return None;
+        }
+        let data = repack::repack(format, n, k, &data);
+        Some(Self { format, n, k, data })
     }
 
     pub fn out_dim(&self) -> usize {
@@ -93,55 +97,113 @@ impl QMatrix {
     }
 
     pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
-        let rb = self.row_bytes();
-        self.format
-            .dequantize(&self.data[row * rb..(row + 1) * rb], self.k)
+        self.format.dequantize(&self.gguf_row(row), self.k)
     }
 
-    fn row_bytes(&self) -> usize {
-        (self.k / self.format.block_values()) * self.format.block_bytes()
+    /// Row `row` in its GGUF block layout.
+    fn gguf_row(&self, row: usize) -> Vec<u8> {
+        repack::gguf_row(self.format, self.k, &self.data, row)
+    }
+
+    fn group_bytes(&self) -> usize {
+        self.k / self.format.block_values() * self.format.super_bytes()
     }
 
     /// `x`: `[m, k]` row-major f32 -> `[m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "matmul input shape");
-        let acts: Vec<QuantRow> = x.chunks_exact(self.k).map(quantize_row).collect();
-        let mut out_t = vec![0f32; self.n * m];
-        // Column-major output so each task owns a contiguous slice of whole weight rows.
-        const ROWS_PER_TASK: usize = 16;
-        out_t
-            .par_chunks_mut(ROWS_PER_TASK * m)
-            .enumerate()
-            .for_each(|(task, dst)| {
-                let mut un = Unpacked::new(self.k);
-                let rb = self.row_bytes();
-                for (i, col) in dst.chunks_exact_mut(m).enumerate() {
-                    let row = task * ROWS_PER_TASK + i;
-                    simd::row_dots(
-                        self.format,
-                        &self.data[row * rb..(row + 1) * rb],
-                        &mut un,
-                        &acts,
-                        col,
-                    );
-                }
-            });
-        // Back to row-major [m, n].
         let mut out = vec![0f32; m * self.n];
-        for (j, col) in out_t.chunks_exact(m).enumerate() {
+        #[cfg(target_arch = "x86_64")]
+        if *LEVEL != Level::Portable {
+            ACTS.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut acts) => self.matmul_avx2(x, m, &mut acts, &mut out),
+                Err(_) => self.matmul_avx2(x, m, &mut Acts::default(), &mut out),
+            });
+            return out;
+        }
+        self.matmul_portable(x, m, &mut out);
+        out
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn matmul_avx2(&self, x: &[f32], m: usize, acts: &mut Acts, out: &mut [f32]) {
+        acts.fill(x, m, self.k);
+        let acts = &*acts;
+        let groups = self.n.div_ceil(repack::ROWS);
+        let gb = self.group_bytes();
+        let tasks = groups.min(4 * rayon::current_num_threads().max(1));
+        let dst = SendPtr(out.as_mut_ptr());
+        (0..tasks).into_par_iter().for_each(|t| {
+            let dst = &dst;
+            let (g0, g1) = (t * groups / tasks, (t + 1) * groups / tasks);
+            // Activation rows in chunks that stay in L2 while the task's groups pass over them.
+            for c0 in (0..m).step_by(ACT_CHUNK) {
+                let c1 = (c0 + ACT_CHUNK).min(m);
+                for g in g0..g1 {
+                    let group = &self.data[g * gb..(g + 1) * gb];
+                    let col = g * repack::ROWS;
+                    let cols = (self.n - col).min(repack::ROWS);
+                    for i in (c0..c1).step_by(4) {
+                        let mt = (c1 - i).min(4);
+                        // SAFETY: AVX2/F16C detected; tiles write disjoint [rows, cols] blocks
+                        // of `out`, inside it.
+                        unsafe {
+                            gemm::tile(
+                                self.format,
+                                group,
+                                acts,
+                                i,
+                                mt,
+                                dst.0.add(i * self.n + col),
+                                self.n,
+                                cols,
+                            )
+                        };
+                    }
+                }
+            }
+        });
+    }
+
+    /// Scalar reference: each row back to GGUF bytes, unpacked, dotted in canonical order.
+    fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let acts: Vec<QuantRow> = x.chunks_exact(self.k).map(quantize_row).collect();
+        debug_assert_eq!(acts.len(), m);
+        let cols: Vec<Vec<f32>> = (0..self.n)
+            .into_par_iter()
+            .map(|j| {
+                let mut un = Unpacked::new(self.k);
+                self.format.unpack(&self.gguf_row(j), &mut un);
+                acts.iter()
+                    .map(|a| simd::dot_scalar(&un, a, self.format.has_min()))
+                    .collect()
+            })
+            .collect();
+        for (j, col) in cols.iter().enumerate() {
             for (i, v) in col.iter().enumerate() {
                 out[i * self.n + j] = *v;
             }
         }
-        out
     }
 }
+
+/// Activation rows per L2-resident chunk.
+const ACT_CHUNK: usize = 64;
+
+thread_local! {
+    /// The calling thread's quantized activations, reused across calls.
+    static ACTS: std::cell::RefCell<Acts> = std::cell::RefCell::new(Acts::default());
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: the tasks sharing it write disjoint parts of the buffer.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
 
 pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
     let pb = padded_blocks(x.len() / QK);
     let mut r = QuantRow {
         q: vec![0; pb * QK],
-        u: Vec::new(),
         d: vec![0.0; pb],
         s: vec![0.0; pb],
     };
@@ -157,7 +219,6 @@ pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
         r.d[b] = d;
         r.s[b] = d * sum as f32;
     }
-    r.u = r.q.iter().map(|&q| (q as i16 + 128) as u8).collect();
     r
 }
 

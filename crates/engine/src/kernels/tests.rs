@@ -9,6 +9,10 @@ fn lcg(seed: &mut u64) -> u32 {
 
 /// Random but valid blocks: small positive f16 scales, random payload bytes.
 fn random_matrix(format: Format, n: usize, k: usize, seed: &mut u64) -> QMatrix {
+    QMatrix::new(format, n, k, random_gguf(format, n, k, seed)).unwrap()
+}
+
+fn random_gguf(format: Format, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
     let bb = format.block_bytes();
     let mut data = Vec::with_capacity(n * k / format.block_values() * bb);
     for _ in 0..n * k / format.block_values() {
@@ -22,7 +26,7 @@ fn random_matrix(format: Format, n: usize, k: usize, seed: &mut u64) -> QMatrix 
         }
         data.extend(blk);
     }
-    QMatrix::new(format, n, k, data).unwrap()
+    data
 }
 
 fn random_x(m: usize, k: usize, seed: &mut u64) -> Vec<f32> {
@@ -49,7 +53,7 @@ fn matches_dequantized_f64_reference() {
         let x = random_x(m, k, &mut seed);
         let got = w.matmul(&x, m);
         for j in 0..n {
-            let row = f.dequantize(&w.data[j * w.row_bytes()..(j + 1) * w.row_bytes()], k);
+            let row = w.dequantize_row(j);
             for i in 0..m {
                 let want: f64 = row
                     .iter()
@@ -84,23 +88,61 @@ fn rows_do_not_depend_on_the_batch() {
 }
 
 #[test]
-fn simd_and_scalar_paths_agree_bitwise() {
+fn repack_round_trips_every_row() {
+    let mut seed = 3;
+    for f in FORMATS {
+        let (n, k) = (13, 512);
+        let gguf = random_gguf(f, n, k, &mut seed);
+        let w = QMatrix::new(f, n, k, gguf.clone()).unwrap();
+        let rb = gguf.len() / n;
+        for j in 0..n {
+            assert_eq!(w.gguf_row(j), &gguf[j * rb..(j + 1) * rb], "{f:?} row {j}");
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_matches_the_scalar_rows() {
+    let mut seed = 17;
+    let (m, k) = (5, 320);
+    let mut x = random_x(m, k, &mut seed);
+    x[7] = 0.0;
+    // Exact halves after scaling, and an all-zero block.
+    x[32..64].iter_mut().for_each(|v| *v = 0.0);
+    x[64] = 127.0;
+    x[65] = 2.5;
+    x[66] = -0.5;
+    let mut acts = acts::Acts::default();
+    acts.fill(&x, m, k);
+    for (i, row) in x.chunks_exact(k).enumerate() {
+        let r = quantize_row(row);
+        let nb = k / QK;
+        assert_eq!(&acts.q[i * k..(i + 1) * k], &r.q[..k], "row {i}");
+        for b in 0..nb {
+            assert_eq!(acts.d[i * nb + b].to_bits(), r.d[b].to_bits());
+            assert_eq!(acts.s[i * nb + b].to_bits(), r.s[b].to_bits());
+            let sum: i32 = r.q[b * QK..(b + 1) * QK].iter().map(|&q| q as i32).sum();
+            assert_eq!(acts.bsum[i * nb + b], sum);
+        }
+    }
+}
+
+#[test]
+fn gemm_and_portable_paths_agree_bitwise() {
     let mut seed = 9;
     for f in FORMATS {
-        // 16-block groups, an 8-block group and (for 32-blocks) a tail.
+        // Row counts that leave a partial group; blocks past a multiple of 8; every tile size.
         let k = if f.block_values() == 256 { 1280 } else { 1312 };
-        let w = random_matrix(f, 1, k, &mut seed);
-        let x = random_x(1, k, &mut seed);
-        let mut un = Unpacked::new(k);
-        f.unpack(&w.data, &mut un);
-        let a = quantize_row(&x);
-        let all = simd::dots_all_paths(&un, &a, f.has_min());
-        for (name, v) in &all {
-            assert_eq!(
-                v.to_bits(),
-                all[0].1.to_bits(),
-                "{f:?}: {name} differs from portable"
-            );
+        let n = 21;
+        let w = random_matrix(f, n, k, &mut seed);
+        for m in [1, 2, 3, 4, 5, 9] {
+            let x = random_x(m, k, &mut seed);
+            let fast = w.matmul(&x, m);
+            let mut slow = vec![0f32; m * n];
+            w.matmul_portable(&x, m, &mut slow);
+            for (a, b) in fast.iter().zip(&slow) {
+                assert_eq!(a.to_bits(), b.to_bits(), "{f:?} m={m}: {a} vs {b}");
+            }
         }
     }
 }

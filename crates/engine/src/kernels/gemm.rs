@@ -1,0 +1,286 @@
+//! The AVX2 GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 4
+//! activation rows. Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
+//! unpacked once in registers and multiplied (`maddubs`) against every activation row's 4
+//! broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
+//! horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
+//! corrected exactly by the activation block sums. The float part is the canonical one of
+//! `simd.rs`: `(wd * ad) * isum (+ wm * as)` added into lane `block % 8` of the output, lanes
+//! reduced by the same tree, so every output has the bits of the portable path whatever the
+//! tile, the thread or the other rows.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::acts::Acts;
+use super::repack::ROWS;
+use super::{Format, QK};
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q8_0: u8 = 3;
+const Q4K: u8 = 4;
+const Q6K: u8 = 5;
+
+fn code(f: Format) -> u8 {
+    match f {
+        Format::Q4_0 => Q4_0,
+        Format::Q4_1 => Q4_1,
+        Format::Q5_0 => Q5_0,
+        Format::Q8_0 => Q8_0,
+        Format::Q4K => Q4K,
+        Format::Q6K => Q6K,
+    }
+}
+
+/// Output rows `i0..i0 + mt` (at most 4) of group `g`, written to `out` (row stride `ldo`,
+/// `cols` valid columns from column 0).
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
+/// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    f: Format,
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    mt: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    macro_rules! go {
+        ($c:expr) => {
+            match mt {
+                1 => tile_n::<$c, 1>(group, acts, i0, out, ldo, cols),
+                2 => tile_n::<$c, 2>(group, acts, i0, out, ldo, cols),
+                3 => tile_n::<$c, 3>(group, acts, i0, out, ldo, cols),
+                _ => tile_n::<$c, 4>(group, acts, i0, out, ldo, cols),
+            }
+        };
+    }
+    match code(f) {
+        Q4_0 => go!(Q4_0),
+        Q4_1 => go!(Q4_1),
+        Q5_0 => go!(Q5_0),
+        Q8_0 => go!(Q8_0),
+        Q4K => go!(Q4K),
+        _ => go!(Q6K),
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast(p: *const i8) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+/// 8 f16 -> 8 f32.
+#[inline(always)]
+unsafe fn half8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// 8 u8 (or i8 when `signed`) -> 8 i32.
+#[inline(always)]
+unsafe fn bytes8(p: *const u8, signed: bool) -> __m256i {
+    let b = _mm_loadl_epi64(p as *const __m128i);
+    if signed {
+        _mm256_cvtepi8_epi32(b)
+    } else {
+        _mm256_cvtepu8_epi32(b)
+    }
+}
+
+/// The 8 weight sub-vectors of one 32-block: `v[j]` lane `r` holds row `r`'s values
+/// `4j..4j + 4` (unsigned; q8_0 signed).
+#[inline(always)]
+unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
+    let mut v = [_mm256_setzero_si256(); 8];
+    if F == Q8_0 {
+        for (j, vj) in v.iter_mut().enumerate() {
+            *vj = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+        }
+        return v;
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    for j in 0..4 {
+        let c = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+        v[j] = _mm256_and_si256(c, m4);
+        v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    }
+    if F == Q5_0 {
+        let h = _mm256_loadu_si256(p.add(128) as *const __m256i);
+        let bit = _mm256_set1_epi8(0x10);
+        // Bit j of each byte to bit 4 (16-bit shifts: bits crossing bytes are masked off).
+        v[0] = _mm256_or_si256(v[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), bit));
+        v[1] = _mm256_or_si256(v[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), bit));
+        v[2] = _mm256_or_si256(v[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), bit));
+        v[3] = _mm256_or_si256(v[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), bit));
+        v[4] = _mm256_or_si256(v[4], _mm256_and_si256(h, bit));
+        v[5] = _mm256_or_si256(v[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), bit));
+        v[6] = _mm256_or_si256(v[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), bit));
+        v[7] = _mm256_or_si256(v[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), bit));
+    }
+    if F == Q6K {
+        let two = _mm256_set1_epi8(0x30);
+        for c in 0..2 {
+            let h = _mm256_loadu_si256(p.add(128 + 32 * c) as *const __m256i);
+            let j = 4 * c;
+            v[j] = _mm256_or_si256(v[j], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
+            v[j + 1] = _mm256_or_si256(v[j + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
+            v[j + 2] = _mm256_or_si256(v[j + 2], _mm256_and_si256(h, two));
+            v[j + 3] = _mm256_or_si256(v[j + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
+        }
+    }
+    v
+}
+
+/// Sum of 16-bit products of `v[j]` and the activation bytes `a[4j..4j + 4]`, for `j` in
+/// `from..to`, as 8 i32 lanes. Callers keep the i16 sums in range: at most 8 q4, 4 q5 or 2
+/// q6 terms (|a| <= 127).
+#[inline(always)]
+unsafe fn dot16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m256i {
+    let mut s = _mm256_maddubs_epi16(v[from], bcast(a.add(4 * from)));
+    for j in from + 1..to {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], bcast(a.add(4 * j))));
+    }
+    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+}
+
+#[inline(always)]
+unsafe fn tile_n<const F: u8, const MT: usize>(
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let f = match F {
+        Q4_0 => Format::Q4_0,
+        Q4_1 => Format::Q4_1,
+        Q5_0 => Format::Q5_0,
+        Q8_0 => Format::Q8_0,
+        Q4K => Format::Q4K,
+        _ => Format::Q6K,
+    };
+    let has_min = F == Q4_1 || F == Q4K;
+    let (bps, hb, pb, sb) = (
+        f.blocks_per_super(),
+        f.header_bytes(),
+        f.plane_bytes(),
+        f.super_bytes(),
+    );
+    let nb = acts.nb;
+    let kp = acts.row_stride;
+    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
+    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
+    let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
+    let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
+    let hsum: [*const i32; MT] =
+        std::array::from_fn(|i| acts.hsum.as_ptr().add((i0 + i) * 2 * nb));
+    let mut acc = [[_mm256_setzero_ps(); 8]; MT];
+    let gp = group.as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let nsup = nb / bps;
+    for s in 0..nsup {
+        let hdr = gp.add(s * sb);
+        let d8 = half8(hdr);
+        let m8 = if has_min {
+            half8(hdr.add(16))
+        } else {
+            _mm256_setzero_ps()
+        };
+        for bi in 0..bps {
+            let b = s * bps + bi;
+            let v = weights::<F>(hdr.add(hb + bi * pb));
+            let (wd, wm) = match F {
+                Q4K => {
+                    let sc = _mm256_cvtepi32_ps(bytes8(hdr.add(32 + 8 * bi), false));
+                    let mn = _mm256_cvtepi32_ps(bytes8(hdr.add(96 + 8 * bi), false));
+                    let neg = _mm256_xor_ps(m8, _mm256_set1_ps(-0.0));
+                    (_mm256_mul_ps(d8, sc), _mm256_mul_ps(neg, mn))
+                }
+                _ => (d8, m8),
+            };
+            let (sc0, sc1) = if F == Q6K {
+                (
+                    bytes8(hdr.add(16 + 16 * bi), true),
+                    bytes8(hdr.add(24 + 16 * bi), true),
+                )
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256())
+            };
+            let va = if F == Q8_0 {
+                let mut va = v;
+                for x in va.iter_mut() {
+                    *x = _mm256_abs_epi8(*x);
+                }
+                va
+            } else {
+                v
+            };
+            for i in 0..MT {
+                let a = aq[i].add(b * QK);
+                let isum = match F {
+                    Q4_0 | Q4_1 | Q4K => {
+                        let p = dot16(&v, a, 0, 8);
+                        if F == Q4_0 {
+                            _mm256_sub_epi32(p, _mm256_set1_epi32(8 * *bsum[i].add(b)))
+                        } else {
+                            p
+                        }
+                    }
+                    Q5_0 => {
+                        let p = _mm256_add_epi32(dot16(&v, a, 0, 4), dot16(&v, a, 4, 8));
+                        _mm256_sub_epi32(p, _mm256_set1_epi32(16 * *bsum[i].add(b)))
+                    }
+                    Q6K => {
+                        let h0 = _mm256_add_epi32(dot16(&v, a, 0, 2), dot16(&v, a, 2, 4));
+                        let h1 = _mm256_add_epi32(dot16(&v, a, 4, 6), dot16(&v, a, 6, 8));
+                        let c0 = _mm256_set1_epi32(32 * *hsum[i].add(2 * b));
+                        let c1 = _mm256_set1_epi32(32 * *hsum[i].add(2 * b + 1));
+                        _mm256_add_epi32(
+                            _mm256_mullo_epi32(sc0, _mm256_sub_epi32(h0, c0)),
+                            _mm256_mullo_epi32(sc1, _mm256_sub_epi32(h1, c1)),
+                        )
+                    }
+                    _ => {
+                        // q8_0: |w| (unsigned) times a with w's sign; one madd per term.
+                        let mut p = _mm256_setzero_si256();
+                        for j in 0..8 {
+                            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+                            let m = _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones);
+                            p = _mm256_add_epi32(p, m);
+                        }
+                        p
+                    }
+                };
+                let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
+                let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
+                if has_min {
+                    t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*asum[i].add(b))));
+                }
+                let lane = &mut acc[i][b % 8];
+                *lane = _mm256_add_ps(*lane, t);
+            }
+        }
+    }
+    for (i, l) in acc.iter().enumerate() {
+        let r = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
+        );
+        let dst = out.add(i * ldo);
+        if cols >= ROWS {
+            _mm256_storeu_ps(dst, r);
+        } else {
+            let mut tmp = [0f32; ROWS];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), r);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
+        }
+    }
+}

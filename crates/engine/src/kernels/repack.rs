@@ -1,0 +1,316 @@
+//! GGUF rows repacked once at load into groups of 8 interleaved rows, the layout the GEMM
+//! kernel reads (`gemm.rs`): one 32-byte load gives 4 consecutive values of each of the 8
+//! rows, so a `maddubs` against 4 broadcast activation bytes yields all 8 rows' partial dots
+//! with no horizontal reduction. Nibbles stay packed; the repacked matrix has the GGUF's size
+//! (q4_K: +2.8 % for unpacked 6-bit scales), and the GGUF bytes of any row can be rebuilt
+//! exactly (`gguf_row`), which the portable path and the embedding lookup use.
+//!
+//! A group is a run of super units (one 32-block, or a 256-value K block of 8 blocks):
+//! `[header][plane of block 0]..[plane of block bps-1]`.
+//!
+//! - header: q4_0/q5_0/q8_0 `d[8]` f16; q4_1 `d[8] m[8]` f16; q4_K `d[8] dmin[8]` f16,
+//!   `sc[8 blocks][8 rows]` u8, `m[8][8]` u8; q6_K `d[8]` f16, `sc[16 halves][8 rows]` i8.
+//! - plane of a 32-block (values `v` unsigned, before any zero point): nibbles, 128 bytes,
+//!   chunk `j` (0..4) byte `4r + t` = `v_r[4j + t] & 15 | (v_r[16 + 4j + t] & 15) << 4`;
+//!   q5_0 then 32 bytes, byte `4r + t` bit `j` = bit 4 of `v_r[4j + t]`; q6_K then 64 bytes,
+//!   chunk `c` (0..2) byte `4r + t` bits `2i..2i + 2` = bits 4-5 of `v_r[4(4c + i) + t]`;
+//!   q8_0 instead 256 bytes, chunk `j` (0..8) byte `4r + t` = `v_r[4j + t]`.
+
+use super::formats::{q4k_scale_min, Format};
+use super::QK;
+
+/// Rows interleaved per group.
+pub const ROWS: usize = 8;
+
+impl Format {
+    /// 32-blocks per super unit.
+    pub(crate) fn blocks_per_super(self) -> usize {
+        self.block_values() / QK
+    }
+
+    pub(crate) fn header_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => 16,
+            Format::Q4_1 => 32,
+            Format::Q4K => 32 + 128,
+            Format::Q6K => 16 + 128,
+        }
+    }
+
+    /// Bytes of one 32-block's planes for a group.
+    pub(crate) fn plane_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 | Format::Q4_1 | Format::Q4K => 128,
+            Format::Q5_0 => 160,
+            Format::Q6K => 192,
+            Format::Q8_0 => 256,
+        }
+    }
+
+    pub(crate) fn super_bytes(self) -> usize {
+        self.header_bytes() + self.blocks_per_super() * self.plane_bytes()
+    }
+
+    /// Unsigned quant values of one GGUF block (q8_0: the i8 bit patterns).
+    fn values(self, blk: &[u8], v: &mut [u8]) {
+        match self {
+            Format::Q4_0 | Format::Q4_1 => {
+                let qs = &blk[self.block_bytes() - 16..];
+                for l in 0..16 {
+                    v[l] = qs[l] & 15;
+                    v[l + 16] = qs[l] >> 4;
+                }
+            }
+            Format::Q5_0 => {
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                for l in 0..16 {
+                    v[l] = (blk[6 + l] & 15) | ((((qh >> l) & 1) as u8) << 4);
+                    v[l + 16] = (blk[6 + l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
+                }
+            }
+            Format::Q8_0 => v[..32].copy_from_slice(&blk[2..34]),
+            Format::Q4K => {
+                for (c, qs) in blk[16..144].chunks_exact(32).enumerate() {
+                    for (l, &x) in qs.iter().enumerate() {
+                        v[c * 64 + l] = x & 15;
+                        v[c * 64 + 32 + l] = x >> 4;
+                    }
+                }
+            }
+            Format::Q6K => {
+                let (ql, qh) = (&blk[0..128], &blk[128..192]);
+                for half in 0..2 {
+                    let (ql, qh) = (&ql[half * 64..], &qh[half * 32..]);
+                    let y = &mut v[half * 128..];
+                    for l in 0..32 {
+                        y[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+                        y[l + 32] = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+                        y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                        y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The inverse of `values`: quant bytes of one GGUF block from its values.
+    fn encode(self, v: &[u8], blk: &mut [u8]) {
+        match self {
+            Format::Q4_0 | Format::Q4_1 => {
+                let at = self.block_bytes() - 16;
+                for l in 0..16 {
+                    blk[at + l] = v[l] | (v[l + 16] << 4);
+                }
+            }
+            Format::Q5_0 => {
+                let mut qh = 0u32;
+                for l in 0..32 {
+                    qh |= (((v[l] >> 4) & 1) as u32) << l;
+                }
+                blk[2..6].copy_from_slice(&qh.to_le_bytes());
+                for l in 0..16 {
+                    blk[6 + l] = (v[l] & 15) | ((v[l + 16] & 15) << 4);
+                }
+            }
+            Format::Q8_0 => blk[2..34].copy_from_slice(&v[..32]),
+            Format::Q4K => {
+                for c in 0..4 {
+                    for l in 0..32 {
+                        blk[16 + 32 * c + l] = v[c * 64 + l] | (v[c * 64 + 32 + l] << 4);
+                    }
+                }
+            }
+            Format::Q6K => {
+                for half in 0..2 {
+                    let y = &v[half * 128..];
+                    for l in 0..32 {
+                        blk[half * 64 + l] = (y[l] & 15) | ((y[l + 64] & 15) << 4);
+                        blk[half * 64 + l + 32] = (y[l + 32] & 15) | ((y[l + 96] & 15) << 4);
+                        blk[128 + half * 32 + l] = (y[l] >> 4)
+                            | ((y[l + 32] >> 4) << 2)
+                            | ((y[l + 64] >> 4) << 4)
+                            | ((y[l + 96] >> 4) << 6);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Repacks `[n, k]` GGUF rows; rows past `n` (up to a multiple of 8) are zero.
+pub(crate) fn repack(f: Format, n: usize, k: usize, gguf: &[u8]) -> Vec<u8> {
+    let (bv, bb) = (f.block_values(), f.block_bytes());
+    let nsup = k / bv;
+    let groups = n.div_ceil(ROWS);
+    let mut out = vec![0u8; groups * nsup * f.super_bytes()];
+    let mut vals = [[0u8; 256]; ROWS];
+    for (g, dst) in out.chunks_exact_mut(nsup * f.super_bytes()).enumerate() {
+        for (s, sup) in dst.chunks_exact_mut(f.super_bytes()).enumerate() {
+            let mut blks = [&[0u8; 210][..bb]; ROWS];
+            for (r, blk) in blks.iter_mut().enumerate() {
+                let row = g * ROWS + r;
+                if row < n {
+                    let at = (row * nsup + s) * bb;
+                    *blk = &gguf[at..at + bb];
+                }
+                f.values(blk, &mut vals[r]);
+            }
+            write_header(f, &blks, &mut sup[..f.header_bytes()]);
+            let planes = &mut sup[f.header_bytes()..];
+            for (b, p) in planes.chunks_exact_mut(f.plane_bytes()).enumerate() {
+                let v: [&[u8]; ROWS] = std::array::from_fn(|r| &vals[r][b * QK..(b + 1) * QK]);
+                write_plane(f, &v, p);
+            }
+        }
+    }
+    out
+}
+
+/// The GGUF bytes of row `row` of a repacked matrix (exact inverse of `repack`).
+pub(crate) fn gguf_row(f: Format, k: usize, packed: &[u8], row: usize) -> Vec<u8> {
+    let (bv, bb) = (f.block_values(), f.block_bytes());
+    let nsup = k / bv;
+    let (g, r) = (row / ROWS, row % ROWS);
+    let group = &packed[g * nsup * f.super_bytes()..(g + 1) * nsup * f.super_bytes()];
+    let mut out = vec![0u8; nsup * bb];
+    let mut v = [0u8; 256];
+    for (sup, blk) in group.chunks_exact(f.super_bytes()).zip(out.chunks_exact_mut(bb)) {
+        read_header(f, &sup[..f.header_bytes()], r, blk);
+        let planes = &sup[f.header_bytes()..];
+        for (b, p) in planes.chunks_exact(f.plane_bytes()).enumerate() {
+            read_plane(f, p, r, &mut v[b * QK..(b + 1) * QK]);
+        }
+        f.encode(&v, blk);
+    }
+    out
+}
+
+fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
+    let d_at = if f == Format::Q6K { 208 } else { 0 };
+    for (r, blk) in blks.iter().enumerate() {
+        h[2 * r..2 * r + 2].copy_from_slice(&blk[d_at..d_at + 2]);
+        match f {
+            Format::Q4_1 | Format::Q4K => h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4]),
+            _ => {}
+        }
+        match f {
+            Format::Q4K => {
+                for j in 0..8 {
+                    let (sc, m) = q4k_scale_min(&blk[4..16], j);
+                    h[32 + 8 * j + r] = sc;
+                    h[96 + 8 * j + r] = m;
+                }
+            }
+            Format::Q6K => {
+                for j in 0..16 {
+                    h[16 + 8 * j + r] = blk[192 + j];
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
+    let d_at = if f == Format::Q6K { 208 } else { 0 };
+    blk[d_at..d_at + 2].copy_from_slice(&h[2 * r..2 * r + 2]);
+    match f {
+        Format::Q4_1 | Format::Q4K => blk[2..4].copy_from_slice(&h[16 + 2 * r..18 + 2 * r]),
+        _ => {}
+    }
+    match f {
+        Format::Q4K => {
+            let sc: [u8; 8] = std::array::from_fn(|j| h[32 + 8 * j + r]);
+            let m: [u8; 8] = std::array::from_fn(|j| h[96 + 8 * j + r]);
+            // ggml's 12-byte packing of eight 6-bit scales and mins.
+            let s = &mut blk[4..16];
+            for j in 0..4 {
+                s[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+                s[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+                s[j + 8] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+            }
+        }
+        Format::Q6K => {
+            for j in 0..16 {
+                blk[192 + j] = h[16 + 8 * j + r];
+            }
+        }
+        _ => {}
+    }
+}
+
+fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
+    if f == Format::Q8_0 {
+        for j in 0..8 {
+            for (r, vr) in v.iter().enumerate() {
+                for t in 0..4 {
+                    p[32 * j + 4 * r + t] = vr[4 * j + t];
+                }
+            }
+        }
+        return;
+    }
+    for j in 0..4 {
+        for (r, vr) in v.iter().enumerate() {
+            for t in 0..4 {
+                let i = 32 * j + 4 * r + t;
+                p[i] = (vr[4 * j + t] & 15) | ((vr[16 + 4 * j + t] & 15) << 4);
+                if f == Format::Q5_0 {
+                    p[128 + 4 * r + t] |= ((vr[4 * j + t] >> 4) & 1) << j;
+                    p[128 + 4 * r + t] |= ((vr[16 + 4 * j + t] >> 4) & 1) << (j + 4);
+                }
+            }
+        }
+    }
+    if f == Format::Q6K {
+        for c in 0..2 {
+            for (r, vr) in v.iter().enumerate() {
+                for t in 0..4 {
+                    let mut x = 0u8;
+                    for i in 0..4 {
+                        x |= (vr[4 * (4 * c + i) + t] >> 4) << (2 * i);
+                    }
+                    p[128 + 32 * c + 4 * r + t] = x;
+                }
+            }
+        }
+    }
+}
+
+fn read_plane(f: Format, p: &[u8], r: usize, v: &mut [u8]) {
+    if f == Format::Q8_0 {
+        for j in 0..8 {
+            for t in 0..4 {
+                v[4 * j + t] = p[32 * j + 4 * r + t];
+            }
+        }
+        return;
+    }
+    for j in 0..4 {
+        for t in 0..4 {
+            let x = p[32 * j + 4 * r + t];
+            v[4 * j + t] = x & 15;
+            v[16 + 4 * j + t] = x >> 4;
+        }
+    }
+    match f {
+        Format::Q5_0 => {
+            for j in 0..8 {
+                for t in 0..4 {
+                    v[4 * j + t] |= ((p[128 + 4 * r + t] >> j) & 1) << 4;
+                }
+            }
+        }
+        Format::Q6K => {
+            for c in 0..2 {
+                for t in 0..4 {
+                    let x = p[128 + 32 * c + 4 * r + t];
+                    for i in 0..4 {
+                        v[4 * (4 * c + i) + t] |= ((x >> (2 * i)) & 3) << 4;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
