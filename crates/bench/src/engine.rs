@@ -42,6 +42,47 @@ pub struct Report {
     pub candle: Option<Speeds>,
     pub llama_cpp: Option<Speeds>,
     pub ours_peak_rss_bytes: Option<u64>,
+    pub roofline: Roofline,
+}
+
+/// How close decode comes to the memory bound and what prefill computes.
+#[derive(Debug, Serialize)]
+pub struct Roofline {
+    /// Streaming read bandwidth measured here on the benchmark's threads, GB/s.
+    pub stream_read_gbps: f64,
+    /// Weight bytes one decode step reads (layers + output head).
+    pub weight_bytes_per_token: usize,
+    /// `weight_bytes_per_token * decode tok/s`, GB/s, and its share of the stream bandwidth.
+    pub decode_gbps: f64,
+    pub decode_roofline_fraction: f64,
+    /// Integer ops (2 per multiply-add) per second through the layers at each prompt length.
+    pub prefill_gops: Vec<(usize, f64)>,
+}
+
+/// Best-of-5 streaming read of a 512 MiB buffer split over the rayon pool's threads, GB/s.
+fn stream_read_gbps() -> f64 {
+    use rayon::prelude::*;
+    let buf: Vec<u64> = (0..(512usize << 20) / 8).map(|i| i as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let sum: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| {
+                // Eight independent lanes keep the loads in flight.
+                let mut acc = [0u64; 8];
+                for w in c.chunks_exact(8) {
+                    for (a, x) in acc.iter_mut().zip(w) {
+                        *a = a.wrapping_add(*x);
+                    }
+                }
+                acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.max((buf.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 /// Token ids of real text, long enough for the longest prompt plus decoding.
@@ -207,6 +248,27 @@ fn time_llama(
     Ok(sp)
 }
 
+/// llama.cpp's best-of-2 prefill time of `ids` (its time to the first token's logits).
+pub(crate) fn llama_prefill_secs(
+    python: &Path,
+    model: &Path,
+    ids: &[u32],
+    threads: usize,
+) -> Result<f64, BenchError> {
+    let s = Settings {
+        model: model.to_path_buf(),
+        threads,
+        prompt_lens: vec![ids.len() - 1],
+        decode_tokens: 1,
+        repeats: 2,
+        llama_python: None,
+        skip_candle: true,
+    };
+    let sp = time_llama(python, model, ids, &s)?;
+    // Scaled from n - 1 tokens (the script keeps one id for its decode step).
+    Ok(ids.len() as f64 / sp.prefill[0].1)
+}
+
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(s.threads)
@@ -239,6 +301,25 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let ours = time_ours(&model, &ids, s, ctx)?;
     let rss = peak_rss();
+    let (weight_bytes, macs) = model.traffic();
+    let stream = stream_read_gbps();
+    let decode_gbps = weight_bytes as f64 * ours.decode / 1e9;
+    let roofline = Roofline {
+        stream_read_gbps: stream,
+        weight_bytes_per_token: weight_bytes,
+        decode_gbps,
+        decode_roofline_fraction: decode_gbps / stream,
+        prefill_gops: ours
+            .prefill
+            .iter()
+            .map(|&(n, tps)| (n, 2.0 * macs as f64 * tps / 1e9))
+            .collect(),
+    };
+    eprintln!(
+        "  roofline: stream read {stream:.1} GB/s; decode reads {:.0} MB/token = {decode_gbps:.1} GB/s ({:.0} %)",
+        weight_bytes as f64 / 1e6,
+        100.0 * decode_gbps / stream
+    );
     let arch = model.cfg.arch;
     let file_bytes = model.info.file_bytes;
     let name = model.cfg.name.clone();
@@ -262,6 +343,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         candle,
         llama_cpp,
         ours_peak_rss_bytes: rss,
+        roofline,
     })
 }
 
@@ -313,6 +395,19 @@ pub fn table(r: &Report) -> String {
             ratio(ours, llama)
         );
     }
+    let rf = &r.roofline;
+    t += &format!(
+        "roofline: stream read {:.1} GB/s on {} threads; decode {:.1} GB/s of weights ({:.0} % of it); prefill {}\n",
+        rf.stream_read_gbps,
+        r.threads,
+        rf.decode_gbps,
+        100.0 * rf.decode_roofline_fraction,
+        rf.prefill_gops
+            .iter()
+            .map(|(n, g)| format!("{n}: {g:.0} GOP/s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if let Some(rss) = r.ours_peak_rss_bytes {
         t += &format!(
             "peak RSS (ours) {:.0} MB vs GGUF {:.0} MB ({:.2}x)\n",

@@ -110,6 +110,28 @@ fn engine_section(dir: &Path, md: &mut String) {
             f(&v["ours_peak_rss_bytes"]) / 1e6,
             f(&v["model_file_bytes"]) / 1e6
         );
+        let rf = &v["roofline"];
+        if rf.is_object() {
+            let gops: Vec<String> = rf["prefill_gops"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|p| format!("{} tokens {:.0}", p[0], f(&p[1])))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "Roofline: streaming read {:.1} GB/s on the same threads; decode streams {:.0} MB of \
+                 weights per token = {:.1} GB/s, **{:.0} %** of it. Prefill through the layers: {} \
+                 GOP/s (int8, 2 ops per multiply-add).\n",
+                f(&rf["stream_read_gbps"]),
+                f(&rf["weight_bytes_per_token"]) / 1e6,
+                f(&rf["decode_gbps"]),
+                100.0 * f(&rf["decode_roofline_fraction"]),
+                gops.join(", ")
+            );
+        }
     }
 }
 
@@ -121,8 +143,8 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
     let _ = writeln!(
         md,
         "## TTFT over link profiles (`edgeprompt bench ttft`)\n\n{}; codec {}\n\n\
-         | link | cloud + edge tokens | edge-only s | EdgePrompt pipelined s | ratio | non-pipelined s | planner s | planner error | regime |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | non-pipelined s | planner s | planner error | regime |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         v["codec"].as_str().unwrap_or("?")
     );
@@ -135,13 +157,16 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
         );
         let err = (pred - pipe) / pipe;
         errors.push(err.abs());
+        let llama = r["llama_edge_only_s"].as_f64();
         let _ = writeln!(
             md,
-            "| {} | {} + {} | {eo:.2} | {pipe:.2} | {:.2}x | {:.2} | {pred:.2} | {:+.1} % | {} |",
+            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {:.2} | {pred:.2} | {:+.1} % | {} |",
             r["profile"].as_str().unwrap_or("?"),
             r["cloud_tokens"],
             r["edge_tokens"],
+            llama.map_or("-".into(), |l| format!("{l:.2}")),
             pipe / eo,
+            llama.map_or("-".into(), |l| format!("{:.2}x", pipe / l)),
             f(&r["sequential_s"]),
             100.0 * err,
             r["regime"].as_str().unwrap_or("?")

@@ -28,6 +28,8 @@ pub struct Settings {
     pub profiles: Vec<String>,
     pub codec: Codec,
     pub threads: usize,
+    /// Python with `llama_cpp`: llama.cpp's edge-only TTFT on the same tokens, same threads.
+    pub llama_python: Option<PathBuf>,
     pub out: PathBuf,
 }
 
@@ -37,6 +39,8 @@ pub struct Row {
     pub cloud_tokens: usize,
     pub edge_tokens: usize,
     pub edge_only_s: f64,
+    /// llama.cpp prefilling the same cloud + edge tokens (its TTFT running alone on the edge).
+    pub llama_edge_only_s: Option<f64>,
     pub pipelined_s: f64,
     pub sequential_s: f64,
     pub predicted_pipelined_s: f64,
@@ -108,6 +112,19 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             edge_only.last().unwrap_or(&0.0)
         );
     }
+    let mut llama_edge_only = Vec::new();
+    for c in &cases {
+        let ids: Vec<u32> = c.cloud_ids.iter().chain(&c.edge_ids).copied().collect();
+        let secs = match &s.llama_python {
+            Some(py) => {
+                let t = crate::engine::llama_prefill_secs(py, &s.model, &ids, s.threads)?;
+                eprintln!("  llama.cpp edge-only {} tokens: TTFT {t:.3} s", ids.len());
+                Some(t)
+            }
+            None => None,
+        };
+        llama_edge_only.push(secs);
+    }
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();
     let mut profiles = Vec::new();
@@ -120,7 +137,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             profiles.push((name.clone(), p));
             let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), p).await?;
             let url = format!("http://{}", link.addr);
-            for (c, &eo) in cases.iter().zip(&edge_only) {
+            for ((c, &eo), &llama) in cases.iter().zip(&edge_only).zip(&llama_edge_only) {
                 let (pipe, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
                 let (seq, _) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, false, 0).await?;
                 let l = &tl.layers;
@@ -148,6 +165,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     cloud_tokens: c.cloud_ids.len(),
                     edge_tokens: c.edge_ids.len(),
                     edge_only_s: eo,
+                    llama_edge_only_s: llama,
                     pipelined_s: pipe,
                     sequential_s: seq,
                     predicted_pipelined_s: pred.pipelined_secs,
@@ -194,6 +212,14 @@ fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<
             "TTFT (s)",
             &[
                 series("edge only", &|x| x.edge_only_s, false),
+                Series {
+                    name: "llama.cpp edge only".into(),
+                    points: rows
+                        .iter()
+                        .filter_map(|x| x.llama_edge_only_s.map(|v| (x.cloud_tokens as f64, v)))
+                        .collect(),
+                    dashed: true,
+                },
                 series("EdgePrompt pipelined", &|x| x.pipelined_s, false),
                 series("EdgePrompt sequential", &|x| x.sequential_s, false),
                 series("planner (pipelined)", &|x| x.predicted_pipelined_s, true),

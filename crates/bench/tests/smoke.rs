@@ -69,6 +69,10 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     .unwrap();
     let v = json(&out, "engine-smollm2.json");
     assert!(v["ours"]["decode"].as_f64().unwrap() > 0.0);
+    let rf = &v["roofline"];
+    assert!(rf["stream_read_gbps"].as_f64().unwrap() > 0.0);
+    assert!(rf["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
+    assert!(rf["decode_roofline_fraction"].as_f64().unwrap() > 0.0);
     assert!(v["candle"]["prefill"][0][1].as_f64().unwrap() > 0.0);
 
     ttft::run(&ttft::Settings {
@@ -79,6 +83,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         profiles: vec!["5g".into()],
         codec: Codec::F16,
         threads: 2,
+        llama_python: None,
         out: out.clone(),
     })
     .unwrap();

@@ -200,6 +200,9 @@ pub struct TtftArgs {
     codec: String,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// A Python with `llama_cpp`: adds llama.cpp edge-only TTFT on the same tokens.
+    #[arg(long)]
+    llama_python: Option<PathBuf>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -287,6 +290,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 codec: Codec::parse(&a.codec)
                     .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?,
                 threads: a.threads,
+                llama_python: a.llama_python,
                 out: a.out.clone(),
             };
             let r = edgeprompt_bench::ttft::run(&s)?;

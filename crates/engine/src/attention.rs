@@ -10,7 +10,6 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 use crate::kv::LayerKv;
 
@@ -299,11 +298,14 @@ pub fn attend_batch(q: &[f32], views: &[KvView], n_head: usize, head_dim: usize,
         .iter()
         .flat_map(|((_, g), qs)| qs.chunks(per_task).map(move |c| (*g, c)))
         .collect();
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(g, qs)| attend_task(q, views, g, qs, n_head, head_dim))
-        .collect();
+    let results: Vec<std::sync::OnceLock<Vec<f32>>> =
+        tasks.iter().map(|_| std::sync::OnceLock::new()).collect();
+    crate::pool::run(tasks.len(), &|i| {
+        let (g, qs) = tasks[i];
+        let _ = results[i].set(attend_task(q, views, g, qs, n_head, head_dim));
+    });
     for ((_, qs), res) in tasks.iter().zip(&results) {
+        let res = res.get().map_or(&[][..], |r| &r[..]);
         for (query, o) in qs.iter().zip(res.chunks_exact(head_dim)) {
             let at = (query.row * n_head + query.head) * head_dim;
             out[at..at + head_dim].copy_from_slice(o);

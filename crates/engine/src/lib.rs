@@ -10,6 +10,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+mod pool;
 pub mod rope;
 pub mod sample;
 pub mod sequence;

@@ -13,7 +13,7 @@ use crate::kv::LayerKv;
 use crate::rope::Rope;
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
+use crate::weights::{Linear, Weights};
 use crate::{EngineError, Result};
 
 /// Longest context the RoPE table is built for, whatever the GGUF claims.
@@ -143,6 +143,12 @@ impl Model {
         Ok(q)
     }
 
+    /// Weight bytes a decode step streams, and multiply-adds per token through the layers
+    /// (for roofline figures).
+    pub fn traffic(&self) -> (usize, usize) {
+        self.weights.traffic()
+    }
+
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
         self.weights.embed(ids, self.cfg.vocab_size)
@@ -162,9 +168,10 @@ impl Model {
         }
         let (hd, kvw) = (c.head_dim, c.n_kv_head * c.head_dim);
         let h = rms_norm(x, &w.attn_norm, c.rms_eps);
-        let mut q = w.wq.forward(&h, rows)?;
-        let mut k = w.wk.forward(&h, rows)?;
-        let v = w.wv.forward(&h, rows)?;
+        let mut qkv = Linear::forward_many(&[&w.wq, &w.wk, &w.wv], &h, rows)?.into_iter();
+        let (Some(mut q), Some(mut k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
+            return Err(EngineError::Input("q/k/v projections missing".into()));
+        };
         let mut r0 = 0;
         for part in parts.iter_mut() {
             let pos0 = part.prefix.map_or(0, |p| p.len()) + part.private.len();
@@ -200,8 +207,10 @@ impl Model {
         let o = w.wo.forward(&attn, rows)?;
         add_in_place(x, &o);
         let h = rms_norm(x, &w.ffn_norm, c.rms_eps);
-        let mut gate = w.w_gate.forward(&h, rows)?;
-        let up = w.w_up.forward(&h, rows)?;
+        let mut gu = Linear::forward_many(&[&w.w_gate, &w.w_up], &h, rows)?.into_iter();
+        let (Some(mut gate), Some(up)) = (gu.next(), gu.next()) else {
+            return Err(EngineError::Input("gate/up projections missing".into()));
+        };
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }

@@ -86,6 +86,11 @@ impl Linear {
             )));
         }
         let mut out = self.weight.matmul(x, rows, self.in_dim)?;
+        self.add_bias(&mut out);
+        Ok(out)
+    }
+
+    fn add_bias(&self, out: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in out.chunks_exact_mut(self.out_dim) {
                 for (o, bb) in row.iter_mut().zip(b) {
@@ -93,7 +98,26 @@ impl Linear {
                 }
             }
         }
-        Ok(out)
+    }
+
+    /// Several projections of the same input in one parallel call (same results as one
+    /// `forward` each).
+    pub fn forward_many(ls: &[&Linear], x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>> {
+        let own: Option<Vec<&QMatrix>> = ls
+            .iter()
+            .map(|l| match &*l.weight {
+                Matrix::Own(m) if l.in_dim == m.in_dim() && x.len() == rows * l.in_dim => Some(m),
+                _ => None,
+            })
+            .collect();
+        let Some(own) = own else {
+            return ls.iter().map(|l| l.forward(x, rows)).collect();
+        };
+        let mut outs = crate::kernels::matmul_many(&own, x, rows);
+        for (l, out) in ls.iter().zip(outs.iter_mut()) {
+            l.add_bias(out);
+        }
+        Ok(outs)
     }
 }
 
@@ -259,6 +283,24 @@ impl Weights {
             tied_output,
             type_bytes: ld.type_bytes.into_iter().collect(),
         })
+    }
+
+    /// Weight bytes one decode step reads (every layer matrix and the output head) and the
+    /// multiply-adds of one token through the layers (the head runs once per prompt).
+    pub fn traffic(&self) -> (usize, usize) {
+        let size = |l: &Linear| match &*l.weight {
+            Matrix::Own(m) => m.bytes(),
+            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
+        };
+        let mut bytes = size(&self.output);
+        let mut macs = 0;
+        for w in &self.layers {
+            for l in [&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down] {
+                bytes += size(l);
+                macs += l.in_dim * l.out_dim;
+            }
+        }
+        (bytes, macs)
     }
 
     /// Embedding rows for `ids`, dequantized.

@@ -15,7 +15,8 @@ pub(crate) struct Acts {
     pub d: Vec<f32>,
     pub s: Vec<f32>,
     pub bsum: Vec<i32>,
-    pub hsum: Vec<i32>,
+    /// The two half-block sums as the i16 halves of one i32 (low: first half), for `madd`.
+    pub hpair: Vec<i32>,
 }
 
 impl Acts {
@@ -29,7 +30,7 @@ impl Acts {
         self.d.resize(m * nb, 0.0);
         self.s.resize(m * nb, 0.0);
         self.bsum.resize(m * nb, 0);
-        self.hsum.resize(2 * m * nb, 0);
+        self.hpair.resize(m * nb, 0);
         #[cfg(target_arch = "x86_64")]
         if *super::LEVEL != super::Level::Portable {
             for b in 0..m * nb {
@@ -64,8 +65,8 @@ impl Acts {
         self.d[b] = d;
         self.s[b] = d * (h0 + h1) as f32;
         self.bsum[b] = h0 + h1;
-        self.hsum[2 * b] = h0;
-        self.hsum[2 * b + 1] = h1;
+        // |h| <= 16 * 127: both fit in i16.
+        self.hpair[b] = (h0 & 0xFFFF) | (h1 << 16);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -1,4 +1,4 @@
-//! The AVX2 GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 4
+//! The AVX2 GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
 //! activation rows. Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
 //! unpacked once in registers and multiplied (`maddubs`) against every activation row's 4
 //! broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
@@ -9,12 +9,28 @@
 //! tile, the thread or the other rows.
 
 #![cfg(target_arch = "x86_64")]
+// Lane and sub-block indices are the layout; index loops say it most plainly.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
 use super::acts::Acts;
 use super::repack::ROWS;
 use super::{Format, QK};
+
+/// The tile height for `left` remaining rows: up to 8 rows reuse one block's unpacked weights;
+/// powers of two, so four kernels cover any count.
+pub(super) fn tile_rows(left: usize) -> usize {
+    match left {
+        8.. => 8,
+        4..=7 => 4,
+        2..=3 => 2,
+        _ => 1,
+    }
+}
+
+/// Bytes ahead of the current block that single-row calls prefetch.
+const PREFETCH: usize = 4096;
 
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -34,11 +50,11 @@ fn code(f: Format) -> u8 {
     }
 }
 
-/// Output rows `i0..i0 + mt` (at most 4) of group `g`, written to `out` (row stride `ldo`,
-/// `cols` valid columns from column 0).
+/// Output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one group, written to `out` (row
+/// stride `ldo`, `cols` valid columns from column 0).
 ///
 /// # Safety
-/// AVX2, FMA and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
+/// AVX2 and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
 /// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
 #[target_feature(enable = "avx2,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -57,8 +73,8 @@ pub(super) unsafe fn tile(
             match mt {
                 1 => tile_n::<$c, 1>(group, acts, i0, out, ldo, cols),
                 2 => tile_n::<$c, 2>(group, acts, i0, out, ldo, cols),
-                3 => tile_n::<$c, 3>(group, acts, i0, out, ldo, cols),
-                _ => tile_n::<$c, 4>(group, acts, i0, out, ldo, cols),
+                4 => tile_n::<$c, 4>(group, acts, i0, out, ldo, cols),
+                _ => tile_n::<$c, 8>(group, acts, i0, out, ldo, cols),
             }
         };
     }
@@ -150,6 +166,22 @@ unsafe fn dot16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m25
     _mm256_madd_epi16(s, _mm256_set1_epi16(1))
 }
 
+/// As `dot16`, the i16 pair sums multiplied by `scale`'s i16 lanes instead of by one.
+#[inline(always)]
+unsafe fn dot16_by(
+    v: &[__m256i; 8],
+    a: *const i8,
+    from: usize,
+    to: usize,
+    scale: __m256i,
+) -> __m256i {
+    let mut s = _mm256_maddubs_epi16(v[from], bcast(a.add(4 * from)));
+    for j in from + 1..to {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], bcast(a.add(4 * j))));
+    }
+    _mm256_madd_epi16(s, scale)
+}
+
 #[inline(always)]
 unsafe fn tile_n<const F: u8, const MT: usize>(
     group: &[u8],
@@ -180,8 +212,7 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
     let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
     let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
     let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
-    let hsum: [*const i32; MT] =
-        std::array::from_fn(|i| acts.hsum.as_ptr().add((i0 + i) * 2 * nb));
+    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
     let mut acc = [[_mm256_setzero_ps(); 8]; MT];
     let gp = group.as_ptr();
     let ones = _mm256_set1_epi16(1);
@@ -196,6 +227,13 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
         };
         for bi in 0..bps {
             let b = s * bps + bi;
+            if MT == 1 {
+                // Decode streams the weights from memory once: ask for them a few blocks ahead.
+                let ahead = hdr.add(hb + bi * pb + PREFETCH);
+                for line in (0..pb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
+                }
+            }
             let v = weights::<F>(hdr.add(hb + bi * pb));
             let (wd, wm) = match F {
                 Q4K => {
@@ -206,13 +244,20 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
                 }
                 _ => (d8, m8),
             };
-            let (sc0, sc1) = if F == Q6K {
+            // q6_K: each row's two half-block scales as i16 pairs, for `madd`: (s0, s0), (s1, s1)
+            // scale the half sums, (s0, s1) the zero-point correction.
+            let (sc0, sc1, sc01) = if F == Q6K {
+                let lo = _mm256_set1_epi32(0xFFFF);
+                let s0 = bytes8(hdr.add(16 + 16 * bi), true);
+                let s1 = bytes8(hdr.add(24 + 16 * bi), true);
                 (
-                    bytes8(hdr.add(16 + 16 * bi), true),
-                    bytes8(hdr.add(24 + 16 * bi), true),
+                    _mm256_or_si256(_mm256_and_si256(s0, lo), _mm256_slli_epi32(s0, 16)),
+                    _mm256_or_si256(_mm256_and_si256(s1, lo), _mm256_slli_epi32(s1, 16)),
+                    _mm256_or_si256(_mm256_and_si256(s0, lo), _mm256_slli_epi32(s1, 16)),
                 )
             } else {
-                (_mm256_setzero_si256(), _mm256_setzero_si256())
+                let z = _mm256_setzero_si256();
+                (z, z, z)
             };
             let va = if F == Q8_0 {
                 let mut va = v;
@@ -239,14 +284,18 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
                         _mm256_sub_epi32(p, _mm256_set1_epi32(16 * *bsum[i].add(b)))
                     }
                     Q6K => {
-                        let h0 = _mm256_add_epi32(dot16(&v, a, 0, 2), dot16(&v, a, 2, 4));
-                        let h1 = _mm256_add_epi32(dot16(&v, a, 4, 6), dot16(&v, a, 6, 8));
-                        let c0 = _mm256_set1_epi32(32 * *hsum[i].add(2 * b));
-                        let c1 = _mm256_set1_epi32(32 * *hsum[i].add(2 * b + 1));
-                        _mm256_add_epi32(
-                            _mm256_mullo_epi32(sc0, _mm256_sub_epi32(h0, c0)),
-                            _mm256_mullo_epi32(sc1, _mm256_sub_epi32(h1, c1)),
-                        )
+                        // sc0 * h0 + sc1 * h1 - 32 * (sc0 * hs0 + sc1 * hs1), all exact i32.
+                        let h0 = _mm256_add_epi32(
+                            dot16_by(&v, a, 0, 2, sc0),
+                            dot16_by(&v, a, 2, 4, sc0),
+                        );
+                        let h1 = _mm256_add_epi32(
+                            dot16_by(&v, a, 4, 6, sc1),
+                            dot16_by(&v, a, 6, 8, sc1),
+                        );
+                        let hs = _mm256_set1_epi32(*hpair[i].add(b));
+                        let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
+                        _mm256_sub_epi32(_mm256_add_epi32(h0, h1), corr)
                     }
                     _ => {
                         // q8_0: |w| (unsigned) times a with w's sign; one madd per term.

@@ -74,13 +74,13 @@ pub(crate) struct QuantRow {
 
 impl QMatrix {
     /// `data`: `n` rows of `k` values in GGUF block layout; kept repacked (`repack.rs`).
-    pub fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
+    pub fn new(format: Format, n: usize, k: usize, mut data: Vec<u8>) -> Option<Self> {
         let bv = format.block_values();
         let expect = n * (k / bv) * format.block_bytes();
         if !k.is_multiple_of(bv) || data.len() != expect {
             return None;
         }
-        let data = repack::repack(format, n, k, &data);
+        repack::repack(format, n, k, &mut data);
         Some(Self { format, n, k, data })
     }
 
@@ -111,58 +111,41 @@ impl QMatrix {
 
     /// `x`: `[m, k]` row-major f32 -> `[m, n]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        assert_eq!(x.len(), m * self.k, "matmul input shape");
-        let mut out = vec![0f32; m * self.n];
-        #[cfg(target_arch = "x86_64")]
-        if *LEVEL != Level::Portable {
-            ACTS.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut acts) => self.matmul_avx2(x, m, &mut acts, &mut out),
-                Err(_) => self.matmul_avx2(x, m, &mut Acts::default(), &mut out),
-            });
-            return out;
-        }
-        self.matmul_portable(x, m, &mut out);
-        out
+        matmul_many(&[self], x, m).pop().unwrap_or_default()
     }
 
+    /// The tile loop over groups `g0..g1` for activation rows `0..m`.
     #[cfg(target_arch = "x86_64")]
-    fn matmul_avx2(&self, x: &[f32], m: usize, acts: &mut Acts, out: &mut [f32]) {
-        acts.fill(x, m, self.k);
-        let acts = &*acts;
-        let groups = self.n.div_ceil(repack::ROWS);
+    fn run_groups(&self, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
         let gb = self.group_bytes();
-        let tasks = groups.min(4 * rayon::current_num_threads().max(1));
-        let dst = SendPtr(out.as_mut_ptr());
-        (0..tasks).into_par_iter().for_each(|t| {
-            let dst = &dst;
-            let (g0, g1) = (t * groups / tasks, (t + 1) * groups / tasks);
-            // Activation rows in chunks that stay in L2 while the task's groups pass over them.
-            for c0 in (0..m).step_by(ACT_CHUNK) {
-                let c1 = (c0 + ACT_CHUNK).min(m);
-                for g in g0..g1 {
-                    let group = &self.data[g * gb..(g + 1) * gb];
-                    let col = g * repack::ROWS;
-                    let cols = (self.n - col).min(repack::ROWS);
-                    for i in (c0..c1).step_by(4) {
-                        let mt = (c1 - i).min(4);
-                        // SAFETY: AVX2/F16C detected; tiles write disjoint [rows, cols] blocks
-                        // of `out`, inside it.
-                        unsafe {
-                            gemm::tile(
-                                self.format,
-                                group,
-                                acts,
-                                i,
-                                mt,
-                                dst.0.add(i * self.n + col),
-                                self.n,
-                                cols,
-                            )
-                        };
-                    }
+        // Activation rows in chunks that stay in L2 while the task's groups pass over them.
+        for c0 in (0..m).step_by(ACT_CHUNK) {
+            let c1 = (c0 + ACT_CHUNK).min(m);
+            for g in g0..g1 {
+                let group = &self.data[g * gb..(g + 1) * gb];
+                let col = g * repack::ROWS;
+                let cols = (self.n - col).min(repack::ROWS);
+                let mut i = c0;
+                while i < c1 {
+                    let mt = gemm::tile_rows(c1 - i);
+                    // SAFETY: AVX2/F16C detected; tiles write disjoint [rows, cols] blocks of
+                    // the `[m, n]` output at `dst`, inside it.
+                    unsafe {
+                        gemm::tile(
+                            self.format,
+                            group,
+                            acts,
+                            i,
+                            mt,
+                            dst.add(i * self.n + col),
+                            self.n,
+                            cols,
+                        )
+                    };
+                    i += mt;
                 }
             }
-        });
+        }
     }
 
     /// Scalar reference: each row back to GGUF bytes, unpacked, dotted in canonical order.
@@ -185,6 +168,55 @@ impl QMatrix {
             }
         }
     }
+}
+
+/// `x @ w^T` for several matrices with the same input width: the activations are quantized
+/// once and all tiles run in one parallel call (q/k/v, gate/up), which matters for decode,
+/// where each call is short.
+pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    let Some(k) = ws.first().map(|w| w.k) else {
+        return Vec::new();
+    };
+    assert!(
+        ws.iter().all(|w| w.k == k),
+        "matmul_many input widths differ"
+    );
+    assert_eq!(x.len(), m * k, "matmul input shape");
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.n]).collect();
+    #[cfg(target_arch = "x86_64")]
+    if *LEVEL != Level::Portable {
+        ACTS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut acts) => matmul_avx2(ws, x, m, &mut acts, &mut outs),
+            Err(_) => matmul_avx2(ws, x, m, &mut Acts::default(), &mut outs),
+        });
+        return outs;
+    }
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        w.matmul_portable(x, m, out);
+    }
+    outs
+}
+
+#[cfg(target_arch = "x86_64")]
+fn matmul_avx2(ws: &[&QMatrix], x: &[f32], m: usize, acts: &mut Acts, outs: &mut [Vec<f32>]) {
+    acts.fill(x, m, ws[0].k);
+    let acts = &*acts;
+    // Tasks of about equal numbers of groups, four per thread, never spanning two matrices.
+    let groups: Vec<usize> = ws.iter().map(|w| w.n.div_ceil(repack::ROWS)).collect();
+    let total: usize = groups.iter().sum();
+    let per = total
+        .div_ceil(4 * rayon::current_num_threads().max(1))
+        .max(1);
+    let mut tasks = Vec::new();
+    for (j, &g) in groups.iter().enumerate() {
+        let n = g.div_ceil(per);
+        tasks.extend((0..n).map(|t| (j, t * g / n, (t + 1) * g / n)));
+    }
+    let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
+    crate::pool::run(tasks.len(), &|t| {
+        let (j, g0, g1) = tasks[t];
+        ws[j].run_groups(acts, m, g0, g1, dsts[j].0);
+    });
 }
 
 /// Activation rows per L2-resident chunk.

@@ -16,6 +16,9 @@
 //!   chunk `c` (0..2) byte `4r + t` bits `2i..2i + 2` = bits 4-5 of `v_r[4(4c + i) + t]`;
 //!   q8_0 instead 256 bytes, chunk `j` (0..8) byte `4r + t` = `v_r[4j + t]`.
 
+// Byte and value indices are the layout; index loops say it most plainly.
+#![allow(clippy::needless_range_loop)]
+
 use super::formats::{q4k_scale_min, Format};
 use super::QK;
 
@@ -137,33 +140,47 @@ impl Format {
     }
 }
 
-/// Repacks `[n, k]` GGUF rows; rows past `n` (up to a multiple of 8) are zero.
-pub(crate) fn repack(f: Format, n: usize, k: usize, gguf: &[u8]) -> Vec<u8> {
+/// Repacks `[n, k]` GGUF rows in place; rows past `n` (up to a multiple of 8) are zero.
+/// A group of 8 GGUF rows is no larger than its repacked form, so groups are rewritten from
+/// the last to the first, each from a copy of its own rows: the matrix is never held twice.
+pub(crate) fn repack(f: Format, n: usize, k: usize, data: &mut Vec<u8>) {
     let (bv, bb) = (f.block_values(), f.block_bytes());
     let nsup = k / bv;
     let groups = n.div_ceil(ROWS);
-    let mut out = vec![0u8; groups * nsup * f.super_bytes()];
+    let (src_group, dst_group) = (ROWS * nsup * bb, nsup * f.super_bytes());
+    data.resize((groups * dst_group).max(data.len()), 0);
+    let mut rows = vec![0u8; src_group];
     let mut vals = [[0u8; 256]; ROWS];
-    for (g, dst) in out.chunks_exact_mut(nsup * f.super_bytes()).enumerate() {
+    let zero = [0u8; 210];
+    for g in (0..groups).rev() {
+        let src =
+            &data[(g * src_group).min(n * nsup * bb)..((g + 1) * src_group).min(n * nsup * bb)];
+        rows[..src.len()].copy_from_slice(src);
+        let real = src.len() / (nsup * bb);
+        let dst = &mut data[g * dst_group..(g + 1) * dst_group];
         for (s, sup) in dst.chunks_exact_mut(f.super_bytes()).enumerate() {
-            let mut blks = [&[0u8; 210][..bb]; ROWS];
-            for (r, blk) in blks.iter_mut().enumerate() {
-                let row = g * ROWS + r;
-                if row < n {
-                    let at = (row * nsup + s) * bb;
-                    *blk = &gguf[at..at + bb];
+            let blks: [&[u8]; ROWS] = std::array::from_fn(|r| {
+                let at = (r * nsup + s) * bb;
+                if r < real {
+                    &rows[at..at + bb]
+                } else {
+                    &zero[..bb]
                 }
+            });
+            for (r, blk) in blks.iter().enumerate() {
                 f.values(blk, &mut vals[r]);
             }
             write_header(f, &blks, &mut sup[..f.header_bytes()]);
             let planes = &mut sup[f.header_bytes()..];
+            planes.fill(0);
             for (b, p) in planes.chunks_exact_mut(f.plane_bytes()).enumerate() {
                 let v: [&[u8]; ROWS] = std::array::from_fn(|r| &vals[r][b * QK..(b + 1) * QK]);
                 write_plane(f, &v, p);
             }
         }
     }
-    out
+    data.truncate(groups * dst_group);
+    data.shrink_to_fit();
 }
 
 /// The GGUF bytes of row `row` of a repacked matrix (exact inverse of `repack`).
@@ -174,7 +191,10 @@ pub(crate) fn gguf_row(f: Format, k: usize, packed: &[u8], row: usize) -> Vec<u8
     let group = &packed[g * nsup * f.super_bytes()..(g + 1) * nsup * f.super_bytes()];
     let mut out = vec![0u8; nsup * bb];
     let mut v = [0u8; 256];
-    for (sup, blk) in group.chunks_exact(f.super_bytes()).zip(out.chunks_exact_mut(bb)) {
+    for (sup, blk) in group
+        .chunks_exact(f.super_bytes())
+        .zip(out.chunks_exact_mut(bb))
+    {
         read_header(f, &sup[..f.header_bytes()], r, blk);
         let planes = &sup[f.header_bytes()..];
         for (b, p) in planes.chunks_exact(f.plane_bytes()).enumerate() {
