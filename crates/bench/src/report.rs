@@ -21,6 +21,15 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
+/// A number, or "-" where the run did not measure it.
+fn num(x: f64, digits: usize) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.digits$}")
+    }
+}
+
 fn machine_line(v: &Value) -> String {
     let m = &v["machine"];
     let threads = match &v["threads"] {
@@ -93,7 +102,8 @@ fn engine_section(dir: &Path, md: &mut String) {
             let lv = l.get(i).map_or(f64::NAN, |x| x.1);
             let _ = writeln!(
                 md,
-                "| prefill {n} | {ours:.0} | {cv:.0} | {lv:.0} | {:.2}x |",
+                "| prefill {n} | {ours:.0} | {} | {lv:.0} | {:.2}x |",
+                num(cv, 0),
                 ours / lv
             );
         }
@@ -104,8 +114,9 @@ fn engine_section(dir: &Path, md: &mut String) {
         );
         let _ = writeln!(
             md,
-            "| decode @{} | {od:.1} | {cd:.1} | {ld:.1} | {:.2}x |\n\nPeak RSS {:.0} MB for a {:.0} MB GGUF.\n",
+            "| decode @{} | {od:.1} | {} | {ld:.1} | {:.2}x |\n\nPeak RSS {:.0} MB for a {:.0} MB GGUF.\n",
             v["decode_context"],
+            num(cd, 1),
             od / ld,
             f(&v["ours_peak_rss_bytes"]) / 1e6,
             f(&v["model_file_bytes"]) / 1e6

@@ -11,6 +11,9 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use crate::fastexp::exp_neg;
+#[cfg(target_arch = "x86_64")]
+use crate::fastexp::exp_neg8;
 use crate::kv::LayerKv;
 
 /// Largest head dimension the stack buffers hold.
@@ -110,14 +113,14 @@ fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize
         let acc = &mut st.acc[..d];
         for (&s, v) in scores[..nb].iter().zip(vb.chunks_exact(d)) {
             if s > st.m {
-                let c = (st.m - s).exp();
+                let c = exp_neg(st.m - s);
                 st.l *= c;
                 for a in acc.iter_mut() {
                     *a *= c;
                 }
                 st.m = s;
             }
-            let p = (s - st.m).exp();
+            let p = exp_neg(s - st.m);
             st.l += p;
             for (a, x) in acc.iter_mut().zip(v) {
                 *a += p * x;
@@ -162,43 +165,69 @@ mod simd {
         let qp = q.as_ptr();
         let (kp, vp) = (keys.as_ptr() as *const u16, values.as_ptr() as *const u16);
         let acc = st.acc.as_mut_ptr();
-        for j in 0..n {
-            let kr = kp.add(j * d);
-            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for c in 0..chunks {
-                let o = c * 16;
-                a0 = _mm256_add_ps(
-                    a0,
-                    _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))),
-                );
-                a1 = _mm256_add_ps(
-                    a1,
-                    _mm256_mul_ps(_mm256_loadu_ps(qp.add(o + 8)), half8(kr.add(o + 8))),
-                );
-            }
-            let s8 = _mm256_add_ps(a0, a1);
-            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            let s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-            if s > st.m {
-                let c = _mm256_set1_ps((st.m - s).exp());
-                st.l *= (st.m - s).exp();
-                for o in (0..d).step_by(8) {
-                    _mm256_storeu_ps(acc.add(o), _mm256_mul_ps(_mm256_loadu_ps(acc.add(o)), c));
+        let mut j0 = 0;
+        while j0 < n {
+            // Eight keys at a time: scores, then the running max key by key, so both
+            // exponentials can be taken as one vector each with the per-key arguments.
+            let nb = 8.min(n - j0);
+            let mut s = [0f32; 8];
+            for (jj, sj) in s[..nb].iter_mut().enumerate() {
+                let kr = kp.add((j0 + jj) * d);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for c in 0..chunks {
+                    let o = c * 16;
+                    a0 = _mm256_add_ps(
+                        a0,
+                        _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))),
+                    );
+                    a1 = _mm256_add_ps(
+                        a1,
+                        _mm256_mul_ps(_mm256_loadu_ps(qp.add(o + 8)), half8(kr.add(o + 8))),
+                    );
                 }
-                st.m = s;
+                let s8 = _mm256_add_ps(a0, a1);
+                let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+                let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+                *sj = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
             }
-            let p = (s - st.m).exp();
-            st.l += p;
-            let pv = _mm256_set1_ps(p);
-            let vr = vp.add(j * d);
-            for o in (0..d).step_by(8) {
-                let x = _mm256_add_ps(
-                    _mm256_loadu_ps(acc.add(o)),
-                    _mm256_mul_ps(pv, half8(vr.add(o))),
-                );
-                _mm256_storeu_ps(acc.add(o), x);
+            let (mut pa, mut ca) = ([0f32; 8], [0f32; 8]);
+            let mut grew = [false; 8];
+            let mut m = st.m;
+            for jj in 0..nb {
+                if s[jj] > m {
+                    ca[jj] = m - s[jj];
+                    grew[jj] = true;
+                    m = s[jj];
+                }
+                pa[jj] = s[jj] - m;
             }
+            let (mut p, mut c) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(p.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(pa.as_ptr())));
+            _mm256_storeu_ps(c.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(ca.as_ptr())));
+            for jj in 0..nb {
+                if grew[jj] {
+                    let cv = _mm256_set1_ps(c[jj]);
+                    st.l *= c[jj];
+                    for o in (0..d).step_by(8) {
+                        _mm256_storeu_ps(
+                            acc.add(o),
+                            _mm256_mul_ps(_mm256_loadu_ps(acc.add(o)), cv),
+                        );
+                    }
+                    st.m = s[jj];
+                }
+                st.l += p[jj];
+                let pv = _mm256_set1_ps(p[jj]);
+                let vr = vp.add((j0 + jj) * d);
+                for o in (0..d).step_by(8) {
+                    let x = _mm256_add_ps(
+                        _mm256_loadu_ps(acc.add(o)),
+                        _mm256_mul_ps(pv, half8(vr.add(o))),
+                    );
+                    _mm256_storeu_ps(acc.add(o), x);
+                }
+            }
+            j0 += nb;
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod chat;
 pub mod config;
 mod error;
+mod fastexp;
 pub mod generate;
 pub mod kernels;
 pub mod kv;

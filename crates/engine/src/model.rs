@@ -211,9 +211,7 @@ impl Model {
         let (Some(mut gate), Some(up)) = (gu.next(), gu.next()) else {
             return Err(EngineError::Input("gate/up projections missing".into()));
         };
-        for (g, u) in gate.iter_mut().zip(&up) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        }
+        crate::fastexp::silu_mul(&mut gate, &up);
         let down = w.w_down.forward(&gate, rows)?;
         add_in_place(x, &down);
         Ok(())
