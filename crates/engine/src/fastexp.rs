@@ -13,7 +13,7 @@ const P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5,
 ];
 /// Below this the result underflows: 0.
 const MIN_ARG: f32 = -87.0;
@@ -21,7 +21,7 @@ const MIN_ARG: f32 = -87.0;
 /// `e^x` for `x <= 0` (larger arguments are not attention's and are not handled).
 #[inline(always)]
 pub fn exp_neg(x: f32) -> f32 {
-    if !(x >= MIN_ARG) {
+    if x.is_nan() || x < MIN_ARG {
         return 0.0;
     }
     let n = (x * LOG2E + 0.5).floor();
