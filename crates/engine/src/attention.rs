@@ -137,7 +137,13 @@ mod simd {
         #[cfg(target_arch = "x86_64")]
         if *HAS_AVX2 && st.dim.is_multiple_of(16) {
             // SAFETY: the CPU supports the features enabled on attend_avx2.
-            return unsafe { attend_avx2(st, q, k, v, n) };
+            return unsafe {
+                match st.dim {
+                    64 => attend_avx2::<64>(st, q, k, v, n),
+                    128 => attend_avx2::<128>(st, q, k, v, n),
+                    _ => attend_avx2::<0>(st, q, k, v, n),
+                }
+            };
         }
         attend_impl(st, q, k, v, n)
     }
@@ -158,9 +164,17 @@ mod simd {
     /// f16 keys and values converted in registers instead of through a buffer.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn attend_avx2(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+    /// `D` is the head size when known at compile time (0: `st.dim`), so the common sizes keep
+    /// the output accumulator in registers across a block of keys.
+    unsafe fn attend_avx2<const D: usize>(
+        st: &mut State,
+        q: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        n: usize,
+    ) {
         use std::arch::x86_64::*;
-        let d = st.dim;
+        let d = if D == 0 { st.dim } else { D };
         let chunks = d / 16;
         let qp = q.as_ptr();
         let (kp, vp) = (keys.as_ptr() as *const u16, values.as_ptr() as *const u16);
@@ -201,6 +215,10 @@ mod simd {
                 }
                 pa[jj] = s[jj] - m;
             }
+            let mut av = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            for (o, a) in av[..d / 8].iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(acc.add(8 * o));
+            }
             let (mut p, mut c) = ([0f32; 8], [0f32; 8]);
             _mm256_storeu_ps(p.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(pa.as_ptr())));
             _mm256_storeu_ps(c.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(ca.as_ptr())));
@@ -208,24 +226,20 @@ mod simd {
                 if grew[jj] {
                     let cv = _mm256_set1_ps(c[jj]);
                     st.l *= c[jj];
-                    for o in (0..d).step_by(8) {
-                        _mm256_storeu_ps(
-                            acc.add(o),
-                            _mm256_mul_ps(_mm256_loadu_ps(acc.add(o)), cv),
-                        );
+                    for a in av[..d / 8].iter_mut() {
+                        *a = _mm256_mul_ps(*a, cv);
                     }
                     st.m = s[jj];
                 }
                 st.l += p[jj];
                 let pv = _mm256_set1_ps(p[jj]);
                 let vr = vp.add((j0 + jj) * d);
-                for o in (0..d).step_by(8) {
-                    let x = _mm256_add_ps(
-                        _mm256_loadu_ps(acc.add(o)),
-                        _mm256_mul_ps(pv, half8(vr.add(o))),
-                    );
-                    _mm256_storeu_ps(acc.add(o), x);
+                for (o, a) in av[..d / 8].iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, half8(vr.add(8 * o))));
                 }
+            }
+            for (o, a) in av[..d / 8].iter().enumerate() {
+                _mm256_storeu_ps(acc.add(8 * o), *a);
             }
             j0 += nb;
         }
@@ -483,6 +497,19 @@ mod tests {
         let mut b = State::new(d);
         attend_impl(&mut b, &q, &k, &v, n);
         assert_eq!(a.finish(), b.finish());
+    }
+
+    #[test]
+    fn every_head_size_path_matches_portable_bitwise() {
+        // 128 and 64 have their own compiled paths, 48 takes the generic one.
+        for (n, d) in [(37, 128), (9, 64), (70, 48)] {
+            let (q, k, v) = setup(n, d);
+            let mut a = State::new(d);
+            a.attend(&q, &k, &v, n);
+            let mut b = State::new(d);
+            attend_impl(&mut b, &q, &k, &v, n);
+            assert_eq!(a.finish(), b.finish(), "head size {d}");
+        }
     }
 
     fn layer(n: usize, n_kv: usize, d: usize, seed: &mut u64) -> LayerKv {
