@@ -135,7 +135,7 @@ mod simd {
 
     pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
         #[cfg(target_arch = "x86_64")]
-        if *HAS_AVX2 && st.dim.is_multiple_of(16) {
+        if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 && st.dim.is_multiple_of(16) {
             // SAFETY: the CPU supports the features enabled on attend_avx2.
             return unsafe {
                 match st.dim {
@@ -147,11 +147,6 @@ mod simd {
         }
         attend_impl(st, q, k, v, n)
     }
-
-    #[cfg(target_arch = "x86_64")]
-    static HAS_AVX2: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
-    });
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]

@@ -72,7 +72,7 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     assert_eq!(g.len(), u.len(), "silu_mul lengths");
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
+    if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 {
         // SAFETY: AVX2 detected; whole 8-lane chunks only.
         done = unsafe { silu_mul_avx2(g, u) };
     }

@@ -6,27 +6,18 @@ use super::{QuantRow, Unpacked, QK};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
     Portable,
+    /// The AVX2 GEMM (`gemm.rs`); AVX-512 machines run it too.
     Avx2,
-    Avx512Vnni,
 }
 
-/// The kernel path this CPU runs (detected once).
+/// The kernel path this CPU runs (detected once; `EDGEPROMPT_PORTABLE` forces the scalar one).
 pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
     if std::env::var_os("EDGEPROMPT_PORTABLE").is_some() {
         return Level::Portable;
     }
     #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
-        let vnni = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni");
-        if avx2 && vnni && std::env::var_os("EDGEPROMPT_NO_AVX512").is_none() {
-            return Level::Avx512Vnni;
-        }
-        if avx2 {
-            return Level::Avx2;
-        }
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        return Level::Avx2;
     }
     Level::Portable
 });
