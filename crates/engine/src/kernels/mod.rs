@@ -31,10 +31,10 @@ pub struct QMatrix {
 }
 
 /// A weight row unpacked to one i8 per value plus per-block float scale and min, and for
-/// q6_K an integer scale per half block (folded into the exact integer dot).
+/// q6_K an integer scale per half block (folded into the exact integer dot): the scalar
+/// reference path's form.
 #[derive(Clone)]
 struct Unpacked {
-    /// Real blocks (the vectors below are padded).
     nb: usize,
     q: Vec<i8>,
     d: Vec<f32>,
@@ -42,24 +42,15 @@ struct Unpacked {
     sc: Vec<i32>,
 }
 
-/// Rows are padded with zero blocks to a multiple of `PAD_BLOCKS`, so SIMD groups of 8 (or 16)
-/// blocks never read past the end; padded blocks contribute exactly nothing.
-pub(crate) const PAD_BLOCKS: usize = 16;
-
-fn padded_blocks(nb: usize) -> usize {
-    nb.div_ceil(PAD_BLOCKS) * PAD_BLOCKS
-}
-
 impl Unpacked {
     fn new(k: usize) -> Self {
         let nb = k / QK;
-        let pb = padded_blocks(nb);
         Self {
             nb,
-            q: vec![0; pb * QK],
-            d: vec![0.0; pb],
-            m: vec![0.0; pb],
-            sc: vec![1; 2 * pb],
+            q: vec![0; nb * QK],
+            d: vec![0.0; nb],
+            m: vec![0.0; nb],
+            sc: vec![1; 2 * nb],
         }
     }
 }
@@ -233,11 +224,11 @@ unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
 pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
-    let pb = padded_blocks(x.len() / QK);
+    let nb = x.len() / QK;
     let mut r = QuantRow {
-        q: vec![0; pb * QK],
-        d: vec![0.0; pb],
-        s: vec![0.0; pb],
+        q: vec![0; nb * QK],
+        d: vec![0.0; nb],
+        s: vec![0.0; nb],
     };
     for (b, (xs, qs)) in x.chunks_exact(QK).zip(r.q.chunks_exact_mut(QK)).enumerate() {
         let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
