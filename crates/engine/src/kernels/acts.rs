@@ -6,7 +6,6 @@ use super::QK;
 
 #[derive(Default)]
 pub(crate) struct Acts {
-    pub m: usize,
     /// 32-blocks per row.
     pub nb: usize,
     /// i8 values per row in `q` (`nb * 32`).
@@ -23,7 +22,6 @@ impl Acts {
     /// Quantizes `x` (`[m, k]`), reusing this value's buffers.
     pub fn fill(&mut self, x: &[f32], m: usize, k: usize) {
         let nb = k / QK;
-        self.m = m;
         self.nb = nb;
         self.row_stride = nb * QK;
         self.q.resize(m * nb * QK, 0);
