@@ -1,6 +1,9 @@
 //! Activation rows quantized for the GEMM: per 32-block i8 values, the f32 scale `d`,
 //! `d * sum` (for formats with a min) and the exact integer sums of the block and its halves
-//! (zero-point corrections). The values and scales are those of `quantize_row`, bit for bit.
+//! (zero-point corrections). The values and scales are those of `quantize_row` (the scalar
+//! path's), bit for bit; only the AVX2 GEMM reads this form.
+
+#![cfg(target_arch = "x86_64")]
 
 use super::QK;
 
@@ -29,33 +32,15 @@ impl Acts {
         self.s.resize(m * nb, 0.0);
         self.bsum.resize(m * nb, 0);
         self.hpair.resize(m * nb, 0);
-        #[cfg(target_arch = "x86_64")]
-        if *super::LEVEL != super::Level::Portable {
-            for b in 0..m * nb {
-                // SAFETY: AVX2 was detected; every slice is a whole block.
-                unsafe { self.block_avx2(&x[b * QK..(b + 1) * QK], b) };
-            }
-            return;
-        }
+        assert_eq!(
+            *super::LEVEL,
+            super::Level::Avx2,
+            "Acts is the AVX2 GEMM's input"
+        );
         for b in 0..m * nb {
-            self.block_portable(&x[b * QK..(b + 1) * QK], b);
+            // SAFETY: AVX2 was detected (asserted above); every slice is a whole block.
+            unsafe { self.block_avx2(&x[b * QK..(b + 1) * QK], b) };
         }
-    }
-
-    fn block_portable(&mut self, xs: &[f32], b: usize) {
-        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let (mut h0, mut h1) = (0i32, 0i32);
-        for (i, (q, v)) in self.q[b * QK..(b + 1) * QK].iter_mut().zip(xs).enumerate() {
-            *q = (v * id).round() as i8;
-            if i < 16 {
-                h0 += *q as i32;
-            } else {
-                h1 += *q as i32;
-            }
-        }
-        self.store(b, d, h0, h1);
     }
 
     #[inline(always)]
@@ -67,7 +52,6 @@ impl Acts {
         self.hpair[b] = (h0 & 0xFFFF) | (h1 << 16);
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn block_avx2(&mut self, xs: &[f32], b: usize) {
         use std::arch::x86_64::*;
@@ -112,7 +96,6 @@ impl Acts {
 }
 
 /// Sum of the 16 i32 lanes of `a` and `c`.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn sum16(a: std::arch::x86_64::__m256i, c: std::arch::x86_64::__m256i) -> i32 {
     use std::arch::x86_64::*;

@@ -15,6 +15,7 @@ mod simd;
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
 use acts::Acts;
 
 pub use formats::Format;
@@ -211,16 +212,21 @@ fn matmul_avx2(ws: &[&QMatrix], x: &[f32], m: usize, acts: &mut Acts, outs: &mut
 }
 
 /// Activation rows per L2-resident chunk.
+#[cfg(target_arch = "x86_64")]
 const ACT_CHUNK: usize = 64;
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The calling thread's quantized activations, reused across calls.
     static ACTS: std::cell::RefCell<Acts> = std::cell::RefCell::new(Acts::default());
 }
 
+#[cfg(target_arch = "x86_64")]
 struct SendPtr(*mut f32);
 // SAFETY: the tasks sharing it write disjoint parts of the buffer.
+#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for SendPtr {}
+#[cfg(target_arch = "x86_64")]
 unsafe impl Send for SendPtr {}
 
 pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
