@@ -45,9 +45,14 @@ impl Format {
         matches!(self, Format::Q4_1 | Format::Q4K)
     }
 
-    /// q6_K scales each half of a 32-block separately (`Unpacked::sc`).
-    pub fn has_half_scales(self) -> bool {
-        self == Format::Q6K
+    /// Values per activation scale: the K formats' super blocks are summed in integers under
+    /// one activation scale (as ggml's q8_K), which leaves one float term per 256 values.
+    pub fn act_block(self) -> usize {
+        self.block_values()
+    }
+
+    pub fn is_k(self) -> bool {
+        self.block_values() != QK
     }
 
     /// Portable unpacking (the SIMD path in `simd.rs` produces the same bytes).
@@ -83,12 +88,14 @@ impl Format {
                     }
                 }
                 Format::Q4K => {
-                    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                    out.d[b0] = f16_at(blk, 0);
+                    out.m[b0] = -f16_at(blk, 2);
                     let scales = &blk[4..16];
                     for j in 0..8 {
                         let (sc, m) = q4k_scale_min(scales, j);
-                        out.d[b0 + j] = d * sc as f32;
-                        out.m[b0 + j] = -dmin * m as f32;
+                        out.sc[2 * (b0 + j)] = sc as i32;
+                        out.sc[2 * (b0 + j) + 1] = sc as i32;
+                        out.mi[b0 + j] = m as i32;
                     }
                     // 32 bytes per 64 values: low nibbles first, then high nibbles.
                     for (c, qs) in blk[16..144].chunks_exact(32).enumerate() {
@@ -101,9 +108,10 @@ impl Format {
                 Format::Q6K => {
                     let (ql, qh) = (&blk[0..128], &blk[128..192]);
                     let sc = &blk[192..208];
-                    let d = f16_at(blk, 208);
+                    out.d[b0] = f16_at(blk, 208);
+                    out.m[b0] = 0.0;
                     for j in 0..8 {
-                        out.d[b0 + j] = d;
+                        out.mi[b0 + j] = 0;
                         out.sc[2 * (b0 + j)] = sc[2 * j] as i8 as i32;
                         out.sc[2 * (b0 + j) + 1] = sc[2 * j + 1] as i8 as i32;
                     }
@@ -126,17 +134,19 @@ impl Format {
     pub fn dequantize(self, row: &[u8], k: usize) -> Vec<f32> {
         let mut un = Unpacked::new(k);
         self.unpack(row, &mut un);
+        let per = self.block_values() / QK;
         un.q[..k]
             .iter()
             .enumerate()
             .map(|(i, &q)| {
                 let b = i / QK;
-                let sc = if self.has_half_scales() {
-                    un.sc[2 * b + (i % QK) / 16] as f32
+                if self.is_k() {
+                    let s = b - b % per;
+                    let sc = un.sc[2 * b + (i % QK) / 16] as f32;
+                    (un.d[s] * sc) * q as f32 + un.m[s] * un.mi[b] as f32
                 } else {
-                    1.0
-                };
-                un.d[b] * sc * q as f32 + un.m[b]
+                    un.d[b] * q as f32 + un.m[b]
+                }
             })
             .collect()
     }

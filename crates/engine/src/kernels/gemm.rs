@@ -3,10 +3,12 @@
 //! unpacked once in registers and multiplied (`maddubs`) against every activation row's 4
 //! broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
 //! horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
-//! corrected exactly by the activation block sums. The float part is the canonical one of
-//! `simd.rs`: `(wd * ad) * isum (+ wm * as)` added into lane `block % 8` of the output, lanes
-//! reduced by the same tree, so every output has the bits of the portable path whatever the
-//! tile, the thread or the other rows.
+//! corrected exactly by the activation block sums. The K formats multiply in their integer
+//! sub-block scales and mins and sum a whole 256-value super block in integers (activations
+//! carry one scale per 256 values there). The float part is the canonical one of `simd.rs`:
+//! `(wd * ad) * isum (+ wm * as)` per scale block, added into lane `term % 8` of the output,
+//! lanes reduced by the same tree, so every output has the bits of the portable path whatever
+//! the tile, the thread or the other rows.
 
 #![cfg(target_arch = "x86_64")]
 // Lane and sub-block indices are the layout; index loops say it most plainly.
@@ -31,6 +33,15 @@ pub(super) fn tile_rows(left: usize) -> usize {
 
 /// Bytes ahead of the current block that single-row calls prefetch.
 const PREFETCH: usize = 4096;
+
+/// Decode streams the weights from memory once: ask for them a few blocks ahead.
+#[inline(always)]
+unsafe fn prefetch(plane: *const u8, bytes: usize) {
+    let ahead = plane.add(PREFETCH);
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
+    }
+}
 
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -78,13 +89,23 @@ pub(super) unsafe fn tile(
             }
         };
     }
+    macro_rules! go_k {
+        ($c:expr) => {
+            match mt {
+                1 => tile_k::<$c, 1>(group, acts, i0, out, ldo, cols),
+                2 => tile_k::<$c, 2>(group, acts, i0, out, ldo, cols),
+                4 => tile_k::<$c, 4>(group, acts, i0, out, ldo, cols),
+                _ => tile_k::<$c, 8>(group, acts, i0, out, ldo, cols),
+            }
+        };
+    }
     match code(f) {
         Q4_0 => go!(Q4_0),
         Q4_1 => go!(Q4_1),
         Q5_0 => go!(Q5_0),
         Q8_0 => go!(Q8_0),
-        Q4K => go!(Q4K),
-        _ => go!(Q6K),
+        Q4K => go_k!(Q4K),
+        _ => go_k!(Q6K),
     }
 }
 
@@ -195,129 +216,83 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
         Q4_0 => Format::Q4_0,
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
-        Q8_0 => Format::Q8_0,
-        Q4K => Format::Q4K,
-        _ => Format::Q6K,
+        _ => Format::Q8_0,
     };
-    let has_min = F == Q4_1 || F == Q4K;
-    let (bps, hb, pb, sb) = (
-        f.blocks_per_super(),
-        f.header_bytes(),
-        f.plane_bytes(),
-        f.super_bytes(),
-    );
+    let has_min = F == Q4_1;
+    let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
     let kp = acts.row_stride;
     let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
     let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
     let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
     let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
-    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
     let mut acc = [[_mm256_setzero_ps(); 8]; MT];
     let gp = group.as_ptr();
     let ones = _mm256_set1_epi16(1);
-    let nsup = nb / bps;
-    for s in 0..nsup {
-        let hdr = gp.add(s * sb);
-        let d8 = half8(hdr);
-        let m8 = if has_min {
-            half8(hdr.add(16))
-        } else {
-            _mm256_setzero_ps()
-        };
-        for bi in 0..bps {
-            let b = s * bps + bi;
-            if MT == 1 {
-                // Decode streams the weights from memory once: ask for them a few blocks ahead.
-                let ahead = hdr.add(hb + bi * pb + PREFETCH);
-                for line in (0..pb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
-                }
+    for b in 0..nb {
+        let hdr = gp.add(b * sb);
+        let (wd, wm) = (
+            half8(hdr),
+            if has_min {
+                half8(hdr.add(16))
+            } else {
+                _mm256_setzero_ps()
+            },
+        );
+        if MT == 1 {
+            prefetch(hdr.add(hb), pb);
+        }
+        let v = weights::<F>(hdr.add(hb));
+        let va = if F == Q8_0 {
+            let mut va = v;
+            for x in va.iter_mut() {
+                *x = _mm256_abs_epi8(*x);
             }
-            let v = weights::<F>(hdr.add(hb + bi * pb));
-            let (wd, wm) = match F {
-                Q4K => {
-                    let sc = _mm256_cvtepi32_ps(bytes8(hdr.add(32 + 8 * bi), false));
-                    let mn = _mm256_cvtepi32_ps(bytes8(hdr.add(96 + 8 * bi), false));
-                    let neg = _mm256_xor_ps(m8, _mm256_set1_ps(-0.0));
-                    (_mm256_mul_ps(d8, sc), _mm256_mul_ps(neg, mn))
-                }
-                _ => (d8, m8),
-            };
-            // q6_K: each row's two half-block scales as i16 pairs, for `madd`: (s0, s0), (s1, s1)
-            // scale the half sums, (s0, s1) the zero-point correction.
-            let (sc0, sc1, sc01) = if F == Q6K {
-                let lo = _mm256_set1_epi32(0xFFFF);
-                let s0 = bytes8(hdr.add(16 + 16 * bi), true);
-                let s1 = bytes8(hdr.add(24 + 16 * bi), true);
-                (
-                    _mm256_or_si256(_mm256_and_si256(s0, lo), _mm256_slli_epi32(s0, 16)),
-                    _mm256_or_si256(_mm256_and_si256(s1, lo), _mm256_slli_epi32(s1, 16)),
-                    _mm256_or_si256(_mm256_and_si256(s0, lo), _mm256_slli_epi32(s1, 16)),
-                )
-            } else {
-                let z = _mm256_setzero_si256();
-                (z, z, z)
-            };
-            let va = if F == Q8_0 {
-                let mut va = v;
-                for x in va.iter_mut() {
-                    *x = _mm256_abs_epi8(*x);
-                }
-                va
-            } else {
-                v
-            };
-            for i in 0..MT {
-                let a = aq[i].add(b * QK);
-                let isum = match F {
-                    Q4_0 | Q4_1 | Q4K => {
-                        let p = dot16(&v, a, 0, 8);
-                        if F == Q4_0 {
-                            _mm256_sub_epi32(p, _mm256_set1_epi32(8 * *bsum[i].add(b)))
-                        } else {
-                            p
-                        }
-                    }
-                    Q5_0 => {
-                        let p = _mm256_add_epi32(dot16(&v, a, 0, 4), dot16(&v, a, 4, 8));
-                        _mm256_sub_epi32(p, _mm256_set1_epi32(16 * *bsum[i].add(b)))
-                    }
-                    Q6K => {
-                        // sc0 * h0 + sc1 * h1 - 32 * (sc0 * hs0 + sc1 * hs1), all exact i32.
-                        let h0 = _mm256_add_epi32(
-                            dot16_by(&v, a, 0, 2, sc0),
-                            dot16_by(&v, a, 2, 4, sc0),
-                        );
-                        let h1 = _mm256_add_epi32(
-                            dot16_by(&v, a, 4, 6, sc1),
-                            dot16_by(&v, a, 6, 8, sc1),
-                        );
-                        let hs = _mm256_set1_epi32(*hpair[i].add(b));
-                        let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
-                        _mm256_sub_epi32(_mm256_add_epi32(h0, h1), corr)
-                    }
-                    _ => {
-                        // q8_0: |w| (unsigned) times a with w's sign; one madd per term.
-                        let mut p = _mm256_setzero_si256();
-                        for j in 0..8 {
-                            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-                            let m = _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones);
-                            p = _mm256_add_epi32(p, m);
-                        }
+            va
+        } else {
+            v
+        };
+        for i in 0..MT {
+            let a = aq[i].add(b * QK);
+            let isum = match F {
+                Q4_0 | Q4_1 => {
+                    let p = dot16(&v, a, 0, 8);
+                    if F == Q4_0 {
+                        _mm256_sub_epi32(p, _mm256_set1_epi32(8 * *bsum[i].add(b)))
+                    } else {
                         p
                     }
-                };
-                let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
-                let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
-                if has_min {
-                    t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*asum[i].add(b))));
                 }
-                let lane = &mut acc[i][b % 8];
-                *lane = _mm256_add_ps(*lane, t);
+                Q5_0 => {
+                    let p = _mm256_add_epi32(dot16(&v, a, 0, 4), dot16(&v, a, 4, 8));
+                    _mm256_sub_epi32(p, _mm256_set1_epi32(16 * *bsum[i].add(b)))
+                }
+                _ => {
+                    // q8_0: |w| (unsigned) times a with w's sign; one madd per term.
+                    let mut p = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+                        let m = _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones);
+                        p = _mm256_add_epi32(p, m);
+                    }
+                    p
+                }
+            };
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
+            let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
+            if has_min {
+                t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*asum[i].add(b))));
             }
+            let lane = &mut acc[i][b % 8];
+            *lane = _mm256_add_ps(*lane, t);
         }
     }
+    store(&acc, out, ldo, cols);
+}
+
+/// The canonical lane reduction of each row's accumulators, stored to `cols` columns.
+#[inline(always)]
+unsafe fn store<const MT: usize>(acc: &[[__m256; 8]; MT], out: *mut f32, ldo: usize, cols: usize) {
     for (i, l) in acc.iter().enumerate() {
         let r = _mm256_add_ps(
             _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
@@ -332,4 +307,112 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
             std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
         }
     }
+}
+
+/// i8 lanes `(x, y)` of two 8 x i32 vectors as i16 pairs `(x_r, y_r)` per lane, for `madd`.
+#[inline(always)]
+unsafe fn pairs(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)),
+        _mm256_slli_epi32(y, 16),
+    )
+}
+
+/// q4_K and q6_K: per super block, each 32-block's dot is scaled by its integer sub-block
+/// scales and summed in i32 (`isum`); q4_K's mins give `msum` = sum of `min * block sum`.
+/// One float term per super block: `(wd * ad) * isum (+ (wm * ad) * msum)`.
+#[inline(always)]
+unsafe fn tile_k<const F: u8, const MT: usize>(
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
+    let (bps, hb, pb, sb) = (
+        f.blocks_per_super(),
+        f.header_bytes(),
+        f.plane_bytes(),
+        f.super_bytes(),
+    );
+    let (nb, ns) = (acts.nb, acts.ns);
+    let kp = acts.row_stride;
+    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
+    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * ns));
+    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
+    let bpair: [*const i32; MT] =
+        std::array::from_fn(|i| acts.bpair.as_ptr().add((i0 + i) * nb / 2));
+    let mut acc = [[_mm256_setzero_ps(); 8]; MT];
+    let gp = group.as_ptr();
+    for s in 0..ns {
+        let hdr = gp.add(s * sb);
+        let mut isum = [_mm256_setzero_si256(); MT];
+        for bi in 0..bps {
+            let b = s * bps + bi;
+            let plane = hdr.add(hb + bi * pb);
+            if MT == 1 {
+                prefetch(plane, pb);
+            }
+            let v = weights::<F>(plane);
+            if F == Q4K {
+                // Sub-block scales (0..=63) as i16 pairs (sc, sc).
+                let sc = bytes8(hdr.add(32 + 8 * bi), false);
+                let sp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+                for i in 0..MT {
+                    let p = dot16_by(&v, aq[i].add(b * QK), 0, 8, sp);
+                    isum[i] = _mm256_add_epi32(isum[i], p);
+                }
+            } else {
+                // Half-block scales as i16 pairs: (s0, s0), (s1, s1) scale the half sums,
+                // (s0, s1) the zero-point correction.
+                let s0 = bytes8(hdr.add(16 + 16 * bi), true);
+                let s1 = bytes8(hdr.add(24 + 16 * bi), true);
+                let (sc0, sc1, sc01) = (pairs(s0, s0), pairs(s1, s1), pairs(s0, s1));
+                for i in 0..MT {
+                    let a = aq[i].add(b * QK);
+                    // sc0 * h0 + sc1 * h1 - 32 * (sc0 * hs0 + sc1 * hs1), all exact i32.
+                    let h0 =
+                        _mm256_add_epi32(dot16_by(&v, a, 0, 2, sc0), dot16_by(&v, a, 2, 4, sc0));
+                    let h1 =
+                        _mm256_add_epi32(dot16_by(&v, a, 4, 6, sc1), dot16_by(&v, a, 6, 8, sc1));
+                    let hs = _mm256_set1_epi32(*hpair[i].add(b));
+                    let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
+                    let p = _mm256_sub_epi32(_mm256_add_epi32(h0, h1), corr);
+                    isum[i] = _mm256_add_epi32(isum[i], p);
+                }
+            }
+        }
+        let wd = half8(hdr);
+        if F == Q4K {
+            // Mins (0..=63) of blocks 2p and 2p + 1 as i16 pairs against the pair of block sums.
+            let mut msum = [_mm256_setzero_si256(); MT];
+            for p in 0..bps / 2 {
+                let m0 = bytes8(hdr.add(96 + 16 * p), false);
+                let m1 = bytes8(hdr.add(104 + 16 * p), false);
+                let mp = pairs(m0, m1);
+                for i in 0..MT {
+                    let bp = _mm256_set1_epi32(*bpair[i].add(s * bps / 2 + p));
+                    msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(mp, bp));
+                }
+            }
+            let wm = _mm256_xor_ps(half8(hdr.add(16)), _mm256_set1_ps(-0.0));
+            for i in 0..MT {
+                let da = _mm256_set1_ps(*ad[i].add(s));
+                let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
+                let tm = _mm256_mul_ps(_mm256_mul_ps(wm, da), _mm256_cvtepi32_ps(msum[i]));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm256_add_ps(*lane, _mm256_add_ps(t, tm));
+            }
+        } else {
+            for i in 0..MT {
+                let da = _mm256_set1_ps(*ad[i].add(s));
+                let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm256_add_ps(*lane, t);
+            }
+        }
+    }
+    store(&acc, out, ldo, cols);
 }

@@ -31,9 +31,10 @@ pub struct QMatrix {
     data: Vec<u8>,
 }
 
-/// A weight row unpacked to one i8 per value plus per-block float scale and min, and for
-/// q6_K an integer scale per half block (folded into the exact integer dot): the scalar
-/// reference path's form.
+/// A weight row unpacked to one i8 per value: the scalar reference path's form. 32-block
+/// formats: float scale `d` and min `m` per block (`sc` all one). K formats: `d` and `m` (the
+/// negated `dmin`) per 256-value super block at its index, integer scales per half block in
+/// `sc` and integer mins per block in `mi`, all folded into the exact integer super-block sum.
 #[derive(Clone)]
 struct Unpacked {
     nb: usize,
@@ -41,6 +42,7 @@ struct Unpacked {
     d: Vec<f32>,
     m: Vec<f32>,
     sc: Vec<i32>,
+    mi: Vec<i32>,
 }
 
 impl Unpacked {
@@ -52,15 +54,17 @@ impl Unpacked {
             d: vec![0.0; nb],
             m: vec![0.0; nb],
             sc: vec![1; 2 * nb],
+            mi: vec![0; nb],
         }
     }
 }
 
-/// A row of activations quantized to blocks of 32 i8 values.
+/// A row of activations quantized to i8 values with one f32 scale per scale block (32
+/// values, or 256 for the K formats: `Format::act_block`).
 pub(crate) struct QuantRow {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
-    /// d * sum(q) per block: the block's sum, for formats with a min.
+    /// d * sum(q) per scale block: the block's sum, for formats with a min.
     pub s: Vec<f32>,
 }
 
@@ -106,7 +110,8 @@ impl QMatrix {
         matmul_many(&[self], x, m).pop().unwrap_or_default()
     }
 
-    /// The tile loop over groups `g0..g1` for activation rows `0..m`.
+    /// The tile loop over groups `g0..g1` for activation rows `0..m` (`acts` quantized with
+    /// this format's `act_block`).
     #[cfg(target_arch = "x86_64")]
     fn run_groups(&self, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
         let gb = self.group_bytes();
@@ -142,7 +147,11 @@ impl QMatrix {
 
     /// Scalar reference: each row back to GGUF bytes, unpacked, dotted in canonical order.
     fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let acts: Vec<QuantRow> = x.chunks_exact(self.k).map(quantize_row).collect();
+        let width = self.format.act_block();
+        let acts: Vec<QuantRow> = x
+            .chunks_exact(self.k)
+            .map(|r| quantize_row_by(r, width))
+            .collect();
         debug_assert_eq!(acts.len(), m);
         let cols: Vec<Vec<f32>> = (0..self.n)
             .into_par_iter()
@@ -150,7 +159,7 @@ impl QMatrix {
                 let mut un = Unpacked::new(self.k);
                 self.format.unpack(&self.gguf_row(j), &mut un);
                 acts.iter()
-                    .map(|a| simd::dot_scalar(&un, a, self.format.has_min()))
+                    .map(|a| simd::dot_scalar(&un, a, self.format))
                     .collect()
             })
             .collect();
@@ -179,7 +188,7 @@ pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     if *LEVEL != Level::Portable {
         ACTS.with(|cell| match cell.try_borrow_mut() {
             Ok(mut acts) => matmul_avx2(ws, x, m, &mut acts, &mut outs),
-            Err(_) => matmul_avx2(ws, x, m, &mut Acts::default(), &mut outs),
+            Err(_) => matmul_avx2(ws, x, m, &mut Default::default(), &mut outs),
         });
         return outs;
     }
@@ -189,9 +198,28 @@ pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     outs
 }
 
+/// Activations quantized per 32 values and per 256 values (K formats).
 #[cfg(target_arch = "x86_64")]
-fn matmul_avx2(ws: &[&QMatrix], x: &[f32], m: usize, acts: &mut Acts, outs: &mut [Vec<f32>]) {
-    acts.fill(x, m, ws[0].k);
+type ActsByWidth = [Acts; 2];
+
+#[cfg(target_arch = "x86_64")]
+fn width_slot(f: Format) -> usize {
+    usize::from(f.act_block() != QK)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn matmul_avx2(
+    ws: &[&QMatrix],
+    x: &[f32],
+    m: usize,
+    acts: &mut ActsByWidth,
+    outs: &mut [Vec<f32>],
+) {
+    for (slot, a) in acts.iter_mut().enumerate() {
+        if let Some(w) = ws.iter().find(|w| width_slot(w.format) == slot) {
+            a.fill(x, m, w.k, w.format.act_block());
+        }
+    }
     let acts = &*acts;
     // Tasks of about equal numbers of groups, four per thread, never spanning two matrices.
     let groups: Vec<usize> = ws.iter().map(|w| w.n.div_ceil(repack::ROWS)).collect();
@@ -207,7 +235,7 @@ fn matmul_avx2(ws: &[&QMatrix], x: &[f32], m: usize, acts: &mut Acts, outs: &mut
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     crate::pool::run(tasks.len(), &|t| {
         let (j, g0, g1) = tasks[t];
-        ws[j].run_groups(acts, m, g0, g1, dsts[j].0);
+        ws[j].run_groups(&acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
     });
 }
 
@@ -218,7 +246,7 @@ const ACT_CHUNK: usize = 64;
 #[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The calling thread's quantized activations, reused across calls.
-    static ACTS: std::cell::RefCell<Acts> = std::cell::RefCell::new(Acts::default());
+    static ACTS: std::cell::RefCell<ActsByWidth> = Default::default();
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -229,14 +257,19 @@ unsafe impl Sync for SendPtr {}
 #[cfg(target_arch = "x86_64")]
 unsafe impl Send for SendPtr {}
 
-pub(crate) fn quantize_row(x: &[f32]) -> QuantRow {
-    let nb = x.len() / QK;
+/// `x` to i8 with one scale per `width` values.
+pub(crate) fn quantize_row_by(x: &[f32], width: usize) -> QuantRow {
+    let nb = x.len() / width;
     let mut r = QuantRow {
-        q: vec![0; nb * QK],
+        q: vec![0; nb * width],
         d: vec![0.0; nb],
         s: vec![0.0; nb],
     };
-    for (b, (xs, qs)) in x.chunks_exact(QK).zip(r.q.chunks_exact_mut(QK)).enumerate() {
+    for (b, (xs, qs)) in x
+        .chunks_exact(width)
+        .zip(r.q.chunks_exact_mut(width))
+        .enumerate()
+    {
         let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };

@@ -116,17 +116,23 @@ fn activation_quantization_matches_the_scalar_rows() {
     x[64] = 127.0;
     x[65] = 2.5;
     x[66] = -0.5;
-    let mut acts = acts::Acts::default();
-    acts.fill(&x, m, k);
-    for (i, row) in x.chunks_exact(k).enumerate() {
-        let r = quantize_row(row);
-        let nb = k / QK;
-        assert_eq!(&acts.q[i * k..(i + 1) * k], &r.q[..k], "row {i}");
-        for b in 0..nb {
-            assert_eq!(acts.d[i * nb + b].to_bits(), r.d[b].to_bits());
-            assert_eq!(acts.s[i * nb + b].to_bits(), r.s[b].to_bits());
-            let sum: i32 = r.q[b * QK..(b + 1) * QK].iter().map(|&q| q as i32).sum();
-            assert_eq!(acts.bsum[i * nb + b], sum);
+    for width in [QK, 256] {
+        let k = k / width * width;
+        let x: Vec<f32> = x.chunks_exact(320).flat_map(|r| r[..k].to_vec()).collect();
+        let mut acts = acts::Acts::default();
+        acts.fill(&x, m, k, width);
+        let (nb, ns) = (k / QK, k / width);
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            let r = quantize_row_by(row, width);
+            assert_eq!(&acts.q[i * k..(i + 1) * k], &r.q[..k], "row {i}");
+            for s in 0..ns {
+                assert_eq!(acts.d[i * ns + s].to_bits(), r.d[s].to_bits());
+                assert_eq!(acts.s[i * ns + s].to_bits(), r.s[s].to_bits());
+            }
+            for b in 0..nb {
+                let sum: i32 = r.q[b * QK..(b + 1) * QK].iter().map(|&q| q as i32).sum();
+                assert_eq!(acts.bsum[i * nb + b], sum);
+            }
         }
     }
 }
