@@ -68,7 +68,7 @@ pub(super) fn dot_scalar(w: &Unpacked, a: &QuantRow, f: Format) -> f32 {
             let b0 = s * per;
             let mut t = (w.d[b0] * a.d[s]) * isum as f32;
             if f.has_min() {
-                t = t + (w.m[b0] * a.d[s]) * msum as f32;
+                t += (w.m[b0] * a.d[s]) * msum as f32;
             }
             lanes[s % 8] += t;
         }
