@@ -94,22 +94,35 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes[0]
 }
 
-#[inline(always)]
+/// The scalar reference: keys converted a block at a time, then consumed one by one.
 fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
     let d = st.dim;
     let mut kbuf = [0f32; BLOCK * MAX_HEAD_DIM];
     let mut vbuf = [0f32; BLOCK * MAX_HEAD_DIM];
-    let mut scores = [0f32; BLOCK];
     let mut j0 = 0;
     while j0 < n {
         let nb = BLOCK.min(n - j0);
         let kb = &mut kbuf[..nb * d];
         keys[j0 * d..(j0 + nb) * d].convert_to_f32_slice(kb);
+        let vb = &mut vbuf[..nb * d];
+        values[j0 * d..(j0 + nb) * d].convert_to_f32_slice(vb);
+        fold_scalar(st, q, kb, vb, nb);
+        j0 += nb;
+    }
+}
+
+/// `n` f32 keys and values consumed one by one, scalar.
+#[inline(always)]
+fn fold_scalar(st: &mut State, q: &[f32], kb: &[f32], vb: &[f32], n: usize) {
+    let d = st.dim;
+    let mut scores = [0f32; BLOCK];
+    let mut j0 = 0;
+    while j0 < n {
+        let nb = BLOCK.min(n - j0);
+        let (kb, vb) = (&kb[j0 * d..(j0 + nb) * d], &vb[j0 * d..(j0 + nb) * d]);
         for (s, k) in scores.iter_mut().zip(kb.chunks_exact(d)) {
             *s = dot(q, k);
         }
-        let vb = &mut vbuf[..nb * d];
-        values[j0 * d..(j0 + nb) * d].convert_to_f32_slice(vb);
         let acc = &mut st.acc[..d];
         for (&s, v) in scores[..nb].iter().zip(vb.chunks_exact(d)) {
             if s > st.m {
@@ -133,108 +146,236 @@ fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize
 mod simd {
     use super::*;
 
-    pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
+    /// Key and value rows as stored (f16) or as a tile converted once (f32).
+    #[derive(Clone, Copy)]
+    pub enum Kv<'a> {
+        F16(&'a [f16], &'a [f16]),
+        F32(&'a [f32], &'a [f32]),
+    }
+
+    impl Kv<'_> {
+        #[cfg(target_arch = "x86_64")]
+        fn len(&self) -> usize {
+            match self {
+                Kv::F16(k, v) => k.len().min(v.len()),
+                Kv::F32(k, v) => k.len().min(v.len()),
+            }
+        }
+    }
+
+    /// Whether this state takes the AVX2 path.
+    pub fn fast(st: &State) -> bool {
         #[cfg(target_arch = "x86_64")]
         if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 && st.dim.is_multiple_of(16) {
-            // SAFETY: the CPU supports the features enabled on attend_avx2.
-            return unsafe {
-                match st.dim {
-                    64 => attend_avx2::<64>(st, q, k, v, n),
-                    128 => attend_avx2::<128>(st, q, k, v, n),
-                    _ => attend_avx2::<0>(st, q, k, v, n),
-                }
-            };
+            return true;
         }
-        attend_impl(st, q, k, v, n)
+        let _ = st;
+        false
     }
 
+    pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
+        if !fast(st) {
+            return attend_impl(st, q, k, v, n);
+        }
+        attend_many(std::slice::from_mut(st), q, Kv::F16(k, v), n)
+    }
+
+    /// Every state (query row `i` of `rows`) consumes the same `n` f32 keys and values. Up to
+    /// four queries run in lockstep: each key and value row is loaded once for all of them,
+    /// and their independent dependency chains overlap.
+    pub fn attend_many(states: &mut [State], rows: &[f32], kv: Kv, n: usize) {
+        let Some(d) = states.first().map(|s| s.dim) else {
+            return;
+        };
+        #[cfg(target_arch = "x86_64")]
+        if fast(&states[0]) {
+            let mut at = 0;
+            while at < states.len() {
+                let q = match states.len() - at {
+                    4.. => 4,
+                    2..=3 => 2,
+                    _ => 1,
+                };
+                let (st, r) = (&mut states[at..at + q], &rows[at * d..(at + q) * d]);
+                macro_rules! go {
+                    ($q:expr, $h:expr, $k:expr, $v:expr) => {
+                        // SAFETY: the CPU supports the features enabled on attend_avx2; the
+                        // keys and values hold `n` rows of `d` (asserted), `r` `$q` rows.
+                        unsafe {
+                            let (k, v) = ($k.as_ptr() as *const u8, $v.as_ptr() as *const u8);
+                            match d {
+                                64 => attend_avx2::<64, $q, $h>(st, r, k, v, n),
+                                128 => attend_avx2::<128, $q, $h>(st, r, k, v, n),
+                                _ => attend_avx2::<0, $q, $h>(st, r, k, v, n),
+                            }
+                        }
+                    };
+                }
+                assert!(kv.len() >= n * d, "attention keys shorter than {n} rows");
+                match (q, kv) {
+                    (4, Kv::F16(k, v)) => go!(4, true, k, v),
+                    (2, Kv::F16(k, v)) => go!(2, true, k, v),
+                    (_, Kv::F16(k, v)) => go!(1, true, k, v),
+                    (4, Kv::F32(k, v)) => go!(4, false, k, v),
+                    (2, Kv::F32(k, v)) => go!(2, false, k, v),
+                    (_, Kv::F32(k, v)) => go!(1, false, k, v),
+                }
+                at += q;
+            }
+            return;
+        }
+        for (st, r) in states.iter_mut().zip(rows.chunks_exact(d)) {
+            match kv {
+                Kv::F16(k, v) => attend_impl(st, r, k, v, n),
+                Kv::F32(k, v) => fold_scalar(st, r, k, v, n),
+            }
+        }
+    }
+
+    /// Eight dot-product vectors (key `j`'s 16 lanes already folded to 8 in `x[j]`) to the
+    /// eight scores, each by the scalar `dot`'s tree: `(l0 + l4) + (l2 + l6)` and
+    /// `(l1 + l5) + (l3 + l7)`, added. Transposing shuffles instead of one reduction per key.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn half8(p: *const u16) -> std::arch::x86_64::__m256 {
+    unsafe fn reduce8(x: &[std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        // Keys a, b -> [a_i + a_(i+4) | b_i + b_(i+4)], i < 4.
+        let halves = |a, b| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        let (y01, y23) = (halves(x[0], x[1]), halves(x[2], x[3]));
+        let (y45, y67) = (halves(x[4], x[5]), halves(x[6], x[7]));
+        // Per 128-bit lane: [a_0 + a_2, a_1 + a_3, b_0 + b_2, b_1 + b_3].
+        let quarters = |a, b| {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+            )
+        };
+        let (z0, z1) = (quarters(y01, y23), quarters(y45, y67));
+        // Keys 0 2 4 6 | 1 3 5 7, then in order.
+        let r = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(z0, z1),
+            _mm256_shuffle_ps::<0b11_01_11_01>(z0, z1),
+        );
+        _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 
-    /// Same arithmetic as `attend_impl` (16 dot lanes, the same reduction tree, no FMA), with
-    /// f16 keys and values converted in registers instead of through a buffer.
+    /// Same arithmetic as `fold_scalar` (16 dot lanes, the same reduction tree, no FMA) for
+    /// `Q` queries at once. `D` is the head size when known at compile time (0: the state's).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c")]
-    /// `D` is the head size when known at compile time (0: `st.dim`), so the common sizes keep
-    /// the output accumulator in registers across a block of keys.
-    unsafe fn attend_avx2<const D: usize>(
-        st: &mut State,
-        q: &[f32],
-        keys: &[f16],
-        values: &[f16],
+    unsafe fn attend_avx2<const D: usize, const Q: usize, const H: bool>(
+        states: &mut [State],
+        rows: &[f32],
+        keys: *const u8,
+        values: *const u8,
         n: usize,
     ) {
         use std::arch::x86_64::*;
-        let d = if D == 0 { st.dim } else { D };
+        // Eight values at element `at`: f16 (converted in registers) or f32.
+        let load = |p: *const u8, at: usize| {
+            if H {
+                _mm256_cvtph_ps(_mm_loadu_si128((p as *const u16).add(at) as *const __m128i))
+            } else {
+                _mm256_loadu_ps((p as *const f32).add(at))
+            }
+        };
+        let d = if D == 0 { states[0].dim } else { D };
         let chunks = d / 16;
-        let qp = q.as_ptr();
-        let (kp, vp) = (keys.as_ptr() as *const u16, values.as_ptr() as *const u16);
-        let acc = st.acc.as_mut_ptr();
+        let qp: [*const f32; Q] = std::array::from_fn(|i| rows.as_ptr().add(i * d));
+        // Output vectors per query updated per pass over a block of keys: 8 registers in all.
+        let ob = 8 / Q;
         let mut j0 = 0;
         while j0 < n {
             // Eight keys at a time: scores, then the running max key by key, so both
             // exponentials can be taken as one vector each with the per-key arguments.
             let nb = 8.min(n - j0);
-            let mut s = [0f32; 8];
-            for (jj, sj) in s[..nb].iter_mut().enumerate() {
-                let kr = kp.add((j0 + jj) * d);
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut x = [[_mm256_setzero_ps(); 8]; Q];
+            for jj in 0..nb {
+                let kr = (j0 + jj) * d;
+                let mut a0 = [_mm256_setzero_ps(); Q];
+                let mut a1 = [_mm256_setzero_ps(); Q];
                 for c in 0..chunks {
                     let o = c * 16;
-                    a0 = _mm256_add_ps(
-                        a0,
-                        _mm256_mul_ps(_mm256_loadu_ps(qp.add(o)), half8(kr.add(o))),
-                    );
-                    a1 = _mm256_add_ps(
-                        a1,
-                        _mm256_mul_ps(_mm256_loadu_ps(qp.add(o + 8)), half8(kr.add(o + 8))),
-                    );
-                }
-                let s8 = _mm256_add_ps(a0, a1);
-                let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-                let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-                *sj = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-            }
-            let (mut pa, mut ca) = ([0f32; 8], [0f32; 8]);
-            let mut grew = [false; 8];
-            let mut m = st.m;
-            for jj in 0..nb {
-                if s[jj] > m {
-                    ca[jj] = m - s[jj];
-                    grew[jj] = true;
-                    m = s[jj];
-                }
-                pa[jj] = s[jj] - m;
-            }
-            let mut av = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
-            for (o, a) in av[..d / 8].iter_mut().enumerate() {
-                *a = _mm256_loadu_ps(acc.add(8 * o));
-            }
-            let (mut p, mut c) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(p.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(pa.as_ptr())));
-            _mm256_storeu_ps(c.as_mut_ptr(), exp_neg8(_mm256_loadu_ps(ca.as_ptr())));
-            for jj in 0..nb {
-                if grew[jj] {
-                    let cv = _mm256_set1_ps(c[jj]);
-                    st.l *= c[jj];
-                    for a in av[..d / 8].iter_mut() {
-                        *a = _mm256_mul_ps(*a, cv);
+                    let (k0, k1) = (load(keys, kr + o), load(keys, kr + o + 8));
+                    for i in 0..Q {
+                        a0[i] =
+                            _mm256_add_ps(a0[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o)), k0));
+                        a1[i] = _mm256_add_ps(
+                            a1[i],
+                            _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o + 8)), k1),
+                        );
                     }
-                    st.m = s[jj];
                 }
-                st.l += p[jj];
-                let pv = _mm256_set1_ps(p[jj]);
-                let vr = vp.add((j0 + jj) * d);
-                for (o, a) in av[..d / 8].iter_mut().enumerate() {
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, half8(vr.add(8 * o))));
+                for i in 0..Q {
+                    x[i][jj] = _mm256_add_ps(a0[i], a1[i]);
                 }
             }
-            for (o, a) in av[..d / 8].iter().enumerate() {
-                _mm256_storeu_ps(acc.add(8 * o), *a);
+            let mut p = [[0f32; 8]; Q];
+            let mut c = [[0f32; 8]; Q];
+            let mut grew = [[false; 8]; Q];
+            let mut any = false;
+            for (i, st) in states.iter_mut().enumerate() {
+                let mut s = [0f32; 8];
+                _mm256_storeu_ps(s.as_mut_ptr(), reduce8(&x[i]));
+                let (mut pa, mut ca) = ([0f32; 8], [0f32; 8]);
+                let mut m = st.m;
+                let mut g = false;
+                for jj in 0..nb {
+                    if s[jj] > m {
+                        ca[jj] = m - s[jj];
+                        grew[i][jj] = true;
+                        g = true;
+                        m = s[jj];
+                    }
+                    pa[jj] = s[jj] - m;
+                }
+                _mm256_storeu_ps(p[i].as_mut_ptr(), exp_neg8(_mm256_loadu_ps(pa.as_ptr())));
+                if g {
+                    _mm256_storeu_ps(c[i].as_mut_ptr(), exp_neg8(_mm256_loadu_ps(ca.as_ptr())));
+                    any = true;
+                }
+                for jj in 0..nb {
+                    if grew[i][jj] {
+                        st.l *= c[i][jj];
+                    }
+                    st.l += p[i][jj];
+                }
+                st.m = m;
+            }
+            let accs: [*mut f32; Q] = std::array::from_fn(|i| states[i].acc.as_mut_ptr());
+            for o0 in (0..d / 8).step_by(ob) {
+                let mut a = [[_mm256_setzero_ps(); 8]; Q];
+                for i in 0..Q {
+                    for u in 0..ob {
+                        a[i][u] = _mm256_loadu_ps(accs[i].add(8 * (o0 + u)));
+                    }
+                }
+                for jj in 0..nb {
+                    let vr = (j0 + jj) * d + 8 * o0;
+                    for i in 0..Q {
+                        if any && grew[i][jj] {
+                            let cv = _mm256_set1_ps(c[i][jj]);
+                            for u in 0..ob {
+                                a[i][u] = _mm256_mul_ps(a[i][u], cv);
+                            }
+                        }
+                        let pv = _mm256_set1_ps(p[i][jj]);
+                        for u in 0..ob {
+                            let v = load(values, vr + 8 * u);
+                            a[i][u] = _mm256_add_ps(a[i][u], _mm256_mul_ps(pv, v));
+                        }
+                    }
+                }
+                for i in 0..Q {
+                    for u in 0..ob {
+                        _mm256_storeu_ps(accs[i].add(8 * (o0 + u)), a[i][u]);
+                    }
+                }
             }
             j0 += nb;
         }
@@ -278,7 +419,7 @@ pub struct KvView<'a> {
     pub rows: usize,
 }
 
-/// Prefix keys read per tile, for every query that shares the prefix.
+/// Keys converted and read per tile, for every query that shares them.
 const PREFIX_TILE: usize = 64;
 
 /// One query row and head of the batch.
@@ -372,33 +513,89 @@ fn attend_task(
     }
     let mut states: Vec<State> = qs.iter().map(|_| State::new(head_dim)).collect();
     if let Some(p) = qs.first().and_then(|f| views[f.view].prefix) {
-        let (keys, values) = (p.keys(g), p.values(g));
-        let mut j0 = 0;
-        while j0 < p.len() {
-            let n = PREFIX_TILE.min(p.len() - j0);
-            let (k, v) = (
-                &keys[j0 * head_dim..(j0 + n) * head_dim],
-                &values[j0 * head_dim..(j0 + n) * head_dim],
-            );
-            for (st, r) in states.iter_mut().zip(rows.chunks_exact(head_dim)) {
-                st.attend(r, k, v, n);
-            }
-            j0 += n;
-        }
+        let all = vec![p.len(); qs.len()];
+        attend_shared(&mut states, &rows, p.keys(g), p.values(g), &all);
+    }
+    // Queries are in row order, so each view's queries are one run; they share its keys, each
+    // up to its causal limit.
+    let mut at = 0;
+    while at < qs.len() {
+        let view = &views[qs[at].view];
+        let end = at
+            + qs[at..]
+                .iter()
+                .take_while(|x| x.view == qs[at].view)
+                .count();
+        let limits: Vec<usize> = qs[at..end]
+            .iter()
+            .map(|x| view.private.len() - view.rows + x.t + 1)
+            .collect();
+        attend_shared(
+            &mut states[at..end],
+            &rows[at * head_dim..end * head_dim],
+            view.private.keys(g),
+            view.private.values(g),
+            &limits,
+        );
+        at = end;
     }
     let mut out = vec![0f32; qs.len() * head_dim];
-    for (((query, st), r), o) in qs
-        .iter()
-        .zip(&mut states)
-        .zip(rows.chunks_exact(head_dim))
-        .zip(out.chunks_exact_mut(head_dim))
-    {
-        let view = &views[query.view];
-        let visible = view.private.len() - view.rows + query.t + 1;
-        st.attend(r, view.private.keys(g), view.private.values(g), visible);
+    for (st, o) in states.iter().zip(out.chunks_exact_mut(head_dim)) {
         st.write_output(o);
     }
     out
+}
+
+/// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `0..limits[i]`, tile by
+/// tile: a tile is converted from f16 once and read by every query that sees it.
+fn attend_shared(
+    states: &mut [State],
+    rows: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    limits: &[usize],
+) {
+    let Some(d) = states.first().map(|s| s.dim) else {
+        return;
+    };
+    if !simd::fast(&states[0]) {
+        for ((st, r), &n) in states.iter_mut().zip(rows.chunks_exact(d)).zip(limits) {
+            attend_impl(st, r, keys, values, n);
+        }
+        return;
+    }
+    // Few queries convert f16 in registers; more share one f32 copy of each tile.
+    let convert = states.len() > 4;
+    let (mut kt, mut vt) = if convert {
+        (vec![0f32; PREFIX_TILE * d], vec![0f32; PREFIX_TILE * d])
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let longest = limits.iter().copied().max().unwrap_or(0);
+    let mut j0 = 0;
+    while j0 < longest {
+        let n = PREFIX_TILE.min(longest - j0);
+        let (k, v) = (&keys[j0 * d..(j0 + n) * d], &values[j0 * d..(j0 + n) * d]);
+        let kv = if convert {
+            k.convert_to_f32_slice(&mut kt[..n * d]);
+            v.convert_to_f32_slice(&mut vt[..n * d]);
+            simd::Kv::F32(&kt, &vt)
+        } else {
+            simd::Kv::F16(k, v)
+        };
+        // Runs of queries that take the same number of this tile's keys go together.
+        let take = |i: usize| n.min(limits[i].saturating_sub(j0));
+        let mut i = 0;
+        while i < states.len() {
+            let c = take(i);
+            let end = i + 1 + (i + 1..states.len()).take_while(|&e| take(e) == c).count();
+            if c > 0 {
+                simd::attend_many(&mut states[i..end], &rows[i * d..end * d], kv, c);
+            }
+            i = end;
+        }
+        j0 += n;
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +701,33 @@ mod tests {
             let mut b = State::new(d);
             attend_impl(&mut b, &q, &k, &v, n);
             assert_eq!(a.finish(), b.finish(), "head size {d}");
+        }
+    }
+
+    #[test]
+    fn queries_in_lockstep_match_each_alone_bitwise() {
+        // Seven queries: lockstep groups of 4, 2 and 1; every head size path.
+        for (n, d) in [(45, 128), (70, 64), (19, 48)] {
+            let (_, k, v) = setup(n, d);
+            let mut seed = 3;
+            let rows: Vec<f32> = (0..7 * d).map(|_| lcg(&mut seed) * 0.5).collect();
+            let (mut kf, mut vf) = (vec![0f32; n * d], vec![0f32; n * d]);
+            k.convert_to_f32_slice(&mut kf);
+            v.convert_to_f32_slice(&mut vf);
+            let mut many: Vec<State> = (0..7).map(|_| State::new(d)).collect();
+            simd::attend_many(&mut many, &rows, simd::Kv::F32(&kf, &vf), n);
+            let mut direct: Vec<State> = (0..7).map(|_| State::new(d)).collect();
+            simd::attend_many(&mut direct, &rows, simd::Kv::F16(&k, &v), n);
+            for (i, st) in many.iter().enumerate() {
+                let mut alone = State::new(d);
+                attend_impl(&mut alone, &rows[i * d..(i + 1) * d], &k, &v, n);
+                assert_eq!(st.finish(), alone.finish(), "head size {d}, query {i}");
+                assert_eq!(
+                    direct[i].finish(),
+                    alone.finish(),
+                    "f16, head size {d}, query {i}"
+                );
+            }
         }
     }
 
