@@ -268,6 +268,8 @@ mod simd {
     /// `Q` queries at once. `D` is the head size when known at compile time (0: the state's).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c")]
+    // Key, query and output-vector indices are the layout; index loops say it most plainly.
+    #[allow(clippy::needless_range_loop)]
     unsafe fn attend_avx2<const D: usize, const Q: usize, const H: bool>(
         states: &mut [State],
         rows: &[f32],
