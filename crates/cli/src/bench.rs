@@ -229,12 +229,7 @@ pub struct EngineArgs {
 }
 
 pub fn sharegpt() -> anyhow::Result<PathBuf> {
-    let p = super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json");
-    anyhow::ensure!(
-        p.exists(),
-        "ShareGPT missing: run `python3 scripts/models.py sharegpt`"
-    );
-    Ok(p)
+    super::models::find("ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt")
 }
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
@@ -304,9 +299,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Decode(a) => {
             let s = edgeprompt_bench::decode::Settings {
                 model: super::models::resolve(&a.model)?,
-                sharegpt: Some(
-                    super::models::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json"),
-                ),
+                sharegpt: sharegpt().ok(),
                 cloud_lens: a.cloud_lens,
                 batch_sizes: a.batch_sizes,
                 private_tokens: a.private_tokens,

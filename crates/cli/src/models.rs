@@ -21,23 +21,52 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("EDGEPROMPT_MODELS")
+/// Where model files are looked for, in order: `$EDGEPROMPT_MODELS` alone when set; else
+/// `./models`, the `models/` of the checkout this binary was built in (found from the
+/// executable's path, so names resolve from any working directory), and the per-user cache
+/// (`$XDG_CACHE_HOME` or `~/.cache`, `edgeprompt/models`).
+pub fn model_dirs() -> Vec<PathBuf> {
+    if let Some(d) = std::env::var_os("EDGEPROMPT_MODELS") {
+        return vec![PathBuf::from(d)];
+    }
+    let mut dirs = vec![PathBuf::from("models")];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/edgeprompt: the checkout is the first ancestor with a models/.
+        if let Some(d) = exe
+            .ancestors()
+            .skip(1)
+            .map(|a| a.join("models"))
+            .find(|d| d.is_dir())
+        {
+            dirs.push(d);
+        }
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("models"))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    if let Some(c) = cache {
+        dirs.push(c.join("edgeprompt").join("models"));
+    }
+    dirs
+}
+
+/// The first of `model_dirs` that holds `file`, or an error naming every place looked.
+pub fn find(file: &str, fetch: &str) -> anyhow::Result<PathBuf> {
+    let dirs = model_dirs();
+    if let Some(p) = dirs.iter().map(|d| d.join(file)).find(|p| p.exists()) {
+        return Ok(p);
+    }
+    let looked: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    bail!(
+        "{file} is not in {}: run `python3 scripts/models.py {fetch}` (or set EDGEPROMPT_MODELS)",
+        looked.join(", ")
+    )
 }
 
 /// A model name (`smollm2`, `qwen05`, `qwen15`) or a path to a GGUF file.
 pub fn resolve(name: &str) -> anyhow::Result<PathBuf> {
     if let Some((_, file, fetch)) = KNOWN.iter().find(|(n, _, _)| *n == name) {
-        let p = models_dir().join(file);
-        if !p.exists() {
-            bail!(
-                "model {name} is not in {}: run `python3 scripts/models.py {fetch}`",
-                models_dir().display()
-            );
-        }
-        return Ok(p);
+        return find(file, fetch).with_context(|| format!("model {name}"));
     }
     let p = PathBuf::from(name);
     if !p.exists() {
