@@ -2,6 +2,7 @@
 //! baselines measured in the same run, and writes JSON under `bench-out/`.
 
 pub mod batch;
+pub mod codecs;
 pub mod decode;
 pub mod engine;
 pub mod lslm;
@@ -35,6 +36,8 @@ pub enum BenchError {
     Cloud(#[from] edgeprompt_cloud::CloudError),
     #[error("alignment: {0}")]
     Align(#[from] edgeprompt_align::AlignError),
+    #[error("kv: {0}")]
+    Kv(#[from] edgeprompt_kv::KvError),
 }
 
 /// What every bench starts with: the global thread pool sized to `threads` (a no-op if one

@@ -67,6 +67,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     batch_section(dir, &mut md);
     serve_section(dir, &mut md);
     table_section(dir, &mut md);
+    codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
     std::fs::write(out, &md)?;
     Ok(md)
@@ -431,6 +432,46 @@ fn table_section(dir: &Path, md: &mut String) {
         md,
         "\n![ttft](results/table-ttft.svg) ![link](results/table-link.svg)\n"
     );
+}
+
+fn codecs_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "codecs.json") else {
+        return;
+    };
+    let mut head = v.clone();
+    head["model"] = Value::String("per row".into());
+    let _ = writeln!(
+        md,
+        "## KV codecs: size against the answer (`edgeprompt bench codecs`)\n\n{}; ShareGPT pairs of {} cloud + \
+         {} private tokens; the cloud KV goes through the codec in wire chunks of {} tokens. Against the f16 \
+         answer (bitwise the single-node one): teacher-forced next-token agreement over the answer's positions, \
+         free-running greedy answers of up to {} tokens identical, the largest |Δlogit| at the first answer \
+         position; encode/decode speed in MB of f16 KV per second.\n\n| model | codec | x smaller than f16 \
+         (zstd-3 on both) | next-token agreement | identical answers | max abs Δlogit | encode / decode MB/s | \
+         pairs |\n| --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_line(&head),
+        v["cloud_tokens"],
+        v["edge_tokens"],
+        v["chunk_tokens"],
+        v["answer_tokens"],
+    );
+    for r in v["rows"].as_array().cloned().unwrap_or_default() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2}x ({:.2}x) | {:.1} % | {:.0} % | {:.2} | {:.0} / {:.0} | {} |",
+            r["model"].as_str().unwrap_or("?"),
+            r["codec"].as_str().unwrap_or("?"),
+            f(&r["ratio_vs_f16"]),
+            f(&r["ratio_vs_f16_zstd"]),
+            100.0 * f(&r["next_token_agreement"]),
+            100.0 * f(&r["identical_64"]),
+            f(&r["max_abs_dlogit"]),
+            f(&r["encode_mb_s"]),
+            f(&r["decode_mb_s"]),
+            r["pairs"]
+        );
+    }
+    let _ = writeln!(md, "\n![codecs](results/codecs.svg)\n");
 }
 
 /// `machine_line` for the two-model reports (align, lslm).

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use edgeprompt_bench::workload::WorkloadSpec;
-use edgeprompt_bench::{batch, decode, engine, report, serve, table, ttft};
+use edgeprompt_bench::{batch, codecs, decode, engine, report, serve, table, ttft};
 use edgeprompt_kv::Codec;
 
 fn models() -> PathBuf {
@@ -167,8 +167,32 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     let bars = std::fs::read_to_string(out.join("table-ttft.svg")).unwrap();
     assert_eq!(bars.matches("<rect").count(), 1 + rows.len());
 
+    codecs::run(&codecs::Settings {
+        models: vec![model.clone()],
+        sharegpt: sharegpt.clone(),
+        codecs: vec![Codec::F16, Codec::Int4Ch],
+        pairs: 1,
+        cloud_len: 40,
+        edge_len: 8,
+        answer_tokens: 4,
+        threads: 2,
+        out: out.clone(),
+    })
+    .unwrap();
+    let v = json(&out, "codecs.json");
+    let rows = v["rows"].as_array().unwrap();
+    // f16 through the wire chunks and the reassembler is lossless: the answer is unchanged.
+    assert_eq!(rows[0]["codec"], "f16");
+    assert_eq!(rows[0]["ratio_vs_f16"].as_f64(), Some(1.0));
+    assert_eq!(rows[0]["next_token_agreement"].as_f64(), Some(1.0));
+    assert_eq!(rows[0]["identical_64"].as_f64(), Some(1.0));
+    assert_eq!(rows[0]["max_abs_dlogit"].as_f64(), Some(0.0));
+    assert!(rows[1]["ratio_vs_f16"].as_f64().unwrap() > 2.5);
+    svg(&out, "codecs.svg");
+
     let md = report::run(&out, &out.join("results.md")).unwrap();
     for section in [
+        "## KV codecs",
         "## Engine speed",
         "## TTFT over link profiles",
         "Planner validation",

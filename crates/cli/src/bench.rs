@@ -19,10 +19,33 @@ pub enum Bench {
     Batch(BatchArgs),
     /// CE-LSLM Table II analogue: cloud-only vs edge-only vs cloud-edge (per codec).
     Table(TableArgs),
+    /// KV codecs: bytes vs f16 and what they change in the answer, per model.
+    Codecs(CodecsArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
     Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CodecsArgs {
+    #[arg(long, value_delimiter = ',', default_value = "smollm2,qwen05,qwen15")]
+    models: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "int8,int8ch,int4,int4ch")]
+    codecs: Vec<String>,
+    /// ShareGPT pairs per model.
+    #[arg(long, default_value_t = 20)]
+    pairs: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 64)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 64)]
+    answer_tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -237,7 +260,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Lslm(a) => {
             let sharegpt = sharegpt()?;
             let codec = Codec::parse(&a.codec)
-                .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?;
+                .ok_or_else(|| anyhow::anyhow!("codec is one of {}", Codec::names()))?;
             let s = edgeprompt_bench::lslm::Settings {
                 llm: super::models::resolve(&a.llm)?,
                 slm: super::models::resolve(&a.slm)?,
@@ -283,7 +306,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 edge_len: a.edge_len,
                 profiles: a.profiles,
                 codec: Codec::parse(&a.codec)
-                    .ok_or_else(|| anyhow::anyhow!("codec is f16, int8 or int4"))?,
+                    .ok_or_else(|| anyhow::anyhow!("codec is one of {}", Codec::names()))?,
                 threads: a.threads,
                 llama_python: a.llama_python,
                 out: a.out.clone(),
@@ -291,6 +314,37 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::ttft::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/ttft.json and SVG plots",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Codecs(a) => {
+            let s = edgeprompt_bench::codecs::Settings {
+                models: a
+                    .models
+                    .iter()
+                    .map(|m| super::models::resolve(m))
+                    .collect::<anyhow::Result<_>>()?,
+                sharegpt: sharegpt()?,
+                codecs: a
+                    .codecs
+                    .iter()
+                    .map(|c| {
+                        Codec::parse(c)
+                            .ok_or_else(|| anyhow::anyhow!("codec {c}: one of {}", Codec::names()))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+                pairs: a.pairs.max(1),
+                cloud_len: a.cloud_len,
+                edge_len: a.edge_len,
+                answer_tokens: a.answer_tokens.max(1),
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::codecs::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/codecs.json and codecs.svg",
                 r.rows.len(),
                 a.out.display()
             );
@@ -378,7 +432,8 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 .codecs
                 .iter()
                 .map(|c| {
-                    Codec::parse(c).ok_or_else(|| anyhow::anyhow!("codec {c}: f16, int8 or int4"))
+                    Codec::parse(c)
+                        .ok_or_else(|| anyhow::anyhow!("codec {c}: one of {}", Codec::names()))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let s = edgeprompt_bench::table::Settings {

@@ -71,6 +71,8 @@ pub struct EdgeArgs {
     /// The private message: it stays on this machine.
     #[arg(long)]
     prompt: String,
+    /// KV codec asked of the cloud: f16 (exact), int8ch / int4ch (keys per channel, values per
+    /// token), int8 / int4 (per row).
     #[arg(long, default_value = "f16")]
     codec: String,
     #[arg(long, default_value_t = 128)]
@@ -97,6 +99,8 @@ pub struct DemoArgs {
     /// Link profile between edge and cloud.
     #[arg(long, default_value = "5g")]
     link: String,
+    /// KV codec asked of the cloud: f16 (exact), int8ch / int4ch (keys per channel, values per
+    /// token), int8 / int4 (per row).
     #[arg(long, default_value = "f16")]
     codec: String,
     #[arg(long, default_value_t = 96)]
@@ -401,7 +405,8 @@ fn decode(
 
 pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
-    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let codec =
+        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
     let rt = tokio::runtime::Runtime::new()?;
     let run = rt.block_on(edge_request(
         model,
@@ -431,7 +436,8 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
 
 pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
-    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let codec =
+        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
     let link_profile = profile(Some(&a.link), None, None)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {

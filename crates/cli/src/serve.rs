@@ -19,7 +19,7 @@ pub struct ServeArgs {
     cloud: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// KV codec asked of the cloud: f16, int8 or int4.
+    /// KV codec asked of the cloud: f16, int8, int4, int8ch or int4ch.
     #[arg(long, default_value = "f16")]
     codec: String,
     /// Refuse system messages that are not registered cloud prompts (default: compute them here).
@@ -56,7 +56,8 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
-    let codec = Codec::parse(&a.codec).context("codec is f16, int8 or int4")?;
+    let codec =
+        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
     let security = a.security.load()?;
     let state = EdgeServer::start(
         model.clone(),

@@ -211,12 +211,7 @@ fn write_chunk(w: &mut impl Write, c: &Chunk) -> Result<()> {
     for x in [c.layer, c.start, c.end, c.checksum] {
         w.write_all(&x.to_le_bytes())?;
     }
-    let codec = match c.codec {
-        Codec::F16 => 0u8,
-        Codec::Int8 => 1,
-        Codec::Int4 => 2,
-    };
-    w.write_all(&[codec, c.compressed as u8])?;
+    w.write_all(&[c.codec.id(), c.compressed as u8])?;
     w.write_all(&(c.payload.len() as u64).to_le_bytes())?;
     w.write_all(&c.payload)?;
     Ok(())
@@ -226,12 +221,8 @@ fn read_chunk(r: &mut impl Read) -> Result<Chunk> {
     let (layer, start, end, checksum) = (read_u32(r)?, read_u32(r)?, read_u32(r)?, read_u32(r)?);
     let mut b = [0u8; 2];
     r.read_exact(&mut b)?;
-    let codec = match b[0] {
-        0 => Codec::F16,
-        1 => Codec::Int8,
-        2 => Codec::Int4,
-        x => return Err(KvError::Store(format!("unknown codec {x}"))),
-    };
+    let codec =
+        Codec::from_id(b[0]).ok_or_else(|| KvError::Store(format!("unknown codec {}", b[0])))?;
     let len = read_u64(r)?;
     if len > 64 << 20 {
         return Err(KvError::Store("chunk too large".into()));

@@ -29,7 +29,7 @@ pub fn read_untrusted(data: &[u8]) {
         }
     }
     let _ = edgeprompt_kv::read_prefix(&mut &data[..]);
-    for c in [Codec::F16, Codec::Int8, Codec::Int4] {
+    for c in Codec::ALL {
         for compressed in [false, true] {
             let _ = codec::decode(c, compressed, data, heads, dim, tokens);
         }

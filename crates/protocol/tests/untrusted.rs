@@ -37,7 +37,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let mut seed = 5;
     let kv: Vec<LayerKv> = (0..layers).map(|_| layer(&mut seed)).collect();
     let mut out = Vec::new();
-    for codec in [Codec::F16, Codec::Int8, Codec::Int4] {
+    for codec in Codec::ALL {
         for zstd in [None, Some(3)] {
             let mut bytes = Vec::new();
             for (l, lk) in kv.iter().enumerate() {

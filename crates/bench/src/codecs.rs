@@ -1,0 +1,358 @@
+//! `edgeprompt bench codecs`: what each KV codec does to the answer. ShareGPT pairs (a cloud
+//! prompt as the system turn, a private prompt as the user turn); the cloud prompt's KV goes
+//! through the codec as the wire carries it (layer by layer, chunks of `CHUNK_TOKENS`, the
+//! real `Reassembler`), and the edge continues from the decoded KV. Against the f16 answer
+//! (bitwise the single-node answer):
+//! - teacher-forced next-token agreement: at the private prompt's last position and at every
+//!   position of the reference answer, fed the reference tokens, is the greedy token the same?
+//! - free-running identity: is the whole greedy answer (up to `answer_tokens`, or the stop
+//!   token) the same?
+//! - the largest |Δlogit| at the first answer position;
+//! - bytes against f16 (raw and zstd-3), encode and decode MB/s of f16 KV.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_cloud::stream::CHUNK_TOKENS;
+use edgeprompt_engine::sample::argmax;
+use edgeprompt_engine::{Message, Model, PrefixKv, Sequence};
+use edgeprompt_kv::chunk::{Chunk, Reassembler};
+use edgeprompt_kv::Codec;
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::plot::{line_chart, Series};
+use crate::workload::{Workload, WorkloadSpec};
+use crate::BenchError;
+
+pub struct Settings {
+    pub models: Vec<PathBuf>,
+    pub sharegpt: PathBuf,
+    pub codecs: Vec<Codec>,
+    pub pairs: usize,
+    pub cloud_len: usize,
+    pub edge_len: usize,
+    pub answer_tokens: usize,
+    pub threads: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub model: String,
+    pub codec: String,
+    /// f16 bytes / codec bytes.
+    pub ratio_vs_f16: f64,
+    /// The same with zstd level 3 on both.
+    pub ratio_vs_f16_zstd: f64,
+    /// Fractions in 0..1.
+    pub next_token_agreement: f64,
+    pub identical_64: f64,
+    pub max_abs_dlogit: f64,
+    pub encode_mb_s: f64,
+    pub decode_mb_s: f64,
+    pub pairs: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub threads: usize,
+    pub cloud_tokens: usize,
+    pub edge_tokens: usize,
+    pub answer_tokens: usize,
+    pub chunk_tokens: usize,
+    pub rows: Vec<Row>,
+}
+
+/// One codec's tallies over a model's pairs.
+#[derive(Default)]
+struct Tally {
+    bytes: usize,
+    zbytes: usize,
+    agree: usize,
+    positions: usize,
+    identical: usize,
+    dlogit: f32,
+    enc_s: f64,
+    dec_s: f64,
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
+    let machine = Machine::detect();
+    eprintln!(
+        "machine: {} ({} cores, {}), rev {}; {} threads; {} pairs of {} cloud + {} private tokens, answers of {}; codecs {}",
+        machine.cpu,
+        machine.cores,
+        machine.simd.join("/"),
+        machine.git_rev,
+        s.threads,
+        s.pairs,
+        s.cloud_len,
+        s.edge_len,
+        s.answer_tokens,
+        s.codecs.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+    );
+    let mut rows = Vec::new();
+    for path in &s.models {
+        rows.extend(model_rows(s, path)?);
+    }
+    let report = Report {
+        machine,
+        threads: s.threads,
+        cloud_tokens: s.cloud_len,
+        edge_tokens: s.edge_len,
+        answer_tokens: s.answer_tokens,
+        chunk_tokens: CHUNK_TOKENS,
+        rows,
+    };
+    std::fs::create_dir_all(&s.out)?;
+    std::fs::write(
+        s.out.join("codecs.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(s.out.join("codecs.svg"), plot(&report.rows))?;
+    Ok(report)
+}
+
+fn model_rows(s: &Settings, path: &std::path::Path) -> Result<Vec<Row>, BenchError> {
+    let model = Model::load(path)?;
+    let name = model.cfg.name.clone();
+    eprintln!("model {name}");
+    let work = Workload::build(
+        &model,
+        &WorkloadSpec {
+            sharegpt: s.sharegpt.clone(),
+            groups: s.pairs,
+            per_group: 1,
+            cloud_len: s.cloud_len,
+            edge_len: s.edge_len,
+            seed: 11,
+        },
+    )?;
+    let mut tallies: Vec<Tally> = s.codecs.iter().map(|_| Tally::default()).collect();
+    let mut f16_bytes = (0, 0);
+    for (i, r) in work.requests.iter().enumerate() {
+        let (cloud_ids, edge_ids) = split_ids(&model, &work.cloud[r.cloud], &r.user)?;
+        let mut cloud = Sequence::new(&model);
+        cloud.prefill_chunked(&model, &cloud_ids, 512)?;
+        let exact = cloud.export_prefix(&model)?;
+        let (raw, z) = wire_bytes(&exact, Codec::F16)?;
+        f16_bytes = (f16_bytes.0 + raw, f16_bytes.1 + z);
+        let (want_first, want) = greedy(&model, Arc::new(exact.clone()), &edge_ids, s)?;
+        for (codec, t) in s.codecs.iter().zip(&mut tallies) {
+            let (prefix, stats) = transcode(&exact, *codec)?;
+            t.bytes += stats.bytes;
+            t.zbytes += stats.zbytes;
+            t.enc_s += stats.enc_s;
+            t.dec_s += stats.dec_s;
+            let prefix = Arc::new(prefix);
+            let (agree, dl) =
+                teacher_forced(&model, prefix.clone(), &edge_ids, &want, &want_first)?;
+            t.agree += agree;
+            t.positions += want.len();
+            t.dlogit = t.dlogit.max(dl);
+            // Greedy answers differ only if some position disagreed.
+            let same = agree == want.len() || greedy(&model, prefix, &edge_ids, s)?.1 == want;
+            t.identical += usize::from(same);
+        }
+        eprintln!("  pair {}/{}", i + 1, work.requests.len());
+    }
+    let n = work.requests.len();
+    let f16_mb = f16_bytes.0 as f64 / 1e6;
+    let rows: Vec<Row> = s
+        .codecs
+        .iter()
+        .zip(&tallies)
+        .map(|(c, t)| Row {
+            model: name.clone(),
+            codec: c.name().to_string(),
+            ratio_vs_f16: f16_bytes.0 as f64 / t.bytes.max(1) as f64,
+            ratio_vs_f16_zstd: f16_bytes.1 as f64 / t.zbytes.max(1) as f64,
+            next_token_agreement: t.agree as f64 / t.positions.max(1) as f64,
+            identical_64: t.identical as f64 / n.max(1) as f64,
+            max_abs_dlogit: t.dlogit as f64,
+            encode_mb_s: f16_mb / t.enc_s.max(1e-9),
+            decode_mb_s: f16_mb / t.dec_s.max(1e-9),
+            pairs: n,
+        })
+        .collect();
+    for r in &rows {
+        eprintln!(
+            "  {:>7}: {:.2}x smaller than f16 ({:.2}x with zstd), next token {:.1} %, identical answers {:.0} %, max |dlogit| {:.3}, encode {:.0} MB/s, decode {:.0} MB/s",
+            r.codec,
+            r.ratio_vs_f16,
+            r.ratio_vs_f16_zstd,
+            100.0 * r.next_token_agreement,
+            100.0 * r.identical_64,
+            r.max_abs_dlogit,
+            r.encode_mb_s,
+            r.decode_mb_s
+        );
+    }
+    Ok(rows)
+}
+
+/// The cloud part (the system turn) and the private part as token ids, cut where the chat
+/// template puts the system turn; plain text when the model has no template.
+fn split_ids(model: &Model, cloud: &str, user: &str) -> Result<(Vec<u32>, Vec<u32>), BenchError> {
+    let (c, e) = match &model.chat {
+        Some(t) => {
+            let p = t.split(cloud, &[Message::new("user", user)])?;
+            (p.cloud, p.edge)
+        }
+        None => (cloud.to_string(), user.to_string()),
+    };
+    Ok((model.tokenizer.encode(&c)?, model.tokenizer.encode(&e)?))
+}
+
+/// The greedy answer after `edge` on `prefix`: the first position's logits and the tokens up
+/// to `answer_tokens` or the first stop token.
+fn greedy(
+    model: &Model,
+    prefix: Arc<PrefixKv>,
+    edge: &[u32],
+    s: &Settings,
+) -> Result<(Vec<f32>, Vec<u32>), BenchError> {
+    let mut seq = Sequence::with_prefix(model, prefix)?;
+    let first = seq.prefill(model, edge)?;
+    let mut logits = first.clone();
+    let mut out = Vec::new();
+    while out.len() < s.answer_tokens {
+        let t = argmax(&logits) as u32;
+        out.push(t);
+        if model.tokenizer.stop_ids.contains(&t) {
+            break;
+        }
+        logits = seq.prefill(model, &[t])?;
+    }
+    Ok((first, out))
+}
+
+/// Positions of `want` whose greedy token matches when fed the reference tokens, and the
+/// largest |Δlogit| at the first position.
+fn teacher_forced(
+    model: &Model,
+    prefix: Arc<PrefixKv>,
+    edge: &[u32],
+    want: &[u32],
+    want_first: &[f32],
+) -> Result<(usize, f32), BenchError> {
+    let mut seq = Sequence::with_prefix(model, prefix)?;
+    let mut logits = seq.prefill(model, edge)?;
+    let dl = logits
+        .iter()
+        .zip(want_first)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let mut agree = 0;
+    for (i, &t) in want.iter().enumerate() {
+        agree += usize::from(argmax(&logits) as u32 == t);
+        if i + 1 < want.len() {
+            logits = seq.prefill(model, &[t])?;
+        }
+    }
+    Ok((agree, dl))
+}
+
+struct WireStats {
+    bytes: usize,
+    zbytes: usize,
+    enc_s: f64,
+    dec_s: f64,
+}
+
+/// Raw and zstd-3 bytes of `prefix` on the wire in `codec`.
+fn wire_bytes(prefix: &PrefixKv, codec: Codec) -> Result<(usize, usize), BenchError> {
+    let (mut raw, mut z) = (0, 0);
+    for (l, layer) in prefix.layers.iter().enumerate() {
+        for (a, b) in spans(layer.len()) {
+            raw += Chunk::encode(l as u32, layer, a, b, codec, None)?
+                .payload
+                .len();
+            z += Chunk::encode(l as u32, layer, a, b, codec, Some(3))?
+                .payload
+                .len();
+        }
+    }
+    Ok((raw, z))
+}
+
+fn spans(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(CHUNK_TOKENS)
+        .map(move |a| (a, (a + CHUNK_TOKENS).min(n)))
+}
+
+/// `prefix` encoded in `codec` chunk by chunk and rebuilt by the reassembler, as an edge
+/// receives it.
+fn transcode(prefix: &PrefixKv, codec: Codec) -> Result<(PrefixKv, WireStats), BenchError> {
+    let first = prefix
+        .layers
+        .first()
+        .ok_or_else(|| BenchError::Data("empty prefix".into()))?;
+    let n = first.len();
+    let mut re = Reassembler::new(prefix.layers.len(), n, first.n_kv_head, first.head_dim);
+    let (mut enc_s, mut dec_s) = (0.0, 0.0);
+    let mut layers = Vec::with_capacity(prefix.layers.len());
+    let (bytes, zbytes) = wire_bytes(prefix, codec)?;
+    for (l, layer) in prefix.layers.iter().enumerate() {
+        for (a, b) in spans(n) {
+            let t = Instant::now();
+            let c = Chunk::encode(l as u32, layer, a, b, codec, None)?;
+            enc_s += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let done = re.push(&c)?;
+            dec_s += t.elapsed().as_secs_f64();
+            if let Some((_, kv)) = done {
+                layers.push(Arc::new(kv));
+            }
+        }
+    }
+    let out = PrefixKv {
+        fingerprint: prefix.fingerprint.clone(),
+        token_ids: prefix.token_ids.clone(),
+        layers,
+    };
+    Ok((
+        out,
+        WireStats {
+            bytes,
+            zbytes,
+            enc_s,
+            dec_s,
+        },
+    ))
+}
+
+/// Agreement against size, one line per model through its codecs.
+fn plot(rows: &[Row]) -> String {
+    let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
+    models.dedup();
+    let series: Vec<Series> = models
+        .iter()
+        .map(|m| {
+            let mut points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.model == *m)
+                .map(|r| (r.ratio_vs_f16, 100.0 * r.next_token_agreement))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series {
+                name: m.to_string(),
+                points,
+                dashed: false,
+            }
+        })
+        .collect();
+    line_chart(
+        "KV codecs: teacher-forced next-token agreement vs size",
+        "times smaller than f16",
+        "next-token agreement %",
+        &series,
+    )
+}
