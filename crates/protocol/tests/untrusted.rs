@@ -67,7 +67,9 @@ fn seeds() -> Vec<Vec<u8>> {
 fn seeds_are_valid_so_mutations_reach_deep() {
     let (layers, tokens, heads, dim) = SHAPE;
     let s = seeds();
-    for stream in &s[..6] {
+    // Two chunk streams per codec (with and without zstd), then the stored prefix.
+    let streams = 2 * Codec::ALL.len();
+    for stream in &s[..streams] {
         let mut re = Reassembler::new(layers, tokens, heads, dim);
         let mut rest = &stream[..];
         while !rest.is_empty() {
@@ -80,7 +82,7 @@ fn seeds_are_valid_so_mutations_reach_deep() {
         assert!(re.is_complete());
     }
     assert_eq!(
-        edgeprompt_kv::read_prefix(&mut &s[6][..])
+        edgeprompt_kv::read_prefix(&mut &s[streams][..])
             .unwrap()
             .token_ids
             .len(),
