@@ -79,33 +79,24 @@ pub(super) unsafe fn tile(
     ldo: usize,
     cols: usize,
 ) {
+    // 32-block formats run `tile_n`, K formats `tile_k`; each for the four tile heights.
     macro_rules! go {
-        ($c:expr) => {
+        ($kernel:ident, $c:expr) => {
             match mt {
-                1 => tile_n::<$c, 1>(group, acts, i0, out, ldo, cols),
-                2 => tile_n::<$c, 2>(group, acts, i0, out, ldo, cols),
-                4 => tile_n::<$c, 4>(group, acts, i0, out, ldo, cols),
-                _ => tile_n::<$c, 8>(group, acts, i0, out, ldo, cols),
-            }
-        };
-    }
-    macro_rules! go_k {
-        ($c:expr) => {
-            match mt {
-                1 => tile_k::<$c, 1>(group, acts, i0, out, ldo, cols),
-                2 => tile_k::<$c, 2>(group, acts, i0, out, ldo, cols),
-                4 => tile_k::<$c, 4>(group, acts, i0, out, ldo, cols),
-                _ => tile_k::<$c, 8>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<$c, 1>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<$c, 2>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<$c, 4>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<$c, 8>(group, acts, i0, out, ldo, cols),
             }
         };
     }
     match code(f) {
-        Q4_0 => go!(Q4_0),
-        Q4_1 => go!(Q4_1),
-        Q5_0 => go!(Q5_0),
-        Q8_0 => go!(Q8_0),
-        Q4K => go_k!(Q4K),
-        _ => go_k!(Q6K),
+        Q4_0 => go!(tile_n, Q4_0),
+        Q4_1 => go!(tile_n, Q4_1),
+        Q5_0 => go!(tile_n, Q5_0),
+        Q8_0 => go!(tile_n, Q8_0),
+        Q4K => go!(tile_k, Q4K),
+        _ => go!(tile_k, Q6K),
     }
 }
 
