@@ -141,8 +141,8 @@ fn model_rows(s: &Settings, path: &std::path::Path) -> Result<Vec<Row>, BenchErr
         let mut cloud = Sequence::new(&model);
         cloud.prefill_chunked(&model, &cloud_ids, 512)?;
         let exact = cloud.export_prefix(&model)?;
-        let (raw, z) = wire_bytes(&exact, Codec::F16)?;
-        f16_bytes = (f16_bytes.0 + raw, f16_bytes.1 + z);
+        let (_, f16) = transcode(&exact, Codec::F16)?;
+        f16_bytes = (f16_bytes.0 + f16.bytes, f16_bytes.1 + f16.zbytes);
         let (want_first, want) = greedy(&model, Arc::new(exact.clone()), &edge_ids, s)?;
         for (codec, t) in s.codecs.iter().zip(&mut tallies) {
             let (prefix, stats) = transcode(&exact, *codec)?;
@@ -266,22 +266,6 @@ struct WireStats {
     dec_s: f64,
 }
 
-/// Raw and zstd-3 bytes of `prefix` on the wire in `codec`.
-fn wire_bytes(prefix: &PrefixKv, codec: Codec) -> Result<(usize, usize), BenchError> {
-    let (mut raw, mut z) = (0, 0);
-    for (l, layer) in prefix.layers.iter().enumerate() {
-        for (a, b) in spans(layer.len()) {
-            raw += Chunk::encode(l as u32, layer, a, b, codec, None)?
-                .payload
-                .len();
-            z += Chunk::encode(l as u32, layer, a, b, codec, Some(3))?
-                .payload
-                .len();
-        }
-    }
-    Ok((raw, z))
-}
-
 fn spans(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n)
         .step_by(CHUNK_TOKENS)
@@ -298,13 +282,17 @@ fn transcode(prefix: &PrefixKv, codec: Codec) -> Result<(PrefixKv, WireStats), B
     let n = first.len();
     let mut re = Reassembler::new(prefix.layers.len(), n, first.n_kv_head, first.head_dim);
     let (mut enc_s, mut dec_s) = (0.0, 0.0);
+    let (mut bytes, mut zbytes) = (0, 0);
     let mut layers = Vec::with_capacity(prefix.layers.len());
-    let (bytes, zbytes) = wire_bytes(prefix, codec)?;
     for (l, layer) in prefix.layers.iter().enumerate() {
         for (a, b) in spans(n) {
             let t = Instant::now();
             let c = Chunk::encode(l as u32, layer, a, b, codec, None)?;
             enc_s += t.elapsed().as_secs_f64();
+            bytes += c.payload.len();
+            zbytes += Chunk::encode(l as u32, layer, a, b, codec, Some(3))?
+                .payload
+                .len();
             let t = Instant::now();
             let done = re.push(&c)?;
             dec_s += t.elapsed().as_secs_f64();
