@@ -80,10 +80,7 @@ struct Tally {
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
+    let machine = crate::start(s.threads);
     eprintln!(
         "machine: {} ({} cores, {}), rev {}; {} threads; {} pairs of {} cloud + {} private tokens, answers of {}; codecs {}",
         machine.cpu,

@@ -68,10 +68,7 @@ user's own data stays on the device. The public part of the prompt is long and t
 everyone, so it is computed once in the cloud and its key-value cache is sent to the edge. ";
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
+    let machine = crate::start(s.threads);
     let model = Model::load(&s.model)?;
     let (text, source) = match &s.sharegpt {
         Some(p) if p.exists() => (crate::sharegpt::turns(p, 300)?.join("\n"), "ShareGPT"),

@@ -270,10 +270,7 @@ pub(crate) fn llama_prefill_secs(
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
+    let machine = crate::start(s.threads);
     eprintln!(
         "machine: {} ({} cores, {}), rev {}",
         machine.cpu,

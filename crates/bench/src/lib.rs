@@ -40,16 +40,22 @@ pub enum BenchError {
     Kv(#[from] edgeprompt_kv::KvError),
 }
 
+/// The global thread pool sized to `threads` (a no-op if one exists) and the machine
+/// description: how every bench starts.
+pub fn start(threads: usize) -> machine::Machine {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    machine::Machine::detect()
+}
+
 /// What every bench starts with: the global thread pool sized to `threads` (a no-op if one
 /// exists), the machine description, and the model.
 pub fn setup(
     threads: usize,
     model: &std::path::Path,
 ) -> Result<(machine::Machine, std::sync::Arc<edgeprompt_engine::Model>), BenchError> {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global();
-    let machine = machine::Machine::detect();
+    let machine = start(threads);
     let model = std::sync::Arc::new(edgeprompt_engine::Model::load(model)?);
     Ok((machine, model))
 }
