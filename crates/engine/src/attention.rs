@@ -268,8 +268,6 @@ mod simd {
     /// `Q` queries at once. `D` is the head size when known at compile time (0: the state's).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c")]
-    // Key, query and output-vector indices are the layout; index loops say it most plainly.
-    #[allow(clippy::needless_range_loop)]
     unsafe fn attend_avx2<const D: usize, const Q: usize, const H: bool>(
         states: &mut [State],
         rows: &[f32],
@@ -277,109 +275,163 @@ mod simd {
         values: *const u8,
         n: usize,
     ) {
-        use std::arch::x86_64::*;
-        // Eight values at element `at`: f16 (converted in registers) or f32.
-        let load = |p: *const u8, at: usize| {
-            if H {
-                _mm256_cvtph_ps(_mm_loadu_si128((p as *const u16).add(at) as *const __m128i))
-            } else {
-                _mm256_loadu_ps((p as *const f32).add(at))
-            }
-        };
         let d = if D == 0 { states[0].dim } else { D };
-        let chunks = d / 16;
         let qp: [*const f32; Q] = std::array::from_fn(|i| rows.as_ptr().add(i * d));
-        // Output vectors per query updated per pass over a block of keys: 8 registers in all.
-        let ob = 8 / Q;
         let mut j0 = 0;
-        while j0 < n {
-            // Eight keys at a time: scores, then the running max key by key, so both
-            // exponentials can be taken as one vector each with the per-key arguments.
-            let nb = 8.min(n - j0);
-            let mut x = [[_mm256_setzero_ps(); 8]; Q];
+        // Whole blocks get a block size known at compile time: every per-key loop unrolls.
+        while j0 + 8 <= n {
+            block::<D, Q, H>(states, &qp, keys, values, j0, 8, d);
+            j0 += 8;
+        }
+        if j0 < n {
+            block::<D, Q, H>(states, &qp, keys, values, j0, n - j0, d);
+        }
+    }
+
+    /// Eight values at element `at`: f16 (converted in registers) or f32.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load<const H: bool>(p: *const u8, at: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        if H {
+            _mm256_cvtph_ps(_mm_loadu_si128((p as *const u16).add(at) as *const __m128i))
+        } else {
+            _mm256_loadu_ps((p as *const f32).add(at))
+        }
+    }
+
+    /// Lanes moved up by `S` (lane `j` takes lane `j - S`), the low lanes filled with -inf.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn shift_up<const S: i32>(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let idx = _mm256_setr_epi32(-S, 1 - S, 2 - S, 3 - S, 4 - S, 5 - S, 6 - S, 7 - S);
+        let moved = _mm256_permutevar8x32_ps(x, _mm256_max_epi32(idx, _mm256_setzero_si256()));
+        let low = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32(S),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ));
+        _mm256_blendv_ps(moved, _mm256_set1_ps(f32::NEG_INFINITY), low)
+    }
+
+    /// The scalar running max `if s > m { m = s }`, key by key from `m`, as a scan: lane `j`
+    /// of the first result is the max before key `j`, of the second after it. The step
+    /// `max_ps(later, earlier)` keeps the earlier value on ties, as the scalar loop does, and
+    /// is associative, so the tree gives the loop's bits.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn running_max(
+        s: std::arch::x86_64::__m256,
+        m: f32,
+    ) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        let mut x = s;
+        x = _mm256_max_ps(x, shift_up::<1>(x));
+        x = _mm256_max_ps(x, shift_up::<2>(x));
+        x = _mm256_max_ps(x, shift_up::<4>(x));
+        let mv = _mm256_set1_ps(m);
+        let after = _mm256_max_ps(x, mv);
+        let before = _mm256_max_ps(shift_up::<1>(x), mv);
+        (before, after)
+    }
+
+    /// Keys `j0..j0 + nb` (`nb` <= 8) for every query: scores, softmax bookkeeping, values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    // Key, query and output-vector indices are the layout; index loops say it most plainly.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn block<const D: usize, const Q: usize, const H: bool>(
+        states: &mut [State],
+        qp: &[*const f32; Q],
+        keys: *const u8,
+        values: *const u8,
+        j0: usize,
+        nb: usize,
+        d: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let chunks = d / 16;
+        // Output vectors per query updated per pass over the block: 8 registers in all.
+        let ob = 8 / Q;
+        let mut x = [[_mm256_setzero_ps(); 8]; Q];
+        for jj in 0..nb {
+            let kr = (j0 + jj) * d;
+            let mut a0 = [_mm256_setzero_ps(); Q];
+            let mut a1 = [_mm256_setzero_ps(); Q];
+            for c in 0..chunks {
+                let o = c * 16;
+                let (k0, k1) = (load::<H>(keys, kr + o), load::<H>(keys, kr + o + 8));
+                for i in 0..Q {
+                    a0[i] = _mm256_add_ps(a0[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o)), k0));
+                    a1[i] =
+                        _mm256_add_ps(a1[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o + 8)), k1));
+                }
+            }
+            for i in 0..Q {
+                x[i][jj] = _mm256_add_ps(a0[i], a1[i]);
+            }
+        }
+        // Lanes past the block never raise the max.
+        let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32(nb as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ));
+        let mut p = [[0f32; 8]; Q];
+        let mut c = [[0f32; 8]; Q];
+        let mut grew = [0u32; Q];
+        for (i, st) in states.iter_mut().enumerate() {
+            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), reduce8(&x[i]), valid);
+            let (before, after) = running_max(s, st.m);
+            let up = _mm256_cmp_ps::<_CMP_GT_OQ>(s, before);
+            grew[i] = _mm256_movemask_ps(up) as u32;
+            _mm256_storeu_ps(p[i].as_mut_ptr(), exp_neg8(_mm256_sub_ps(s, after)));
+            if grew[i] != 0 {
+                let ca = _mm256_and_ps(_mm256_sub_ps(before, s), up);
+                _mm256_storeu_ps(c[i].as_mut_ptr(), exp_neg8(ca));
+            }
+            let mut l = st.l;
             for jj in 0..nb {
-                let kr = (j0 + jj) * d;
-                let mut a0 = [_mm256_setzero_ps(); Q];
-                let mut a1 = [_mm256_setzero_ps(); Q];
-                for c in 0..chunks {
-                    let o = c * 16;
-                    let (k0, k1) = (load(keys, kr + o), load(keys, kr + o + 8));
-                    for i in 0..Q {
-                        a0[i] =
-                            _mm256_add_ps(a0[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o)), k0));
-                        a1[i] = _mm256_add_ps(
-                            a1[i],
-                            _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o + 8)), k1),
-                        );
-                    }
+                if grew[i] >> jj & 1 != 0 {
+                    l *= c[i][jj];
                 }
-                for i in 0..Q {
-                    x[i][jj] = _mm256_add_ps(a0[i], a1[i]);
+                l += p[i][jj];
+            }
+            st.l = l;
+            st.m = _mm256_cvtss_f32(_mm256_permutevar8x32_ps(
+                after,
+                _mm256_set1_epi32(nb as i32 - 1),
+            ));
+        }
+        let any = grew.iter().any(|&g| g != 0);
+        let accs: [*mut f32; Q] = std::array::from_fn(|i| states[i].acc.as_mut_ptr());
+        for o0 in (0..d / 8).step_by(ob) {
+            let mut a = [[_mm256_setzero_ps(); 8]; Q];
+            for i in 0..Q {
+                for u in 0..ob {
+                    a[i][u] = _mm256_loadu_ps(accs[i].add(8 * (o0 + u)));
                 }
             }
-            let mut p = [[0f32; 8]; Q];
-            let mut c = [[0f32; 8]; Q];
-            let mut grew = [[false; 8]; Q];
-            let mut any = false;
-            for (i, st) in states.iter_mut().enumerate() {
-                let mut s = [0f32; 8];
-                _mm256_storeu_ps(s.as_mut_ptr(), reduce8(&x[i]));
-                let (mut pa, mut ca) = ([0f32; 8], [0f32; 8]);
-                let mut m = st.m;
-                let mut g = false;
-                for jj in 0..nb {
-                    if s[jj] > m {
-                        ca[jj] = m - s[jj];
-                        grew[i][jj] = true;
-                        g = true;
-                        m = s[jj];
-                    }
-                    pa[jj] = s[jj] - m;
-                }
-                _mm256_storeu_ps(p[i].as_mut_ptr(), exp_neg8(_mm256_loadu_ps(pa.as_ptr())));
-                if g {
-                    _mm256_storeu_ps(c[i].as_mut_ptr(), exp_neg8(_mm256_loadu_ps(ca.as_ptr())));
-                    any = true;
-                }
-                for jj in 0..nb {
-                    if grew[i][jj] {
-                        st.l *= c[i][jj];
-                    }
-                    st.l += p[i][jj];
-                }
-                st.m = m;
-            }
-            let accs: [*mut f32; Q] = std::array::from_fn(|i| states[i].acc.as_mut_ptr());
-            for o0 in (0..d / 8).step_by(ob) {
-                let mut a = [[_mm256_setzero_ps(); 8]; Q];
+            for jj in 0..nb {
+                let vr = (j0 + jj) * d + 8 * o0;
                 for i in 0..Q {
-                    for u in 0..ob {
-                        a[i][u] = _mm256_loadu_ps(accs[i].add(8 * (o0 + u)));
-                    }
-                }
-                for jj in 0..nb {
-                    let vr = (j0 + jj) * d + 8 * o0;
-                    for i in 0..Q {
-                        if any && grew[i][jj] {
-                            let cv = _mm256_set1_ps(c[i][jj]);
-                            for u in 0..ob {
-                                a[i][u] = _mm256_mul_ps(a[i][u], cv);
-                            }
-                        }
-                        let pv = _mm256_set1_ps(p[i][jj]);
+                    if any && grew[i] >> jj & 1 != 0 {
+                        let cv = _mm256_set1_ps(c[i][jj]);
                         for u in 0..ob {
-                            let v = load(values, vr + 8 * u);
-                            a[i][u] = _mm256_add_ps(a[i][u], _mm256_mul_ps(pv, v));
+                            a[i][u] = _mm256_mul_ps(a[i][u], cv);
                         }
                     }
-                }
-                for i in 0..Q {
+                    let pv = _mm256_set1_ps(p[i][jj]);
                     for u in 0..ob {
-                        _mm256_storeu_ps(accs[i].add(8 * (o0 + u)), a[i][u]);
+                        let v = load::<H>(values, vr + 8 * u);
+                        a[i][u] = _mm256_add_ps(a[i][u], _mm256_mul_ps(pv, v));
                     }
                 }
             }
-            j0 += nb;
+            for i in 0..Q {
+                for u in 0..ob {
+                    _mm256_storeu_ps(accs[i].add(8 * (o0 + u)), a[i][u]);
+                }
+            }
         }
     }
 }
