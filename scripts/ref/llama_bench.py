@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time llama.cpp (via the llama-cpp-python package) on given token ids, for `edgeprompt bench
+"""Time llama.cpp (via the llama-cpp-python package) on given token ids, for `edgeprompt-bench
 engine`. Prints one JSON object: prefill seconds per prompt length, decode seconds per token.
 
 Usage: llama_bench.py MODEL.gguf IDS.json THREADS PROMPT_LENS(comma) DECODE_TOKENS REPEATS

@@ -10,6 +10,8 @@ pub enum AlignError {
     Mismatch(String),
     #[error("calibration: {0}")]
     Calibration(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
     #[error("least squares: {0}")]
     Solve(String),
 }

@@ -1,22 +1,20 @@
-//! `edgeprompt align --llm A --slm B`: both models run over ShareGPT calibration text; every
-//! LLM layer is compared with every SLM layer by CKA and RSA (CE-LSLM eqs. 12-15), the heat
-//! maps are drawn (paper Fig. 5), the matching table is built with thresholds (eq. 16), and
-//! per matched pair ridge maps from the LLM's K/V to the SLM's are fitted and saved.
+//! The align job (`edgeprompt align --llm A --slm B`): both models run over ShareGPT
+//! calibration text; every LLM layer is compared with every SLM layer by CKA and RSA (CE-LSLM
+//! eqs. 12-15), the matching table is built with thresholds (eq. 16), and per matched pair
+//! ridge maps from the LLM's K/V to the SLM's are fitted and saved beside `align.json` (whose
+//! similarity matrices `edgeprompt-bench report` draws as the paper's Fig. 5 heat maps).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use edgeprompt_align::{
-    collect, compare, fit_adapters, match_layers, AdapterSet, FitOptions, PairInfo, Sampling,
-    Similarity,
-};
-use edgeprompt_engine::Model;
+use edgeprompt_engine::machine::Machine;
+use edgeprompt_engine::{Message, Model};
 use serde::Serialize;
 
-use crate::machine::Machine;
-use crate::plot::heat_map;
-use crate::workload::cut;
-use crate::BenchError;
+use crate::{
+    collect, compare, fit_adapters, match_layers, AdapterSet, AlignError, FitOptions, PairInfo,
+    Result, Sampling, Similarity,
+};
 
 pub struct Settings {
     pub llm: PathBuf,
@@ -81,7 +79,7 @@ pub fn calibration(
     sharegpt: &Path,
     sequences: usize,
     seq_tokens: usize,
-) -> Result<Vec<Vec<u32>>, BenchError> {
+) -> Result<Vec<Vec<u32>>> {
     let turns = crate::sharegpt::turns(sharegpt, 40 * sequences.max(1))?;
     let mut out = Vec::new();
     let mut text = String::new();
@@ -90,7 +88,7 @@ pub fn calibration(
         text.push('\n');
         if text.len() > 6 * seq_tokens {
             if let Ok(system) = cut(llm, &text, seq_tokens) {
-                out.push(super::system_ids(llm, slm, &system)?);
+                out.push(system_ids(llm, slm, &system)?);
             }
             text.clear();
             if out.len() == sequences {
@@ -99,7 +97,7 @@ pub fn calibration(
         }
     }
     if out.len() < sequences {
-        return Err(BenchError::Data(format!(
+        return Err(AlignError::Calibration(format!(
             "ShareGPT gave {} calibration sequences of {seq_tokens} tokens, {sequences} asked",
             out.len()
         )));
@@ -107,11 +105,15 @@ pub fn calibration(
     Ok(out)
 }
 
-pub fn run(s: &Settings) -> Result<Report, BenchError> {
+pub fn run(s: &Settings) -> Result<Report> {
     let start = Instant::now();
-    let (machine, llm) = crate::setup(s.threads, &s.llm)?;
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(s.threads)
+        .build_global();
+    let machine = Machine::detect();
+    let llm = Model::load(&s.llm)?;
     let slm = Model::load(&s.slm)?;
-    eprintln!("{}", super::describe(&machine, &llm, &slm, s.threads));
+    eprintln!("{}", describe(&machine, &llm, &slm, s.threads));
     let seqs = calibration(&llm, &slm, &s.sharegpt, s.sequences, s.seq_tokens)?;
     let tokens: usize = seqs.iter().map(Vec::len).sum();
     eprintln!(
@@ -188,25 +190,14 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     Ok(report)
 }
 
-fn write_outputs(r: &Report, out: &Path) -> Result<(), BenchError> {
-    std::fs::write(out.join("align.json"), serde_json::to_string_pretty(r)?)?;
-    let marks: Vec<(usize, usize)> = r
-        .matches
-        .iter()
-        .enumerate()
-        .filter_map(|(j, m)| m.map(|i| (i, j)))
-        .collect();
-    for (name, values) in [("cka", &r.similarity.cka), ("rsa", &r.similarity.rsa)] {
-        let title = format!(
-            "{}: cloud LLM layer (rows) vs edge SLM layer (columns); eq. 16 matches outlined",
-            name.to_uppercase()
-        );
-        std::fs::write(
-            out.join(format!("align-{name}.svg")),
-            heat_map(&title, "LLM layer", "SLM layer", values, &marks),
-        )?;
-    }
-    Ok(())
+fn write_outputs(r: &Report, out: &Path) -> Result<()> {
+    let path = out.join("align.json");
+    let json = serde_json::to_string_pretty(r)
+        .map_err(|e| AlignError::Calibration(format!("align.json: {e}")))?;
+    std::fs::write(&path, json).map_err(|e| AlignError::File {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    })
 }
 
 fn print_table(r: &Report) {
@@ -244,12 +235,58 @@ fn print_table(r: &Report) {
         );
     }
     println!(
-        "wrote align.json, align-cka.svg, align-rsa.svg ({:.0} s)",
+        "wrote align.json ({:.0} s); heat maps: edgeprompt-bench report --results <dir of align.json>",
         r.secs
     );
 }
 
 /// Load an adapter file written by `run`.
-pub fn load_adapters(path: &Path) -> Result<AdapterSet, BenchError> {
-    Ok(AdapterSet::load(path)?)
+pub fn load_adapters(path: &Path) -> Result<AdapterSet> {
+    AdapterSet::load(path)
+}
+
+/// The token ids of `system` as a chat's system turn, identical under both models' templates
+/// and tokenizers (CE-LSLM needs one tokenizer), or an error saying they differ.
+pub fn system_ids(llm: &Model, slm: &Model, system: &str) -> Result<Vec<u32>> {
+    let ids = |m: &Model| -> Result<Vec<u32>> {
+        let chat = m
+            .chat
+            .as_ref()
+            .ok_or_else(|| AlignError::Calibration("model has no chat template".into()))?;
+        Ok(m.tokenizer
+            .encode(&chat.render(&[Message::new("system", system)], false)?)?)
+    };
+    let a = ids(llm)?;
+    if ids(slm)? != a {
+        return Err(AlignError::Calibration(
+            "the two models tokenize the prompt differently: CE-LSLM needs one tokenizer".into(),
+        ));
+    }
+    Ok(a)
+}
+
+/// The first `n` tokens of `s` as text.
+pub fn cut(model: &Model, s: &str, n: usize) -> Result<String> {
+    let ids = model.tokenizer.encode(s)?;
+    if ids.len() < n {
+        return Err(AlignError::Calibration(format!(
+            "need {n} tokens of text, have {}",
+            ids.len()
+        )));
+    }
+    Ok(model.tokenizer.decode(&ids[..n])?)
+}
+
+/// The line every CE-LSLM job starts with: machine, revision, both models, threads.
+pub fn describe(machine: &Machine, llm: &Model, slm: &Model, threads: usize) -> String {
+    format!(
+        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {threads}",
+        machine.cpu,
+        machine.cores,
+        machine.git_rev,
+        llm.cfg.name,
+        llm.cfg.n_layer,
+        slm.cfg.name,
+        slm.cfg.n_layer,
+    )
 }

@@ -4,7 +4,8 @@
 //! - `cka`, `rsa`, `similarity`: how alike each LLM layer is to each SLM layer (eqs. 11-15);
 //! - `matching`: the layer-matching table with thresholds (eq. 16);
 //! - `ridge`, `adapter`: per matched pair, least-squares maps LLM K/V -> SLM K/V, optionally
-//!   after ThinK key-channel selection (eq. 17), saved as safetensors with both fingerprints.
+//!   after ThinK key-channel selection (eq. 17), saved as safetensors with both fingerprints;
+//! - `job`: the whole `edgeprompt align` run over ShareGPT calibration text (`sharegpt`).
 //!
 //! Representations are row-major `[n, d]` matrices (n tokens, d features); the two models may
 //! have different `d`. CKA and RSA compare the n × n token-similarity structure, never the
@@ -14,9 +15,11 @@ pub mod adapter;
 pub mod calib;
 pub mod cka;
 mod error;
+pub mod job;
 pub mod matching;
 pub mod ridge;
 pub mod rsa;
+pub mod sharegpt;
 pub mod similarity;
 
 pub use adapter::{fit_adapters, AdapterSet, FitOptions, PairInfo, Shape};

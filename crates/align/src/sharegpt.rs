@@ -1,12 +1,12 @@
-//! ShareGPT text for workloads. The packaged JSON is truncated, so records are parsed one by
+//! ShareGPT text, for calibration here and for the benchmarks' workloads. The packaged JSON is truncated, so records are parsed one by
 //! one and the incomplete tail is dropped.
 
 use std::path::Path;
 
-use crate::BenchError;
+use crate::{AlignError, Result};
 
 /// Texts of the conversation turns of up to `max_records` complete records.
-pub fn turns(path: &Path, max_records: usize) -> Result<Vec<String>, BenchError> {
+pub fn turns(path: &Path, max_records: usize) -> Result<Vec<String>> {
     Ok(conversations(path, max_records)?
         .into_iter()
         .flatten()
@@ -22,12 +22,15 @@ pub struct Turn {
 }
 
 /// The conversations of up to `max_records` complete records, in file order.
-pub fn conversations(path: &Path, max_records: usize) -> Result<Vec<Vec<Turn>>, BenchError> {
-    let bytes = std::fs::read(path)?;
+pub fn conversations(path: &Path, max_records: usize) -> Result<Vec<Vec<Turn>>> {
+    let bytes = std::fs::read(path).map_err(|e| AlignError::File {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    })?;
     let mut pos = bytes
         .iter()
         .position(|&b| b == b'[')
-        .ok_or_else(|| BenchError::Data("ShareGPT: no JSON array".into()))?
+        .ok_or_else(|| AlignError::Calibration("ShareGPT: no JSON array".into()))?
         + 1;
     let mut out = Vec::new();
     for _ in 0..max_records {

@@ -1,4 +1,4 @@
-//! `edgeprompt bench batch` (EdgePrompt Fig. 3): groups of requests that share a cloud prompt,
+//! `edgeprompt-bench batch` (EdgePrompt Fig. 3): groups of requests that share a cloud prompt,
 //! run to completion with the edge server's continuous batcher, throughput (generated tokens/s)
 //! against cloud-prompt length for three schemes:
 //! - `no_sharing` (PagedAttention-like): every request prefills its own copy of the cloud prompt;

@@ -1,8 +1,10 @@
-//! `edgeprompt bench ...`: benchmarks that print their machine, settings and baselines.
+//! The subcommands of `edgeprompt-bench`: benchmarks that print their machine, settings and
+//! baselines.
 
 use std::path::PathBuf;
 
 use edgeprompt_bench::engine;
+use edgeprompt_engine::catalog;
 use edgeprompt_kv::Codec;
 
 #[derive(clap::Subcommand)]
@@ -251,8 +253,12 @@ pub struct EngineArgs {
     out: PathBuf,
 }
 
-pub fn sharegpt() -> anyhow::Result<PathBuf> {
-    super::models::find("ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt")
+fn sharegpt() -> anyhow::Result<PathBuf> {
+    Ok(catalog::sharegpt()?)
+}
+
+fn resolve(name: &str) -> anyhow::Result<PathBuf> {
+    Ok(catalog::resolve(name)?)
 }
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
@@ -262,8 +268,8 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let codec = Codec::parse(&a.codec)
                 .ok_or_else(|| anyhow::anyhow!("codec is one of {}", Codec::names()))?;
             let s = edgeprompt_bench::lslm::Settings {
-                llm: super::models::resolve(&a.llm)?,
-                slm: super::models::resolve(&a.slm)?,
+                llm: resolve(&a.llm)?,
+                slm: resolve(&a.slm)?,
                 adapters: a.adapters,
                 quality: (a.cases > 0).then(|| edgeprompt_bench::lslm::quality::Settings {
                     sharegpt: sharegpt.clone(),
@@ -300,7 +306,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Ttft(a) => {
             let sharegpt = sharegpt()?;
             let s = edgeprompt_bench::ttft::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 sharegpt,
                 cloud_lens: a.cloud_lens,
                 edge_len: a.edge_len,
@@ -324,7 +330,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 models: a
                     .models
                     .iter()
-                    .map(|m| super::models::resolve(m))
+                    .map(|m| resolve(m))
                     .collect::<anyhow::Result<_>>()?,
                 sharegpt: sharegpt()?,
                 codecs: a
@@ -352,7 +358,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         }
         Bench::Decode(a) => {
             let s = edgeprompt_bench::decode::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 sharegpt: sharegpt().ok(),
                 cloud_lens: a.cloud_lens,
                 batch_sizes: a.batch_sizes,
@@ -372,7 +378,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         }
         Bench::Serve(a) => {
             let s = edgeprompt_bench::serve::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 model_id: a.model.clone(),
                 workload: edgeprompt_bench::workload::WorkloadSpec {
                     sharegpt: sharegpt()?,
@@ -405,7 +411,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 hardware.push((label.to_string(), t.parse::<usize>()?.max(1)));
             }
             let s = edgeprompt_bench::batch::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 workload: edgeprompt_bench::workload::WorkloadSpec {
                     sharegpt: sharegpt()?,
                     groups: a.groups.max(1),
@@ -437,7 +443,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let s = edgeprompt_bench::table::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 model_id: a.model.clone(),
                 workload: edgeprompt_bench::workload::WorkloadSpec {
                     sharegpt: sharegpt()?,
@@ -468,7 +474,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         }
         Bench::Engine(a) => {
             let settings = engine::Settings {
-                model: super::models::resolve(&a.model)?,
+                model: resolve(&a.model)?,
                 threads: a.threads,
                 prompt_lens: a.prompt_lens,
                 decode_tokens: a.decode_tokens,

@@ -1,4 +1,4 @@
-//! `edgeprompt bench codecs`: what each KV codec does to the answer. ShareGPT pairs (a cloud
+//! `edgeprompt-bench codecs`: what each KV codec does to the answer. ShareGPT pairs (a cloud
 //! prompt as the system turn, a private prompt as the user turn); the cloud prompt's KV goes
 //! through the codec as the wire carries it (layer by layer, chunks of `CHUNK_TOKENS`, the
 //! real `Reassembler`), and the edge continues from the decoded KV. Against the f16 answer

@@ -1,4 +1,4 @@
-//! `edgeprompt bench decode`: batched decode throughput against batch size (1-32) and cloud
+//! `edgeprompt-bench decode`: batched decode throughput against batch size (1-32) and cloud
 //! prompt length (64-1024), with every sequence reading one shared copy of the cloud prompt's
 //! KV (RelayAttention-like, what the edge server does) versus a private copy per request
 //! (PagedAttention-like, no sharing). Same model, same kernels, same run.

@@ -1,4 +1,4 @@
-//! `edgeprompt bench engine`: prefill and decode speed of our engine, candle's stock
+//! `edgeprompt-bench engine`: prefill and decode speed of our engine, candle's stock
 //! quantized model and llama.cpp, on the same GGUF, threads and token ids, in one run.
 
 use std::path::{Path, PathBuf};

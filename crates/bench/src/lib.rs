@@ -6,15 +6,17 @@ pub mod codecs;
 pub mod decode;
 pub mod engine;
 pub mod lslm;
-pub mod machine;
 pub mod nodes;
 pub mod plot;
 pub mod report;
 pub mod serve;
-pub mod sharegpt;
 pub mod table;
 pub mod ttft;
 pub mod workload;
+
+// Shared with the product: what a run ran on, and the ShareGPT loader calibration uses too.
+pub use edgeprompt_align::sharegpt;
+pub use edgeprompt_engine::machine;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -1,4 +1,4 @@
-//! `edgeprompt bench serve` (EdgePrompt Figs. 4-5): Poisson arrivals at a sweep of request
+//! `edgeprompt-bench serve` (EdgePrompt Figs. 4-5): Poisson arrivals at a sweep of request
 //! rates against a running OpenAI-compatible server, streamed over real loopback HTTP:
 //! throughput (req/s, tok/s), normalised latency (s per output token) and TTFT p50/p99.
 //! The edge server (with its cloud node) runs in this process; the same workload can be sent

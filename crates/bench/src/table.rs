@@ -1,4 +1,4 @@
-//! `edgeprompt bench table` (CE-LSLM Table II analogue): the same chat requests served
+//! `edgeprompt-bench table` (CE-LSLM Table II analogue): the same chat requests served
 //! cloud-only (the whole prompt goes up the link to a server next to the cloud's KV), edge-only
 //! (the edge computes everything, its cache cold) and cloud-edge (EdgePrompt: the cloud
 //! prompt's KV comes down the link per codec, the private prompt stays). Per scheme: TTFT, total

@@ -1,4 +1,4 @@
-//! `edgeprompt bench ttft`: time to first token for a cloud prompt of 64..1024 tokens plus a
+//! `edgeprompt-bench ttft`: time to first token for a cloud prompt of 64..1024 tokens plus a
 //! private edge prompt (512 tokens, EdgePrompt §3 setup) over each link profile: edge-only
 //! (the edge prefills everything), EdgePrompt pipelined and non-pipelined, and the planner's
 //! prediction, all measured in one run on real gRPC through the shaping link.

@@ -48,7 +48,7 @@ impl Workload {
                     break;
                 }
             }
-            cut(model, &s, n)
+            Ok(cut(model, &s, n)?)
         };
         let cloud = (0..spec.groups)
             .map(|_| text(spec.cloud_len))
@@ -67,14 +67,4 @@ impl Workload {
     }
 }
 
-/// The first `n` tokens of `s` as text.
-pub fn cut(model: &Model, s: &str, n: usize) -> Result<String, BenchError> {
-    let ids = model.tokenizer.encode(s)?;
-    if ids.len() < n {
-        return Err(BenchError::Data(format!(
-            "need {n} tokens of text, have {}",
-            ids.len()
-        )));
-    }
-    Ok(model.tokenizer.decode(&ids[..n])?)
-}
+pub use edgeprompt_align::job::cut;

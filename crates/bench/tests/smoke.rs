@@ -206,14 +206,15 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     svg(&out, "planner-validation.svg");
 }
 
-/// CE-LSLM at toy scale on the real 1.5B/0.5B pair: `align` writes the heat maps, the matching
-/// table and adapters that load; `bench lslm` scores every configuration and measures TTFT over
-/// a shaped link; `bench report` renders both. Slow (two real models).
+/// CE-LSLM at toy scale on the real 1.5B/0.5B pair: `align` writes the matching table and
+/// adapters that load; `bench lslm` scores every configuration and measures TTFT over a shaped
+/// link; `bench report` renders both and draws the heat maps. Slow (two real models).
 #[test]
 #[ignore = "slow: two real models (1.5B and 0.5B)"]
 fn ce_lslm_align_and_bench_run_at_toy_scale_and_report() {
+    use edgeprompt_align::job as align;
     use edgeprompt_align::Sampling;
-    use edgeprompt_bench::lslm::{self, align, latency, quality};
+    use edgeprompt_bench::lslm::{self, latency, quality};
 
     let llm = file("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
     let slm = file("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
@@ -247,11 +248,6 @@ fn ce_lslm_align_and_bench_run_at_toy_scale_and_report() {
     );
     let v = json(&out, "align.json");
     assert_eq!(v["similarity"]["cka"].as_array().unwrap().len(), 28);
-    for name in ["align-cka.svg", "align-rsa.svg"] {
-        let s = std::fs::read_to_string(out.join(name)).unwrap();
-        // 28 x 24 cells + 24 matched pairs outlined + 20 colour-bar steps + background.
-        assert_eq!(s.matches("<rect").count(), 28 * 24 + 24 + 20 + 1, "{name}");
-    }
     let files: Vec<PathBuf> = a.adapters.iter().map(|x| PathBuf::from(&x.path)).collect();
     assert_eq!(files.len(), 2);
 
@@ -317,5 +313,10 @@ fn ce_lslm_align_and_bench_run_at_toy_scale_and_report() {
         "## CE-LSLM TTFT and bytes",
     ] {
         assert!(md.contains(section), "report lacks {section}");
+    }
+    for name in ["align-cka.svg", "align-rsa.svg"] {
+        let s = std::fs::read_to_string(out.join(name)).unwrap();
+        // 28 x 24 cells + 24 matched pairs outlined + 20 colour-bar steps + background.
+        assert_eq!(s.matches("<rect").count(), 28 * 24 + 24 + 20 + 1, "{name}");
     }
 }

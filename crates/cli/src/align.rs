@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
+use edgeprompt_align::job as align;
 use edgeprompt_align::Sampling;
-use edgeprompt_bench::lslm::align;
+use edgeprompt_engine::catalog;
 
 #[derive(clap::Args)]
 pub struct AlignArgs {
@@ -58,7 +59,7 @@ pub fn run(a: AlignArgs) -> anyhow::Result<()> {
     let s = align::Settings {
         llm: super::models::resolve(&a.llm)?,
         slm: super::models::resolve(&a.slm)?,
-        sharegpt: super::bench::sharegpt()?,
+        sharegpt: catalog::sharegpt()?,
         sequences: a.sequences,
         seq_tokens: a.seq_tokens,
         sampling: Sampling {

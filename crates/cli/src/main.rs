@@ -1,7 +1,7 @@
-//! `edgeprompt`: one binary, one subcommand per job.
+//! `edgeprompt`: the product binary, one subcommand per job (the benchmarks are
+//! `edgeprompt-bench`, in `crates/bench`).
 
 mod align;
-mod bench;
 mod generate;
 mod models;
 mod nodes;
@@ -40,9 +40,6 @@ enum Command {
     Align(align::AlignArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
-    /// Benchmarks (machine, settings and baselines printed with every result).
-    #[command(subcommand)]
-    Bench(bench::Bench),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,6 +58,5 @@ fn main() -> anyhow::Result<()> {
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),
         Command::Align(a) => align::run(a),
-        Command::Bench(b) => bench::run(b),
     }
 }

@@ -8,6 +8,8 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Missing(String),
     #[error("GGUF: {0}")]
     Gguf(String),
     #[error("unsupported model: {0}")]

@@ -3,6 +3,7 @@
 //! causal part (DESIGN.md §2).
 
 pub mod attention;
+pub mod catalog;
 pub mod chat;
 pub mod config;
 mod error;
@@ -10,6 +11,7 @@ mod fastexp;
 pub mod generate;
 pub mod kernels;
 pub mod kv;
+pub mod machine;
 pub mod model;
 mod pool;
 pub mod rope;

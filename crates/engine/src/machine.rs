@@ -1,4 +1,5 @@
-//! What the benchmark ran on.
+//! What a run ran on: CPU, cores, SIMD level and the source revision (printed with every
+//! benchmark and calibration result).
 
 use serde::Serialize;
 

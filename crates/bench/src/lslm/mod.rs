@@ -1,54 +1,16 @@
-//! CE-LSLM experiments: `align` (layer similarity, matching table, adapters) and `lslm`
-//! (quality of the small model with the large model's mapped KV, TTFT and bytes).
+//! CE-LSLM experiments (`lslm`): quality of the small model with the large model's mapped
+//! KV, TTFT and bytes, on adapters the product's align job (`edgeprompt_align::job`) wrote.
 
-pub mod align;
 pub mod latency;
 pub mod quality;
 
-use edgeprompt_engine::{Message, Model};
+use edgeprompt_align::job as align;
+pub use edgeprompt_align::job::{describe, system_ids};
+use edgeprompt_engine::Model;
 
 use crate::BenchError;
 
-/// Token ids of `system` as a cloud prompt (the chat template's system message) for a model
-/// pair that must share its tokenizer and template.
-pub fn system_ids(llm: &Model, slm: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
-    let ids = |m: &Model| -> Result<Vec<u32>, BenchError> {
-        let chat = m
-            .chat
-            .as_ref()
-            .ok_or_else(|| BenchError::Data("model has no chat template".into()))?;
-        Ok(m.tokenizer
-            .encode(&chat.render(&[Message::new("system", system)], false)?)?)
-    };
-    let a = ids(llm)?;
-    if ids(slm)? != a {
-        return Err(BenchError::Data(
-            "the two models tokenize the prompt differently: CE-LSLM needs one tokenizer".into(),
-        ));
-    }
-    Ok(a)
-}
-
-/// The line every CE-LSLM job starts with: machine, revision, both models, threads.
-pub fn describe(
-    machine: &crate::machine::Machine,
-    llm: &Model,
-    slm: &Model,
-    threads: usize,
-) -> String {
-    format!(
-        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {threads}",
-        machine.cpu,
-        machine.cores,
-        machine.git_rev,
-        llm.cfg.name,
-        llm.cfg.n_layer,
-        slm.cfg.name,
-        slm.cfg.n_layer,
-    )
-}
-
-/// `edgeprompt bench lslm`: quality, then TTFT and bytes.
+/// `edgeprompt-bench lslm`: quality, then TTFT and bytes.
 pub struct Settings {
     pub llm: std::path::PathBuf,
     pub slm: std::path::PathBuf,

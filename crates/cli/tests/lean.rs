@@ -1,0 +1,44 @@
+//! The product binary links no benchmark code: neither the bench crate nor the baselines it
+//! measures against (candle-transformers, the HTTP client that drives llama.cpp's server).
+
+use std::process::Command;
+
+#[test]
+fn the_product_depends_on_no_benchmark_crate() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args([
+            "tree",
+            "-p",
+            "edgeprompt",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    // The tree is the product's: its own components are in it.
+    for needed in ["edgeprompt-engine", "edgeprompt-edge", "edgeprompt-align"] {
+        assert!(names.contains(&needed), "{needed} missing from:\n{tree}");
+    }
+    for banned in ["edgeprompt-bench", "candle-transformers", "reqwest"] {
+        assert!(
+            !names.contains(&banned),
+            "the product binary depends on {banned}:\n{tree}"
+        );
+    }
+}
