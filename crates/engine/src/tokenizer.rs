@@ -81,8 +81,12 @@ impl Tokenizer {
                 _ => {}
             }
         }
-        inner.add_special_tokens(&special);
-        inner.add_tokens(&user);
+        inner
+            .add_special_tokens(special)
+            .map_err(|e| EngineError::Tokenizer(format!("special tokens: {e}")))?;
+        inner
+            .add_tokens(user)
+            .map_err(|e| EngineError::Tokenizer(format!("added tokens: {e}")))?;
 
         let id = |key: &str| -> Option<u32> {
             content
