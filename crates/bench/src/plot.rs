@@ -1,6 +1,13 @@
-//! Small SVG charts (lines with axes and a legend, horizontal bars); no plotting dependency.
+//! SVG charts through `plotters` (its SVG backend writes text as `<text>`, so no fonts are
+//! needed): lines with a legend, horizontal bars, and heat maps with a labelled colour bar.
+//! Axes get plotters' round tick values; an axis whose positive data spans two decades or
+//! more is drawn logarithmic.
 
-use std::fmt::Write;
+use std::ops::Range;
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 pub struct Series {
     pub name: String,
@@ -8,134 +15,196 @@ pub struct Series {
     pub dashed: bool,
 }
 
-const COLORS: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+const COLORS: [RGBColor; 8] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
 
-/// A chart of `series` with linear axes from 0; one colour per series.
-pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
-    let (w, h, ml, mr, mt, mb) = (760.0, 440.0, 70.0, 210.0, 40.0, 55.0);
-    let pts = series.iter().flat_map(|s| s.points.iter());
-    let xmax = pts.clone().map(|p| p.0).fold(0.0, f64::max).max(1e-9) * 1.05;
-    let ymax = pts.map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
-    let sx = |x: f64| ml + x / xmax * (w - ml - mr);
-    let sy = |y: f64| h - mb - y / ymax * (h - mt - mb);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-size="13">{}</text>"#,
-        esc(title)
-    );
-    for i in 0..=5 {
-        let (xv, yv) = (xmax / 1.05 * i as f64 / 5.0, ymax / 1.1 * i as f64 / 5.0);
-        let _ = write!(
-            s,
-            r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#eee"/><text x="{x}" y="{}" text-anchor="middle">{}</text><line x1="{ml}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-            mt,
-            h - mb,
-            h - mb + 16.0,
-            fmt_num(xv),
-            w - mr,
-            ml - 6.0,
-            sy(yv) + 4.0,
-            fmt_num(yv),
-            x = sx(xv),
-            y = sy(yv),
-        );
-    }
-    let _ = write!(
-        s,
-        r##"<line x1="{ml}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="{ml}" y1="{mt}" x2="{ml}" y2="{b}" stroke="black"/><text x="{}" y="{}" text-anchor="middle">{}</text><text transform="translate(16,{}) rotate(-90)" text-anchor="middle">{}</text>"##,
-        (w - mr + ml) / 2.0,
-        h - 12.0,
-        esc(x_label),
-        (h - mb + mt) / 2.0,
-        esc(y_label),
-        b = h - mb,
-        r = w - mr,
-    );
-    for (i, se) in series.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        let dash = if se.dashed {
-            r#" stroke-dasharray="5,4""#
-        } else {
-            ""
-        };
-        let path: Vec<String> = se
-            .points
-            .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
-            .collect();
-        let _ = write!(
-            s,
-            r#"<polyline fill="none" stroke="{c}" stroke-width="2"{dash} points="{}"/>"#,
-            path.join(" ")
-        );
-        for &(x, y) in &se.points {
-            let _ = write!(
-                s,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
-                sx(x),
-                sy(y)
-            );
+/// Tick, axis and legend text (plotters draws SVG text at about 0.8 of the size asked).
+const LABELS: (&str, u32) = ("sans-serif", 15);
+
+/// Ratio of largest to smallest positive value from which an axis is logarithmic.
+const LOG_SPAN: f64 = 100.0;
+
+/// An axis for `values`: linear from 0 (or from the data's minimum when negative), or
+/// logarithmic when every value is positive and they span `LOG_SPAN` or more.
+enum Axis {
+    Linear(Range<f64>),
+    Log(Range<f64>),
+}
+
+impl Axis {
+    fn of(values: impl Iterator<Item = f64> + Clone) -> Self {
+        let finite = values.filter(|v| v.is_finite());
+        let lo = finite.clone().fold(f64::INFINITY, f64::min);
+        let hi = finite.fold(f64::NEG_INFINITY, f64::max);
+        if !lo.is_finite() {
+            return Axis::Linear(0.0..1.0);
         }
-        let ly = mt + 10.0 + 18.0 * i as f64;
-        let _ = write!(
-            s,
-            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"{dash}/><text x="{}" y="{}">{}</text>"#,
-            w - mr + 12.0,
-            w - mr + 36.0,
-            w - mr + 42.0,
-            ly + 4.0,
-            esc(&se.name)
-        );
+        if lo > 0.0 && hi / lo >= LOG_SPAN {
+            return Axis::Log(lo / 1.5..hi * 1.5);
+        }
+        let lo = lo.min(0.0);
+        let pad = ((hi - lo) * 0.08).max(1e-9);
+        Axis::Linear(lo..hi + pad)
     }
-    s.push_str("</svg>\n");
-    s
 }
 
-/// Horizontal bars from 0, one per label (for tables of schemes).
+fn err(e: impl std::fmt::Display) -> String {
+    format!("<svg xmlns=\"http://www.w3.org/2000/svg\"><text>plot failed: {e}</text></svg>\n")
+}
+
+/// A chart of `series`, one colour per series, legend at the right.
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    match (Axis::of(xs), Axis::of(ys)) {
+        (Axis::Linear(x), Axis::Linear(y)) => lines(title, x_label, y_label, series, x, y),
+        (Axis::Linear(x), Axis::Log(y)) => lines(title, x_label, y_label, series, x, y.log_scale()),
+        (Axis::Log(x), Axis::Linear(y)) => lines(title, x_label, y_label, series, x.log_scale(), y),
+        (Axis::Log(x), Axis::Log(y)) => lines(
+            title,
+            x_label,
+            y_label,
+            series,
+            x.log_scale(),
+            y.log_scale(),
+        ),
+    }
+}
+
+fn lines<X, Y>(title: &str, x_label: &str, y_label: &str, series: &[Series], x: X, y: Y) -> String
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut out = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut out, (760, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x, y)?;
+        chart
+            .configure_mesh()
+            .label_style(LABELS)
+            .axis_desc_style(LABELS)
+            .light_line_style(WHITE.mix(0.0))
+            .bold_line_style(BLACK.mix(0.08))
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let c = COLORS[i % COLORS.len()];
+            let style = c.stroke_width(2);
+            let pts = s
+                .points
+                .iter()
+                .copied()
+                .filter(|p| p.0.is_finite() && p.1.is_finite());
+            let drawn = if s.dashed {
+                chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
+            } else {
+                chart.draw_series(LineSeries::new(pts.clone(), style))?
+            };
+            drawn
+                .label(s.name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart.draw_series(pts.map(|p| Circle::new(p, 3, c.filled())))?;
+        }
+        if series.iter().any(|s| !s.name.is_empty()) {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()?;
+        }
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => out,
+        Err(e) => err(e),
+    }
+}
+
+/// Horizontal bars from 0, one per label (for tables of schemes), values printed at their ends.
 pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> String {
-    let (w, ml, mr, mt, row) = (760.0, 170.0, 70.0, 40.0, 28.0);
-    let h = mt + row * bars.len() as f64 + 40.0;
-    let vmax = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1e-9);
-    let sx = |v: f64| v / vmax * (w - ml - mr);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-size="13">{}</text>"#,
-        esc(title)
-    );
-    for (i, (label, v)) in bars.iter().enumerate() {
-        let y = mt + row * i as f64;
-        let _ = write!(
-            s,
-            r#"<rect x="{ml}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><text x="{:.1}" y="{:.1}">{}</text>"#,
-            y + 4.0,
-            sx(*v),
-            row - 8.0,
-            COLORS[i % COLORS.len()],
-            ml - 8.0,
-            y + row / 2.0 + 4.0,
-            esc(label),
-            ml + sx(*v) + 6.0,
-            y + row / 2.0 + 4.0,
-            fmt_num(*v)
-        );
+    let n = bars.len().max(1);
+    let vmax = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1e-9) * 1.15;
+    let height = 90 + 28 * n as u32;
+    let mut out = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut out, (760, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let label = |y: &f64| {
+            let i = y.floor() as usize;
+            if *y >= 0.0 && (y - i as f64 - 0.5).abs() < 1e-6 && i < bars.len() {
+                bars[bars.len() - 1 - i].0.clone()
+            } else {
+                String::new()
+            }
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(170)
+            .build_cartesian_2d(0.0..vmax, 0.0..n as f64)?;
+        chart
+            .configure_mesh()
+            .label_style(LABELS)
+            .axis_desc_style(LABELS)
+            .disable_y_mesh()
+            .light_line_style(WHITE.mix(0.0))
+            .bold_line_style(BLACK.mix(0.08))
+            .x_desc(value_label)
+            .x_label_formatter(&|v| tick(*v))
+            .y_labels(2 * n + 1)
+            .y_label_formatter(&label)
+            .draw()?;
+        // Top to bottom in the given order.
+        chart.draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+            let y = (bars.len() - 1 - i) as f64;
+            Rectangle::new(
+                [(0.0, y + 0.15), (*v, y + 0.85)],
+                COLORS[i % COLORS.len()].filled(),
+            )
+        }))?;
+        let at_end = TextStyle::from(LABELS.into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+        chart.draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+            let y = (bars.len() - 1 - i) as f64 + 0.5;
+            Text::new(tick(*v), (*v + vmax * 0.01, y), at_end.clone())
+        }))?;
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => out,
+        Err(e) => err(e),
     }
-    let _ = write!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text></svg>"#,
-        (ml + w - mr) / 2.0,
-        h - 12.0,
-        esc(value_label)
-    );
-    s.push('\n');
-    s
 }
 
-/// A heat map of `values[row][col]` in 0..1 (dark = low, bright = high), rows drawn bottom-up
-/// like a matrix plot of layers; `marks` are (row, col) cells outlined (e.g. matched pairs).
+/// Steps in the colour bar.
+const BAR_STEPS: usize = 50;
+
+/// A heat map of `values[row][col]` in 0..1 (viridis: dark = low, bright = high), row 0 at the
+/// bottom like a matrix plot of layers; `marks` are (row, col) cells outlined (e.g. matched
+/// pairs); a colour bar at the right with its own axis.
 pub fn heat_map(
     title: &str,
     row_label: &str,
@@ -143,126 +212,100 @@ pub fn heat_map(
     values: &[Vec<f64>],
     marks: &[(usize, usize)],
 ) -> String {
-    let rows = values.len();
-    let cols = values.first().map_or(0, |r| r.len());
-    let cell = (520.0 / rows.max(cols).max(1) as f64).clamp(6.0, 28.0);
-    let (ml, mt) = (60.0, 40.0);
-    // Wide enough for the title (about 6.5 px per character at 13 px).
-    let w = (ml + cell * cols as f64 + 90.0).max(20.0 + 6.5 * title.chars().count() as f64);
-    let h = mt + cell * rows as f64 + 50.0;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/><text x="10" y="22" font-size="13">{}</text>"#,
-        esc(title)
+    let rows = values.len().max(1);
+    let cols = values.first().map_or(1, |r| r.len().max(1));
+    let cell = (520 / rows.max(cols) as u32).clamp(6, 28);
+    let (w, h) = (
+        (cell * cols as u32 + 190).max(8 * title.chars().count() as u32),
+        cell * rows as u32 + 110,
     );
-    let y_of = |r: usize| mt + cell * (rows - 1 - r) as f64;
-    for (r, row) in values.iter().enumerate() {
-        for (c, v) in row.iter().enumerate() {
-            let _ = write!(
-                s,
-                r#"<rect x="{:.1}" y="{:.1}" width="{cell:.1}" height="{cell:.1}" fill="{}"><title>{r},{c}: {v:.3}</title></rect>"#,
-                ml + cell * c as f64,
-                y_of(r),
-                viridis(*v)
+    let mut out = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut out, (w, h)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let root = root.titled(title, ("sans-serif", 18))?;
+        let (map, bar) = root.split_horizontally(w - 110);
+        let mut chart = ChartBuilder::on(&map)
+            .margin(8)
+            .x_label_area_size(36)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0..cols, 0..rows)?;
+        chart
+            .configure_mesh()
+            .label_style(LABELS)
+            .axis_desc_style(LABELS)
+            .disable_mesh()
+            .x_desc(col_label)
+            .y_desc(row_label)
+            .draw()?;
+        chart.draw_series(values.iter().enumerate().flat_map(|(r, row)| {
+            row.iter()
+                .enumerate()
+                .map(move |(c, v)| Rectangle::new([(c, r), (c + 1, r + 1)], viridis(*v).filled()))
+        }))?;
+        chart.draw_series(marks.iter().filter(|(r, c)| *r < rows && *c < cols).map(
+            |&(r, c)| {
+                Rectangle::new(
+                    [(c, r), (c + 1, r + 1)],
+                    RGBColor(0xff, 0x20, 0x20).stroke_width(2),
+                )
+            },
+        ))?;
+        let mut scale = ChartBuilder::on(&bar)
+            .margin_top(8)
+            .margin_bottom(44)
+            .margin_right(40)
+            .margin_left(10)
+            .right_y_label_area_size(36)
+            .build_cartesian_2d(0.0..1.0, 0.0..1.0)?;
+        scale
+            .configure_mesh()
+            .label_style(LABELS)
+            .disable_mesh()
+            .disable_x_axis()
+            .y_labels(6)
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .draw()?;
+        scale.draw_series((0..BAR_STEPS).map(|i| {
+            let (a, b) = (
+                i as f64 / BAR_STEPS as f64,
+                (i + 1) as f64 / BAR_STEPS as f64,
             );
-        }
-        if r % 4 == 0 || r + 1 == rows {
-            let _ = write!(
-                s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{r}</text>"#,
-                ml - 4.0,
-                y_of(r) + cell / 2.0 + 4.0
-            );
-        }
+            Rectangle::new([(0.0, a), (1.0, b)], viridis((a + b) / 2.0).filled())
+        }))?;
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => out,
+        Err(e) => err(e),
     }
-    for c in (0..cols).filter(|c| c % 4 == 0 || c + 1 == cols) {
-        let _ = write!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{c}</text>"#,
-            ml + cell * (c as f64 + 0.5),
-            mt + cell * rows as f64 + 14.0
-        );
-    }
-    for &(r, c) in marks.iter().filter(|(r, c)| *r < rows && *c < cols) {
-        let _ = write!(
-            s,
-            r##"<rect x="{:.1}" y="{:.1}" width="{cell:.1}" height="{cell:.1}" fill="none" stroke="#ff2020" stroke-width="1.5"/>"##,
-            ml + cell * c as f64,
-            y_of(r)
-        );
-    }
-    // Colour bar.
-    let bx = ml + cell * cols as f64 + 20.0;
-    for i in 0..20 {
-        let v = 1.0 - i as f64 / 19.0;
-        let _ = write!(
-            s,
-            r#"<rect x="{bx:.1}" y="{:.1}" width="14" height="{:.1}" fill="{}"/>"#,
-            mt + i as f64 * cell * rows as f64 / 20.0,
-            cell * rows as f64 / 20.0 + 0.5,
-            viridis(v)
-        );
-    }
-    let _ = write!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}">1</text><text x="{:.1}" y="{:.1}">0</text><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="14" y="{:.1}" transform="rotate(-90 14 {:.1})" text-anchor="middle">{}</text></svg>"#,
-        bx + 18.0,
-        mt + 10.0,
-        bx + 18.0,
-        mt + cell * rows as f64,
-        ml + cell * cols as f64 / 2.0,
-        h - 12.0,
-        esc(col_label),
-        mt + cell * rows as f64 / 2.0,
-        mt + cell * rows as f64 / 2.0,
-        esc(row_label)
-    );
-    s.push('\n');
-    s
 }
 
-/// A perceptual dark-blue -> green -> yellow ramp (viridis, a few stops interpolated).
-fn viridis(v: f64) -> String {
-    const STOPS: [(f64, f64, f64); 5] = [
-        (68.0, 1.0, 84.0),
-        (59.0, 82.0, 139.0),
-        (33.0, 145.0, 140.0),
-        (94.0, 201.0, 98.0),
-        (253.0, 231.0, 37.0),
-    ];
+/// Tick text: no trailing zeros, thousands without decimals.
+fn tick(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1000.0 || a == 0.0 || (a >= 1.0 && v.fract() == 0.0) {
+        format!("{v:.0}")
+    } else {
+        let s = if a >= 1.0 {
+            format!("{v:.2}")
+        } else {
+            format!("{v:.3}")
+        };
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Viridis from plotters' colour maps, clamped to 0..1 (non-finite values draw as 0).
+fn viridis(v: f64) -> RGBColor {
+    use plotters::style::colors::colormaps::{ColorMap, ViridisRGB};
     let v = if v.is_finite() {
         v.clamp(0.0, 1.0)
     } else {
         0.0
     };
-    let x = v * (STOPS.len() - 1) as f64;
-    let i = (x.floor() as usize).min(STOPS.len() - 2);
-    let f = x - i as f64;
-    let (a, b) = (STOPS[i], STOPS[i + 1]);
-    let mix = |p: f64, q: f64| (p + (q - p) * f).round() as u8;
-    format!(
-        "#{:02x}{:02x}{:02x}",
-        mix(a.0, b.0),
-        mix(a.1, b.1),
-        mix(a.2, b.2)
-    )
-}
-
-fn fmt_num(v: f64) -> String {
-    if v >= 100.0 || v == 0.0 {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn esc(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    ViridisRGB.get_color(v)
 }
 
 #[cfg(test)]
@@ -270,7 +313,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writes_a_well_formed_svg() {
+    fn writes_well_formed_svgs_with_escaped_text() {
         let s = line_chart(
             "t <1>",
             "x",
@@ -281,12 +324,14 @@ mod tests {
                 dashed: true,
             }],
         );
-        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
-        assert!(s.contains("t &lt;1&gt;") && s.contains("a&amp;b") && s.contains("polyline"));
+        assert!(
+            s.starts_with("<svg") && s.trim_end().ends_with("</svg>"),
+            "{s}"
+        );
+        assert!(s.contains("t &lt;1&gt;") && s.contains("a&amp;b"), "{s}");
         let b = bar_chart("bars", "s", &[("x<y".into(), 2.0), ("z".into(), 1.0)]);
         assert!(b.starts_with("<svg") && b.trim_end().ends_with("</svg>"));
-        assert_eq!(b.matches("<rect").count(), 3);
-        assert!(b.contains("x&lt;y"));
+        assert!(b.contains("x&lt;y") && b.contains("\nz\n"), "{b}");
         let m = heat_map(
             "h",
             "llm",
@@ -295,9 +340,51 @@ mod tests {
             &[(1, 0)],
         );
         assert!(m.starts_with("<svg") && m.trim_end().ends_with("</svg>"));
-        // 4 cells, 1 mark, 20 colour-bar steps, background.
-        assert_eq!(m.matches("<rect").count(), 4 + 1 + 20 + 1);
-        assert_eq!(viridis(0.0), "#440154");
-        assert_eq!(viridis(1.0), "#fde725");
+        // 4 cells and the colour bar's steps, filled; the mark outlined in red.
+        assert!(m.matches("<rect").count() >= 4 + 1 + BAR_STEPS, "{m}");
+        let top = viridis(1.0);
+        let hex = format!("#{:02X}{:02X}{:02X}", top.0, top.1, top.2);
+        assert!(
+            m.contains(&hex),
+            "the value-1 cell in the top colour of the ramp"
+        );
+    }
+
+    #[test]
+    fn ticks_are_round_numbers() {
+        // Layer axes (0..24) get whole-number ticks, not 4.6, 9.2, ...
+        let s = line_chart(
+            "layers",
+            "layer",
+            "agreement",
+            &[Series {
+                name: "a".into(),
+                points: (0..24).map(|l| (l as f64, 0.5 + l as f64 / 50.0)).collect(),
+                dashed: false,
+            }],
+        );
+        for t in ["0", "5", "10", "15", "20"] {
+            assert!(s.contains(&format!("\n{t}\n</text>")), "no tick {t}");
+        }
+        assert!(!s.contains("\n4.6\n"));
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(1500.4), "1500");
+        assert_eq!(tick(2.50), "2.5");
+    }
+
+    #[test]
+    fn data_over_decades_gets_a_log_axis() {
+        assert!(matches!(
+            Axis::of([1.0, 10.0, 1000.0].into_iter()),
+            Axis::Log(_)
+        ));
+        assert!(matches!(
+            Axis::of([1.0, 10.0, 50.0].into_iter()),
+            Axis::Linear(_)
+        ));
+        assert!(matches!(
+            Axis::of([0.0, 10.0, 1000.0].into_iter()),
+            Axis::Linear(_)
+        ));
     }
 }
