@@ -72,6 +72,7 @@ pub async fn edge(
         ServerConfig {
             model_id: model_id.into(),
             default_max_tokens: 256,
+            api_keys: Default::default(),
         },
         SchedulerConfig::default(),
         PrefixConfig {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve as serve_http, EdgeServer, ServerConfig};
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
@@ -52,6 +53,13 @@ pub struct ServeArgs {
     security: crate::security::ClientArgs,
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
+    /// A key clients must send as `Authorization: Bearer <key>` on /v1/* (repeatable; with
+    /// none and no --api-key-file the API is open). /health and /metrics stay open.
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// A file of API keys, one per line (`#` comments and blank lines skipped).
+    #[arg(long)]
+    api_key_file: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -64,6 +72,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ServerConfig {
             model_id: a.model.clone(),
             default_max_tokens: a.default_max_tokens,
+            api_keys: ApiKeys::new(a.api_keys.clone(), a.api_key_file.as_deref()).with_context(
+                || {
+                    a.api_key_file.as_ref().map_or("--api-key".into(), |f| {
+                        format!("API keys from {}", f.display())
+                    })
+                },
+            )?,
         },
         SchedulerConfig {
             max_batch: a.max_batch.max(1),

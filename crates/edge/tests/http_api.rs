@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
@@ -37,12 +38,14 @@ async fn start_server(
     cloud: &str,
     kv_budget_bytes: usize,
     unknown_system: UnknownSystem,
+    api_keys: ApiKeys,
 ) -> String {
     let state = EdgeServer::start(
         model,
         ServerConfig {
             model_id: "smollm2".into(),
             default_max_tokens: 64,
+            api_keys,
         },
         SchedulerConfig {
             kv_budget_bytes,
@@ -70,19 +73,41 @@ async fn start_server(
 fn openai_client_against_the_edge_server() {
     let m = model();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (base, tiny) = rt.block_on(async {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("keys");
+    std::fs::write(&key_file, "# clients\nsk-team-a\nsk-team-b\n").unwrap();
+    let keys = ApiKeys::new(vec!["sk-flag".into()], Some(&key_file)).unwrap();
+    let (base, tiny, keyed) = rt.block_on(async {
         let cloud = start_cloud(m.clone()).await;
-        let base = start_server(m.clone(), &cloud, 1 << 30, UnknownSystem::ComputeLocally).await;
+        let open = ApiKeys::default;
+        let base = start_server(
+            m.clone(),
+            &cloud,
+            1 << 30,
+            UnknownSystem::ComputeLocally,
+            open(),
+        )
+        .await;
         // Room for one 200-token request, not two.
-        let tiny = start_server(m.clone(), &cloud, 6 << 20, UnknownSystem::Refuse).await;
-        (base, tiny)
+        let tiny = start_server(m.clone(), &cloud, 6 << 20, UnknownSystem::Refuse, open()).await;
+        let keyed = start_server(
+            m.clone(),
+            &cloud,
+            1 << 30,
+            UnknownSystem::ComputeLocally,
+            keys,
+        )
+        .await;
+        (base, tiny, keyed)
     });
     let (cloud_ids, private_ids) = edge_ids(&m, SUPPORT, USER);
-    let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.json");
     let json = serde_json::json!({
         "base": base,
         "tiny": tiny,
+        "keyed": keyed,
+        "keys": ["sk-flag", "sk-team-a", "sk-team-b"],
+        "context_length": m.max_positions(),
         "model": "smollm2",
         "system_a": SUPPORT,
         "cloud_prompt_a": "support",

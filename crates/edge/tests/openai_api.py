@@ -62,8 +62,11 @@ def still_serving(c=client):
 
 
 # Models
-ids = [m.id for m in client.models.list().data]
+models = client.models.list().data
+ids = [m.id for m in models]
 check(ids == [MODEL], f"/v1/models lists the served model: {ids}")
+ctx = (models[0].model_extra or {}).get("context_length")
+check(ctx == cfg["context_length"], f"/v1/models gives the context length: {ctx}")
 
 # Chat, non-streaming, greedy, usage counts
 r = chat(client, cfg["system_a"], cfg["user"], max_tokens=24)
@@ -200,6 +203,35 @@ while time.time() < deadline and not cancelled:
 check(cancelled, "closed stream -> request cancelled (metrics)")
 r4 = tiny.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=4, temperature=0)
 check(len(r4.choices[0].text) > 0, "budget freed after cancellation")
+
+# Request ids: the client's id comes back in the header and names the completion; without
+# one the server makes one up
+raw = client.chat.completions.with_raw_response.create(
+    model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, temperature=0,
+    extra_headers={"x-request-id": "trace-42"})
+check(raw.headers.get("x-request-id") == "trace-42", f"request id echoed: {raw.headers.get('x-request-id')}")
+check(raw.parse().id == "chatcmpl-trace-42", f"completion named after its request: {raw.parse().id}")
+raw = client.completions.with_raw_response.create(model=MODEL, prompt="1, 2,", max_tokens=2, temperature=0)
+rid = raw.headers.get("x-request-id") or ""
+check(rid.startswith("req-") and raw.parse().id == "cmpl-" + rid, f"server-made request id: {rid}")
+
+# API keys: each key from the file works; a wrong or missing key gets OpenAI's 401; /health is open
+keyed_root = cfg["keyed"].rsplit("/v1", 1)[0]
+for key in cfg["keys"]:
+    k = OpenAI(base_url=cfg["keyed"], api_key=key, max_retries=0, timeout=600)
+    r = chat(k, cfg["system_a"], "Say hi.", max_tokens=4)
+    check(r.choices[0].message.content is not None, f"key {key[:6]}... admitted")
+try:
+    chat(OpenAI(base_url=cfg["keyed"], api_key="sk-wrong", max_retries=0), cfg["system_a"], "Say hi.", max_tokens=4)
+    check(False, "wrong key refused")
+except openai.AuthenticationError as e:
+    check(e.status_code == 401 and e.code == "invalid_api_key", f"wrong key -> 401 invalid_api_key: {e}")
+status, body = raw_post(cfg["keyed"], "/chat/completions", json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode())
+err = json.loads(body).get("error", {})
+check(status == 401 and err.get("code") == "invalid_api_key" and err.get("type") == "invalid_request_error",
+      f"no key -> 401 in OpenAI's shape: {status} {body}")
+check(json.loads(get(keyed_root, "/health"))["status"] == "ok", "/health needs no key")
 
 # Health and metrics
 h = json.loads(get(root, "/health"))

@@ -9,12 +9,13 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use edgeprompt_engine::{Message, PrefixKv, SamplingParams};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::{ApiError, EdgeServer};
 use crate::prefixes::LookupError;
@@ -25,13 +26,21 @@ type AppState = State<Arc<EdgeServer>>;
 /// Roles whose leading message is the cloud prompt.
 const SYSTEM_ROLES: [&str; 2] = ["system", "developer"];
 
-pub async fn chat(State(s): AppState, body: Bytes) -> Response {
-    let r = chat_inner(&s, &body).await;
+pub async fn chat(
+    State(s): AppState,
+    Extension(id): Extension<RequestId>,
+    body: Bytes,
+) -> Response {
+    let r = chat_inner(&s, &id, &body).await;
     finish(&s, Kind::Chat, r)
 }
 
-pub async fn completions(State(s): AppState, body: Bytes) -> Response {
-    let r = completions_inner(&s, &body).await;
+pub async fn completions(
+    State(s): AppState,
+    Extension(id): Extension<RequestId>,
+    body: Bytes,
+) -> Response {
+    let r = completions_inner(&s, &id, &body).await;
     finish(&s, Kind::Completion, r)
 }
 
@@ -50,6 +59,9 @@ pub async fn models(State(s): AppState) -> Response {
             "object": "model",
             "created": 0,
             "owned_by": "edgeprompt",
+            // Longest prompt + answer a request may use, under the names clients read.
+            "context_length": s.model.max_positions(),
+            "max_model_len": s.model.max_positions(),
         }],
     }))
     .into_response()
@@ -82,7 +94,7 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-async fn chat_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiError> {
+async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body)?;
     check_model(s, &req.common)?;
     let chat = s
@@ -144,10 +156,14 @@ async fn chat_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiError> {
         None => chat.render(&messages, true).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
-    run(s, Kind::Chat, req.common, prefix, prompt).await
+    run(s, Kind::Chat, id, req.common, prefix, prompt).await
 }
 
-async fn completions_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiError> {
+async fn completions_inner(
+    s: &EdgeServer,
+    id: &RequestId,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
     check_model(s, &req.common)?;
     let text = match req.prompt {
@@ -160,7 +176,7 @@ async fn completions_inner(s: &EdgeServer, body: &[u8]) -> Result<Response, ApiE
         None => None,
     };
     let prompt = encode(s, &text)?;
-    run(s, Kind::Completion, req.common, prefix, prompt).await
+    run(s, Kind::Completion, id, req.common, prefix, prompt).await
 }
 
 fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
@@ -208,6 +224,7 @@ fn lookup_error(e: LookupError) -> ApiError {
 async fn run(
     s: &EdgeServer,
     kind: Kind,
+    request: &RequestId,
     r: Sampling,
     prefix: Option<Arc<PrefixKv>>,
     prompt: Vec<u32>,
@@ -233,16 +250,19 @@ async fn run(
     s.scheduler.submit(job).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),
         Refusal::Full { retry_after_secs } => ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: "the edge's KV budget is taken by running requests; retry later".into(),
             retry_after: Some(retry_after_secs),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the edge's KV budget is taken by running requests; retry later",
+            )
         },
         Refusal::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the scheduler stopped"),
     })?;
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let id = format!("{}-{:016x}", kind.id_prefix(), rand::random::<u64>());
+    // The completion is named after its request, so a client's id finds it in the logs.
+    let id = format!("{}-{}", kind.id_prefix(), request.0);
     let model = s.cfg.model_id.clone();
     if r.stream {
         let usage = r.stream_options.is_some_and(|o| o.include_usage);
@@ -310,7 +330,7 @@ fn stream(
                     break;
                 }
                 Some(Event::Failed(m)) => {
-                    let _ = out.send(data(openai::error_body(500, &m))).await;
+                    let _ = out.send(data(openai::error_body(500, &m, None))).await;
                     break;
                 }
                 None => break,

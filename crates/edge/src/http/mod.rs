@@ -2,6 +2,7 @@
 //! (resolved by content address, or named by `cloud_prompt`); every other message is the
 //! private edge prompt and never leaves this node.
 
+pub mod access;
 mod handlers;
 pub mod openai;
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{middleware, Json, Router};
 use edgeprompt_engine::Model;
 
 use crate::metrics::Metrics;
@@ -22,6 +23,8 @@ pub struct ServerConfig {
     pub model_id: String,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
+    /// Bearer keys `/v1/*` requires (none: open).
+    pub api_keys: access::ApiKeys,
 }
 
 pub struct EdgeServer {
@@ -54,13 +57,20 @@ impl EdgeServer {
     }
 }
 
+/// The API under `/v1` (behind the API keys when set) and the operator's `/health` and
+/// `/metrics`; every response carries its request id.
 pub fn router(state: Arc<EdgeServer>) -> Router {
-    Router::new()
+    let keys = Arc::new(state.cfg.api_keys.clone());
+    let api = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route_layer(middleware::from_fn_with_state(keys, access::require_key));
+    Router::new()
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
+        .merge(api)
+        .layer(middleware::from_fn(access::request_id))
         .with_state(state)
 }
 
@@ -78,6 +88,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub retry_after: Option<u64>,
+    /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`).
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -86,6 +98,7 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after: None,
+            code: None,
         }
     }
 
@@ -96,7 +109,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = openai::error_body(self.status.as_u16(), &self.message);
+        let body = openai::error_body(self.status.as_u16(), &self.message, self.code);
         let mut r = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {

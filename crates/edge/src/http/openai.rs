@@ -226,13 +226,13 @@ impl Kind {
     }
 }
 
-pub fn error_body(status: u16, message: &str) -> Value {
+pub fn error_body(status: u16, message: &str, code: Option<&str>) -> Value {
     let kind = match status {
-        400 | 413 => "invalid_request_error",
+        400 | 401 | 413 => "invalid_request_error",
         404 => "not_found_error",
         429 => "rate_limit_error",
         504 => "timeout_error",
         _ => "server_error",
     };
-    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
 }

@@ -1,0 +1,150 @@
+//! Who may call the API and how a request is named: bearer API keys on `/v1/*` (401 in
+//! OpenAI's error shape otherwise), and a request id on every response and log line.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+use tracing::Instrument;
+
+use super::ApiError;
+
+/// The header a request id travels in, both ways.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The id of one request: the client's `x-request-id` when it is a plain token, else a new
+/// random one. Handlers read it (as an extension) to name their completions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+impl RequestId {
+    fn from_client(v: &HeaderValue) -> Option<Self> {
+        let s = v.to_str().ok()?;
+        let plain = (1..=64).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        plain.then(|| Self(s.to_string()))
+    }
+
+    fn new() -> Self {
+        Self(format!("req-{:016x}", rand::random::<u64>()))
+    }
+}
+
+/// Give the request its id, log under it, and return it in the response's header.
+pub async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(RequestId::from_client)
+        .unwrap_or_else(RequestId::new);
+    req.extensions_mut().insert(id.clone());
+    let span = tracing::info_span!("request", id = %id.0, path = %req.uri().path());
+    let mut resp = next.run(req).instrument(span).await;
+    if let Ok(v) = HeaderValue::from_str(&id.0) {
+        resp.headers_mut().insert(REQUEST_ID, v);
+    }
+    resp
+}
+
+/// The keys a client may present; empty means the API is open.
+#[derive(Debug, Default, Clone)]
+pub struct ApiKeys(Vec<String>);
+
+impl ApiKeys {
+    /// Keys given on the command line plus those in `file` (one per line; blank lines and
+    /// lines starting with `#` skipped). An empty key is refused: it would let anyone in.
+    pub fn new(keys: Vec<String>, file: Option<&Path>) -> std::io::Result<Self> {
+        let mut all = keys;
+        if let Some(f) = file {
+            let text = std::fs::read_to_string(f)?;
+            all.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_string),
+            );
+        }
+        if all.iter().any(|k| k.trim().is_empty()) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an API key is empty",
+            ));
+        }
+        Ok(Self(all))
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `presented` is one of the keys; every key is compared in constant time, so the
+    /// timing tells neither which key nor how much of one matched.
+    pub fn admits(&self, presented: &str) -> bool {
+        self.0.iter().fold(false, |ok, k| {
+            ok | bool::from(k.as_bytes().ct_eq(presented.as_bytes()))
+        })
+    }
+}
+
+/// Refuse `/v1/*` calls without a valid `Authorization: Bearer <key>` when keys are set.
+pub async fn require_key(State(keys): State<Arc<ApiKeys>>, req: Request, next: Next) -> Response {
+    if keys.is_open() {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(k) if keys.admits(k) => next.run(req).await,
+        Some(_) => unauthorized("Incorrect API key provided."),
+        None => {
+            unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.")
+        }
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    tracing::info!("refused: {message}");
+    let mut e = ApiError::new(StatusCode::UNAUTHORIZED, message);
+    e.code = Some("invalid_api_key");
+    e.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_flags_and_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("keys");
+        std::fs::write(&f, "# team keys\nsk-one\n\n  sk-two  \n").unwrap();
+        let keys = ApiKeys::new(vec!["sk-flag".into()], Some(&f)).unwrap();
+        for k in ["sk-flag", "sk-one", "sk-two"] {
+            assert!(keys.admits(k), "{k}");
+        }
+        for k in ["", "sk-on", "sk-one ", "# team keys"] {
+            assert!(!keys.admits(k), "{k:?}");
+        }
+        assert!(ApiKeys::new(vec![" ".into()], None).is_err());
+        assert!(ApiKeys::new(vec![], None).unwrap().is_open());
+    }
+
+    #[test]
+    fn only_plain_client_ids_are_kept() {
+        let ok = HeaderValue::from_static("abc-123_x.y");
+        assert_eq!(RequestId::from_client(&ok).unwrap().0, "abc-123_x.y");
+        for bad in ["", "has space", "new\tline", &"x".repeat(65)] {
+            let v = HeaderValue::from_str(bad).unwrap();
+            assert!(RequestId::from_client(&v).is_none(), "{bad:?}");
+        }
+    }
+}
