@@ -6,6 +6,7 @@
 use std::ops::Range;
 
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -56,8 +57,27 @@ impl Axis {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    format!("<svg xmlns=\"http://www.w3.org/2000/svg\"><text>plot failed: {e}</text></svg>\n")
+type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+/// `draw` on a white SVG canvas of `size`; a failure becomes an SVG that says so.
+fn svg(
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Drawn,
+) -> String {
+    let mut out = String::new();
+    let drawn = (|| -> Drawn {
+        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+        root.fill(&WHITE)?;
+        draw(&root)?;
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => out,
+        Err(e) => format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>plot failed: {e}</text></svg>\n"
+        ),
+    }
 }
 
 /// A chart of `series`, one colour per series, legend at the right.
@@ -86,11 +106,8 @@ where
     X::CoordDescType: ValueFormatter<f64>,
     Y::CoordDescType: ValueFormatter<f64>,
 {
-    let mut out = String::new();
-    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
-        let root = SVGBackend::with_string(&mut out, (760, 440)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+    svg((760, 440), |root| {
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
@@ -133,13 +150,8 @@ where
                 .position(SeriesLabelPosition::UpperLeft)
                 .draw()?;
         }
-        root.present()?;
         Ok(())
-    })();
-    match drawn {
-        Ok(()) => out,
-        Err(e) => err(e),
-    }
+    })
 }
 
 /// Horizontal bars from 0, one per label (for tables of schemes), values printed at their ends.
@@ -147,10 +159,7 @@ pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> Stri
     let n = bars.len().max(1);
     let vmax = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1e-9) * 1.15;
     let height = 90 + 28 * n as u32;
-    let mut out = String::new();
-    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
-        let root = SVGBackend::with_string(&mut out, (760, height)).into_drawing_area();
-        root.fill(&WHITE)?;
+    svg((760, height), |root| {
         let label = |y: &f64| {
             let i = y.floor() as usize;
             if *y >= 0.0 && (y - i as f64 - 0.5).abs() < 1e-6 && i < bars.len() {
@@ -159,7 +168,7 @@ pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> Stri
                 String::new()
             }
         };
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(36)
@@ -190,13 +199,8 @@ pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> Stri
             let y = (bars.len() - 1 - i) as f64 + 0.5;
             Text::new(tick(*v), (*v + vmax * 0.01, y), at_end.clone())
         }))?;
-        root.present()?;
         Ok(())
-    })();
-    match drawn {
-        Ok(()) => out,
-        Err(e) => err(e),
-    }
+    })
 }
 
 /// Steps in the colour bar.
@@ -219,10 +223,7 @@ pub fn heat_map(
         (cell * cols as u32 + 190).max(8 * title.chars().count() as u32),
         cell * rows as u32 + 110,
     );
-    let mut out = String::new();
-    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
-        let root = SVGBackend::with_string(&mut out, (w, h)).into_drawing_area();
-        root.fill(&WHITE)?;
+    svg((w, h), |root| {
         let root = root.titled(title, ("sans-serif", 18))?;
         let (map, bar) = root.split_horizontally(w - 110);
         let mut chart = ChartBuilder::on(&map)
@@ -273,13 +274,8 @@ pub fn heat_map(
             );
             Rectangle::new([(0.0, a), (1.0, b)], viridis((a + b) / 2.0).filled())
         }))?;
-        root.present()?;
         Ok(())
-    })();
-    match drawn {
-        Ok(()) => out,
-        Err(e) => err(e),
-    }
+    })
 }
 
 /// Tick text: no trailing zeros, thousands without decimals.
