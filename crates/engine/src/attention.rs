@@ -317,7 +317,8 @@ mod simd {
     /// The scalar running max `if s > m { m = s }`, key by key from `m`, as a scan: lane `j`
     /// of the first result is the max before key `j`, of the second after it. The step
     /// `max_ps(later, earlier)` keeps the earlier value on ties, as the scalar loop does, and
-    /// is associative, so the tree gives the loop's bits.
+    /// is associative on non-NaN values (callers turn NaN into -inf), so the tree gives the
+    /// loop's bits.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn running_max(
@@ -381,7 +382,10 @@ mod simd {
         let mut grew = [0u32; Q];
         for (i, st) in states.iter_mut().enumerate() {
             let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), reduce8(&x[i]), valid);
-            let (before, after) = running_max(s, st.m);
+            // NaN scores never raise the scalar max (`s > m` is false): -inf in the scan.
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s);
+            let clean = _mm256_blendv_ps(s, _mm256_set1_ps(f32::NEG_INFINITY), nan);
+            let (before, after) = running_max(clean, st.m);
             let up = _mm256_cmp_ps::<_CMP_GT_OQ>(s, before);
             grew[i] = _mm256_movemask_ps(up) as u32;
             _mm256_storeu_ps(p[i].as_mut_ptr(), exp_neg8(_mm256_sub_ps(s, after)));
@@ -743,6 +747,27 @@ mod tests {
         let mut b = State::new(d);
         attend_impl(&mut b, &q, &k, &v, n);
         assert_eq!(a.finish(), b.finish());
+    }
+
+    #[test]
+    fn non_finite_keys_take_the_portable_path_bits() {
+        // Keys from the wire can hold NaN or infinities: both paths must still agree.
+        let (n, d) = (40, 64);
+        let (q, mut k, v) = setup(n, d);
+        k[3 * d] = f16::NAN;
+        k[9 * d + 5] = f16::INFINITY;
+        k[17 * d + 1] = f16::NEG_INFINITY;
+        let mut a = State::new(d);
+        a.attend(&q, &k, &v, n);
+        let mut b = State::new(d);
+        attend_impl(&mut b, &q, &k, &v, n);
+        let bits = |p: Partial| {
+            (
+                p.out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                p.lse.to_bits(),
+            )
+        };
+        assert_eq!(bits(a.finish()), bits(b.finish()));
     }
 
     #[test]
