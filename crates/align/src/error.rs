@@ -4,7 +4,7 @@ use thiserror::Error;
 pub enum AlignError {
     #[error(transparent)]
     Engine(#[from] edgeprompt_engine::EngineError),
-    #[error("adapter file {path}: {msg}")]
+    #[error("{path}: {msg}")]
     File { path: String, msg: String },
     #[error("adapters do not fit: {0}")]
     Mismatch(String),

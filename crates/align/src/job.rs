@@ -107,10 +107,7 @@ pub fn calibration(
 
 pub fn run(s: &Settings) -> Result<Report> {
     let start = Instant::now();
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(s.threads)
-        .build_global();
-    let machine = Machine::detect();
+    let machine = edgeprompt_engine::machine::start(s.threads);
     let llm = Model::load(&s.llm)?;
     let slm = Model::load(&s.slm)?;
     eprintln!("{}", describe(&machine, &llm, &slm, s.threads));
@@ -235,7 +232,7 @@ fn print_table(r: &Report) {
         );
     }
     println!(
-        "wrote align.json ({:.0} s); heat maps: edgeprompt-bench report --results <dir of align.json>",
+        "wrote align.json ({:.0} s); heat maps: edgeprompt-bench report --from <its dir> --to <its dir>/align.md",
         r.secs
     );
 }

@@ -42,14 +42,7 @@ pub enum BenchError {
     Kv(#[from] edgeprompt_kv::KvError),
 }
 
-/// The global thread pool sized to `threads` (a no-op if one exists) and the machine
-/// description: how every bench starts.
-pub fn start(threads: usize) -> machine::Machine {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global();
-    machine::Machine::detect()
-}
+pub use edgeprompt_engine::machine::start;
 
 /// What every bench starts with: the global thread pool sized to `threads` (a no-op if one
 /// exists), the machine description, and the model.

@@ -74,9 +74,12 @@ fn svg(
     })();
     match drawn {
         Ok(()) => out,
-        Err(e) => format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>plot failed: {e}</text></svg>\n"
-        ),
+        Err(e) => {
+            let e = e.to_string().replace('&', "&amp;").replace('<', "&lt;");
+            format!(
+                "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>plot failed: {e}</text></svg>\n"
+            )
+        }
     }
 }
 
@@ -281,14 +284,18 @@ pub fn heat_map(
 /// Tick text: no trailing zeros, thousands without decimals.
 fn tick(v: f64) -> String {
     let a = v.abs();
-    if a >= 1000.0 || a == 0.0 || (a >= 1.0 && v.fract() == 0.0) {
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 1000.0 || (a >= 1.0 && v.fract() == 0.0) {
         format!("{v:.0}")
     } else {
-        let s = if a >= 1.0 {
-            format!("{v:.2}")
+        // Two decimals above 1, else enough for two significant digits (log axes go low).
+        let places = if a >= 1.0 {
+            2
         } else {
-            format!("{v:.3}")
+            (1 - a.log10().floor() as i32).clamp(2, 12) as usize
         };
+        let s = format!("{v:.places$}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
@@ -366,6 +373,8 @@ mod tests {
         assert_eq!(tick(0.25), "0.25");
         assert_eq!(tick(1500.4), "1500");
         assert_eq!(tick(2.50), "2.5");
+        assert_eq!(tick(-0.0), "0");
+        assert_eq!(tick(0.00012), "0.00012");
     }
 
     #[test]

@@ -10,7 +10,8 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The product binary beside this crate's, built if a single-crate test run has not.
+/// The product binary beside this crate's (a workspace test run builds it fresh: its crate has
+/// tests too), built here only if a single-crate run has not.
 fn product() -> PathBuf {
     let p = Path::new(env!("CARGO_BIN_EXE_edgeprompt-bench")).with_file_name("edgeprompt");
     if !p.exists() {

@@ -51,6 +51,15 @@ impl Machine {
     }
 }
 
+/// How every timed or calibrated run starts: the global thread pool sized to `threads` (a
+/// no-op if one exists) and the machine description.
+pub fn start(threads: usize) -> Machine {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    Machine::detect()
+}
+
 /// Peak resident memory of this process so far (VmHWM), bytes.
 pub fn peak_rss() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -8,6 +8,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tracing::Instrument;
 
@@ -51,31 +52,45 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     resp
 }
 
-/// The keys a client may present; empty means the API is open.
-#[derive(Debug, Default, Clone)]
-pub struct ApiKeys(Vec<String>);
+/// The keys a client may present, kept as SHA-256 digests (equal length, so comparing them
+/// reveals nothing about a key's length); empty means the API is open.
+#[derive(Default, Clone)]
+pub struct ApiKeys(Vec<[u8; 32]>);
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} keys)", self.0.len())
+    }
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
 
 impl ApiKeys {
     /// Keys given on the command line plus those in `file` (one per line; blank lines and
-    /// lines starting with `#` skipped). An empty key is refused: it would let anyone in.
+    /// lines starting with `#` skipped), trimmed. An empty `--api-key`, or a file with no key,
+    /// is an error: either would leave the API open by mistake.
     pub fn new(keys: Vec<String>, file: Option<&Path>) -> std::io::Result<Self> {
-        let mut all = keys;
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        let mut all: Vec<String> = keys.iter().map(|k| k.trim().to_string()).collect();
+        if all.iter().any(String::is_empty) {
+            return Err(invalid("an --api-key is empty".into()));
+        }
         if let Some(f) = file {
             let text = std::fs::read_to_string(f)?;
+            let before = all.len();
             all.extend(
                 text.lines()
                     .map(str::trim)
                     .filter(|l| !l.is_empty() && !l.starts_with('#'))
                     .map(str::to_string),
             );
+            if all.len() == before {
+                return Err(invalid(format!("{} holds no API key", f.display())));
+            }
         }
-        if all.iter().any(|k| k.trim().is_empty()) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "an API key is empty",
-            ));
-        }
-        Ok(Self(all))
+        Ok(Self(all.iter().map(|k| digest(k)).collect()))
     }
 
     pub fn is_open(&self) -> bool {
@@ -85,9 +100,10 @@ impl ApiKeys {
     /// Whether `presented` is one of the keys; every key is compared in constant time, so the
     /// timing tells neither which key nor how much of one matched.
     pub fn admits(&self, presented: &str) -> bool {
-        self.0.iter().fold(false, |ok, k| {
-            ok | bool::from(k.as_bytes().ct_eq(presented.as_bytes()))
-        })
+        let p = digest(presented);
+        self.0
+            .iter()
+            .fold(false, |ok, k| ok | bool::from(k.ct_eq(&p)))
     }
 }
 
@@ -100,8 +116,9 @@ pub async fn require_key(State(keys): State<Arc<ApiKeys>>, req: Request, next: N
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim());
     match presented {
         Some(k) if keys.admits(k) => next.run(req).await,
         Some(_) => unauthorized("Incorrect API key provided."),
@@ -127,7 +144,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("keys");
         std::fs::write(&f, "# team keys\nsk-one\n\n  sk-two  \n").unwrap();
-        let keys = ApiKeys::new(vec!["sk-flag".into()], Some(&f)).unwrap();
+        let keys = ApiKeys::new(vec![" sk-flag".into()], Some(&f)).unwrap();
         for k in ["sk-flag", "sk-one", "sk-two"] {
             assert!(keys.admits(k), "{k}");
         }
@@ -135,6 +152,13 @@ mod tests {
             assert!(!keys.admits(k), "{k:?}");
         }
         assert!(ApiKeys::new(vec![" ".into()], None).is_err());
+        let empty = dir.path().join("none");
+        std::fs::write(&empty, "# nobody yet\n\n").unwrap();
+        assert!(
+            ApiKeys::new(vec![], Some(&empty)).is_err(),
+            "an empty file must not open the API"
+        );
+        assert_eq!(format!("{keys:?}"), "ApiKeys(3 keys)", "no secret in Debug");
         assert!(ApiKeys::new(vec![], None).unwrap().is_open());
     }
 

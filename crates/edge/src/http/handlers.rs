@@ -261,8 +261,14 @@ async fn run(
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    // The completion is named after its request, so a client's id finds it in the logs.
-    let id = format!("{}-{}", kind.id_prefix(), request.0);
+    // Named after its request, so a client's id finds it in the logs; the random tail keeps
+    // ids unique when clients reuse theirs.
+    let id = format!(
+        "{}-{}-{:08x}",
+        kind.id_prefix(),
+        request.0,
+        rand::random::<u32>()
+    );
     let model = s.cfg.model_id.clone();
     if r.stream {
         let usage = r.stream_options.is_some_and(|o| o.include_usage);
