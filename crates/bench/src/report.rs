@@ -69,6 +69,25 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     table_section(dir, &mut md);
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
+    // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
+    // for any other pair of places, the plots' directory as seen from `out`.
+    let at = out.parent().unwrap_or(Path::new(""));
+    let plots = match dir.strip_prefix(at) {
+        Ok(rel) => rel.display().to_string(),
+        Err(_) => dir.display().to_string(),
+    };
+    if plots != "results" {
+        let prefix = if plots.is_empty() {
+            String::new()
+        } else {
+            format!("{plots}/")
+        };
+        md = md.replace("](results/", &format!("]({prefix}"));
+        md = md.replace(
+            "from the JSON in `docs/results/`",
+            &format!("from the JSON in `{}`", dir.display()),
+        );
+    }
     std::fs::write(out, &md)?;
     Ok(md)
 }
