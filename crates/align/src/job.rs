@@ -277,13 +277,7 @@ pub fn cut(model: &Model, s: &str, n: usize) -> Result<String> {
 /// The line every CE-LSLM job starts with: machine, revision, both models, threads.
 pub fn describe(machine: &Machine, llm: &Model, slm: &Model, threads: usize) -> String {
     format!(
-        "machine: {} ({} cores), rev {}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {threads}",
-        machine.cpu,
-        machine.cores,
-        machine.git_rev,
-        llm.cfg.name,
-        llm.cfg.n_layer,
-        slm.cfg.name,
-        slm.cfg.n_layer,
+        "machine: {machine}; cloud LLM {} ({} layers), edge SLM {} ({} layers); threads {threads}",
+        llm.cfg.name, llm.cfg.n_layer, slm.cfg.name, slm.cfg.n_layer,
     )
 }

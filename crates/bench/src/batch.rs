@@ -206,11 +206,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         workload: s.workload.clone(),
         rows,
     };
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(
-        s.out.join("batch.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    crate::write_json(&s.out, "batch.json", &report)?;
     for (label, threads) in &s.hardware {
         let series: Vec<Series> = SCHEMES
             .iter()

@@ -82,11 +82,7 @@ struct Tally {
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let machine = crate::start(s.threads);
     eprintln!(
-        "machine: {} ({} cores, {}), rev {}; {} threads; {} pairs of {} cloud + {} private tokens, answers of {}; codecs {}",
-        machine.cpu,
-        machine.cores,
-        machine.simd.join("/"),
-        machine.git_rev,
+        "machine: {machine}; {} threads; {} pairs of {} cloud + {} private tokens, answers of {}; codecs {}",
         s.threads,
         s.pairs,
         s.cloud_len,
@@ -107,11 +103,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         chunk_tokens: CHUNK_TOKENS,
         rows,
     };
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(
-        s.out.join("codecs.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    crate::write_json(&s.out, "codecs.json", &report)?;
     std::fs::write(s.out.join("codecs.svg"), plot(&report.rows))?;
     Ok(report)
 }

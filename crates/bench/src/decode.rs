@@ -220,8 +220,7 @@ fn print_summary(r: &Report, s: &Settings) {
 }
 
 fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(s.out.join("decode.json"), serde_json::to_string_pretty(r)?)?;
+    crate::write_json(&s.out, "decode.json", r)?;
     let mut by_batch = Vec::new();
     for mode in [Mode::Shared, Mode::Copy] {
         for &len in &s.cloud_lens {

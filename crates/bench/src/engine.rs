@@ -271,13 +271,7 @@ pub(crate) fn llama_prefill_secs(
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let machine = crate::start(s.threads);
-    eprintln!(
-        "machine: {} ({} cores, {}), rev {}",
-        machine.cpu,
-        machine.cores,
-        machine.simd.join("+"),
-        machine.git_rev
-    );
+    eprintln!("machine: {machine}");
     let model = Model::load(&s.model)?;
     let ctx = 512.min(*s.prompt_lens.iter().max().unwrap_or(&512));
     let need = s

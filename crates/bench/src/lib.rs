@@ -44,6 +44,17 @@ pub enum BenchError {
 
 pub use edgeprompt_engine::machine::start;
 
+/// `value` as pretty JSON in `dir/name`, creating `dir`: how every bench saves its report.
+pub fn write_json(
+    dir: &std::path::Path,
+    name: &str,
+    value: &impl serde::Serialize,
+) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(name), serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
 /// What every bench starts with: the global thread pool sized to `threads` (a no-op if one
 /// exists), the machine description, and the model.
 pub fn setup(

@@ -251,8 +251,7 @@ pub async fn one(
 }
 
 fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(s.out.join("serve.json"), serde_json::to_string_pretty(r)?)?;
+    crate::write_json(&s.out, "serve.json", r)?;
     let servers: Vec<&str> = {
         let mut v: Vec<&str> = r.points.iter().map(|p| p.server.as_str()).collect();
         v.dedup();

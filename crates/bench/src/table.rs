@@ -192,11 +192,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         workload: s.workload.clone(),
         rows,
     };
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(
-        s.out.join("table.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    crate::write_json(&s.out, "table.json", &report)?;
     let bars = |f: &dyn Fn(&Row) -> f64| -> Vec<(String, f64)> {
         report
             .rows

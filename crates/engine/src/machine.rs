@@ -51,6 +51,20 @@ impl Machine {
     }
 }
 
+/// `AMD EPYC (2 cores, avx2/avx512f), rev abc1234`: the line results are printed under.
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} cores, {}), rev {}",
+            self.cpu,
+            self.cores,
+            self.simd.join("/"),
+            self.git_rev
+        )
+    }
+}
+
 /// How every timed or calibrated run starts: the global thread pool sized to `threads` (a
 /// no-op if one exists) and the machine description.
 pub fn start(threads: usize) -> Machine {

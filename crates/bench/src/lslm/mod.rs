@@ -104,11 +104,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         quality,
         latency,
     };
-    std::fs::create_dir_all(&s.out)?;
-    std::fs::write(
-        s.out.join("lslm.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    crate::write_json(&s.out, "lslm.json", &report)?;
     for (name, svg) in plots(report.quality.as_ref(), &report.latency) {
         std::fs::write(s.out.join(name), svg)?;
     }
