@@ -12,11 +12,22 @@ import llama_cpp
 from llama_cpp import Llama
 
 
+def status_bytes(field):
+    """A memory line of /proc/self/status (VmRSS now, VmHWM peak), bytes. Not ru_maxrss: that
+    one carries the parent's peak across fork and exec."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main():
     model, ids_path, threads, lens, n_decode, repeats = sys.argv[1:7]
     ids = json.load(open(ids_path))
     threads, n_decode, repeats = int(threads), int(n_decode), int(repeats)
     lens = [int(x) for x in lens.split(",")]
+    host_rss = status_bytes("VmRSS")
     llm = Llama(model_path=model, n_ctx=max(lens) + n_decode + 8, n_threads=threads,
                 n_threads_batch=threads, n_batch=512, verbose=False)
     out = {"llama_cpp_python": llama_cpp.__version__, "prefill": {}, "decode": None}
@@ -43,6 +54,9 @@ def main():
         best = dt if best is None else min(best, dt)
     out["decode"] = best
     out["decode_context"] = base
+    # Peak of the process less what Python held before the model (llama-cpp-python's own
+    # n_batch x vocab f32 score buffer stays in: it is part of running llama.cpp this way).
+    out["rss_bytes"] = status_bytes("VmHWM") - host_rss
     print(json.dumps(out))
 
 

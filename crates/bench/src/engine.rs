@@ -29,6 +29,9 @@ pub struct Speeds {
     /// (prompt tokens, tokens per second)
     pub prefill: Vec<(usize, f64)>,
     pub decode: f64,
+    /// Peak RSS of this engine in its own process (llama.cpp only), bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -42,6 +45,13 @@ pub struct Report {
     pub candle: Option<Speeds>,
     pub llama_cpp: Option<Speeds>,
     pub ours_peak_rss_bytes: Option<u64>,
+    /// Peak RSS once the model is loaded (weights repacked, nothing run yet): the repack
+    /// replaces the file's bytes rather than adding to them.
+    pub ours_load_rss_bytes: Option<u64>,
+    /// KV of the longest prompt (f16), part of the peak above.
+    pub kv_bytes_longest: usize,
+    /// llama.cpp's peak RSS in the same run, less its Python host's own before loading.
+    pub llama_cpp_rss_bytes: Option<u64>,
     pub roofline: Roofline,
 }
 
@@ -244,6 +254,7 @@ fn time_llama(
         / v["decode"]
             .as_f64()
             .ok_or_else(|| BenchError::Llama("no decode time".into()))?;
+    sp.rss_bytes = v["rss_bytes"].as_u64();
     eprintln!("  llama.cpp decode:        {:8.1} tok/s", sp.decode);
     Ok(sp)
 }
@@ -273,6 +284,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let machine = crate::start(s.threads);
     eprintln!("machine: {machine}");
     let model = Model::load(&s.model)?;
+    let load_rss = peak_rss();
     let ctx = 512.min(*s.prompt_lens.iter().max().unwrap_or(&512));
     let need = s
         .prompt_lens
@@ -292,6 +304,9 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let ours = time_ours(&model, &ids, s, ctx)?;
     let rss = peak_rss();
+    let longest = s.prompt_lens.iter().max().copied().unwrap_or(0);
+    let kv_bytes_longest =
+        model.cfg.n_layer * 2 * model.cfg.n_kv_head * model.cfg.head_dim * 2 * longest;
     let (weight_bytes, macs) = model.traffic();
     let stream = stream_read_gbps();
     let decode_gbps = weight_bytes as f64 * ours.decode / 1e9;
@@ -324,6 +339,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         Some(py) => Some(time_llama(py, &s.model, &ids, s)?),
         None => None,
     };
+    let llama_cpp_rss_bytes = llama_cpp.as_ref().and_then(|l| l.rss_bytes);
     Ok(Report {
         machine,
         model: name,
@@ -334,6 +350,9 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         candle,
         llama_cpp,
         ours_peak_rss_bytes: rss,
+        ours_load_rss_bytes: load_rss,
+        kv_bytes_longest,
+        llama_cpp_rss_bytes,
         roofline,
     })
 }
@@ -399,13 +418,17 @@ pub fn table(r: &Report) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if let Some(rss) = r.ours_peak_rss_bytes {
-        t += &format!(
-            "peak RSS (ours) {:.0} MB vs GGUF {:.0} MB ({:.2}x)\n",
-            rss as f64 / 1e6,
-            r.model_file_bytes as f64 / 1e6,
-            rss as f64 / r.model_file_bytes as f64
-        );
-    }
+    let mb = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
+    let file = r.model_file_bytes as f64;
+    t += &format!(
+        "RSS: GGUF {:.0} MB; ours {} after load ({:.2}x), peak {} ({:.2}x, with {:.0} MB of KV); llama.cpp peak {}\n",
+        file / 1e6,
+        mb(r.ours_load_rss_bytes),
+        r.ours_load_rss_bytes.unwrap_or(0) as f64 / file,
+        mb(r.ours_peak_rss_bytes),
+        r.ours_peak_rss_bytes.unwrap_or(0) as f64 / file,
+        r.kv_bytes_longest as f64 / 1e6,
+        mb(r.llama_cpp_rss_bytes),
+    );
     t
 }

@@ -134,12 +134,11 @@ fn engine_section(dir: &Path, md: &mut String) {
         );
         let _ = writeln!(
             md,
-            "| decode @{} | {od:.1} | {} | {ld:.1} | {:.2}x |\n\nPeak RSS {:.0} MB for a {:.0} MB GGUF.\n",
+            "| decode @{} | {od:.1} | {} | {ld:.1} | {:.2}x |\n\n{}\n",
             v["decode_context"],
             num(cd, 1),
             od / ld,
-            f(&v["ours_peak_rss_bytes"]) / 1e6,
-            f(&v["model_file_bytes"]) / 1e6
+            memory_line(&v)
         );
         let rf = &v["roofline"];
         if rf.is_object() {
@@ -671,4 +670,44 @@ fn lslm_section(dir: &Path, md: &mut String) {
         }
         let _ = writeln!(md);
     }
+}
+
+/// Resident memory of an engine run: after load, peak (with the longest prompt's KV) and
+/// llama.cpp's in the same run, each against the GGUF's size.
+fn memory_line(v: &Value) -> String {
+    let file = f(&v["model_file_bytes"]);
+    let peak = f(&v["ours_peak_rss_bytes"]);
+    let mut s = format!(
+        "GGUF {:.0} MB. Peak RSS {:.0} MB ({:.2}x)",
+        file / 1e6,
+        peak / 1e6,
+        peak / file
+    );
+    let kv = f(&v["kv_bytes_longest"]);
+    if kv.is_finite() {
+        let _ = write!(
+            s,
+            ", of which {:.0} MB is the longest prompt's KV",
+            kv / 1e6
+        );
+    }
+    let load = f(&v["ours_load_rss_bytes"]);
+    if load.is_finite() {
+        let _ = write!(
+            s,
+            "; {:.0} MB ({:.2}x) once loaded",
+            load / 1e6,
+            load / file
+        );
+    }
+    let llama = f(&v["llama_cpp_rss_bytes"]);
+    if llama.is_finite() {
+        let _ = write!(
+            s,
+            "; llama.cpp peak {:.0} MB ({:.2}x)",
+            llama / 1e6,
+            llama / file
+        );
+    }
+    s + "."
 }
