@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve as serve_http, EdgeServer, ServerConfig};
+use edgeprompt_edge::http::{serve_until, EdgeServer, ServerConfig};
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
@@ -35,6 +35,13 @@ pub struct ServeArgs {
     /// Megabytes of private KV admitted requests may reserve; beyond it requests get 429.
     #[arg(long, default_value_t = 1024)]
     kv_budget_mb: usize,
+    /// Admitted requests that may wait for a batch slot; beyond it requests get 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// On SIGTERM or Ctrl-C: seconds running requests get to finish (new ones get 503)
+    /// before they are ended and the process exits.
+    #[arg(long, default_value_t = 30)]
+    drain_secs: u64,
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
@@ -84,6 +91,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
             kv_budget_bytes: a.kv_budget_mb << 20,
+            max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.request_timeout_secs),
         },
         PrefixConfig {
@@ -128,10 +136,46 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
             );
         }
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut server = tokio::spawn(serve_until(listener, state.clone(), async {
+            let _ = stop_rx.await;
+        }));
         tokio::select! {
-            r = serve_http(listener, state) => r.context("http server")?,
-            _ = tokio::signal::ctrl_c() => {}
+            r = &mut server => return r.context("http server")?.context("http server"),
+            s = shutdown_signal() => eprintln!(
+                "{s}: draining for up to {} s ({} requests running; new ones get 503)",
+                a.drain_secs,
+                state.scheduler.pending()
+            ),
         }
-        Ok(())
+        let d = state.drain(Duration::from_secs(a.drain_secs)).await;
+        eprintln!(
+            "drained in {:.1} s: {} requests ended unfinished, {} disk writes unfinished; exiting",
+            d.took.as_secs_f64(),
+            d.cut,
+            d.unflushed
+        );
+        // Let the last responses reach their clients, but do not wait on idle connections.
+        let _ = stop_tx.send(());
+        match tokio::time::timeout(Duration::from_secs(5), server).await {
+            Ok(r) => r.context("http server")?.context("http server"),
+            Err(_) => Ok(()),
+        }
     })
+}
+
+/// SIGTERM (what service managers send) or Ctrl-C.
+async fn shutdown_signal() -> &'static str {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "interrupt",
+    }
 }

@@ -67,7 +67,11 @@ impl CloudClient {
             url: url.to_string(),
             msg: e,
         };
-        let mut ep = Channel::from_shared(url.to_string()).map_err(|e| err(e.to_string()))?;
+        // A cloud that does not answer a connection in 5 s counts as down (the edge then
+        // computes the prompt itself) rather than holding the request.
+        let mut ep = Channel::from_shared(url.to_string())
+            .map_err(|e| err(e.to_string()))?
+            .connect_timeout(std::time::Duration::from_secs(5));
         if let Some(ca) = &sec.ca_pem {
             let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
             if let Some(d) = &sec.domain {

@@ -39,6 +39,11 @@ pub struct Metrics {
     pub private_kv_bytes: Gauge,
     pub shared_prefix_kv_bytes: Gauge,
     pub batch_rows: Histogram,
+    pub kv_reserved_bytes: Gauge,
+    pub prefix_cache_bytes: Gauge,
+    pub resident_memory_bytes: Gauge,
+    pub draining: Gauge,
+    pub disk_write_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -62,6 +67,11 @@ impl Metrics {
             private_kv_bytes: Gauge::default(),
             shared_prefix_kv_bytes: Gauge::default(),
             batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            kv_reserved_bytes: Gauge::default(),
+            prefix_cache_bytes: Gauge::default(),
+            resident_memory_bytes: Gauge::default(),
+            draining: Gauge::default(),
+            disk_write_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -118,6 +128,31 @@ impl Metrics {
             "batch_rows",
             "Token rows per forward step",
             m.batch_rows.clone(),
+        );
+        registry.register(
+            "kv_reserved_bytes",
+            "Private KV bytes reserved by admitted requests (bounded by --kv-budget-mb)",
+            m.kv_reserved_bytes.clone(),
+        );
+        registry.register(
+            "prefix_cache_bytes",
+            "Cloud-prompt KV bytes held in memory (bounded by --prefix-cache-mb)",
+            m.prefix_cache_bytes.clone(),
+        );
+        registry.register(
+            "resident_memory_bytes",
+            "Resident memory of this process",
+            m.resident_memory_bytes.clone(),
+        );
+        registry.register(
+            "draining",
+            "1 while the server drains before exiting",
+            m.draining.clone(),
+        );
+        registry.register(
+            "disk_cache_write_errors",
+            "Cloud-prompt KV copies the disk tier could not store",
+            m.disk_write_errors.clone(),
         );
         Self { registry, ..m }
     }

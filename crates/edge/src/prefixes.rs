@@ -6,8 +6,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use edgeprompt_kv::{content_address, Codec, DiskStore};
@@ -95,6 +96,10 @@ pub struct Prefixes {
     /// Cloud prompt id -> content address, learnt from the cloud's headers.
     ids: Mutex<HashMap<String, String>>,
     clock: AtomicU64,
+    /// Disk writes started and not finished (a drain waits for them).
+    writes: Arc<AtomicUsize>,
+    /// The last cloud probe: when, and whether it answered.
+    probe: tokio::sync::Mutex<Option<(Instant, bool)>>,
 }
 
 impl Prefixes {
@@ -115,7 +120,57 @@ impl Prefixes {
             entries: Mutex::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
+            writes: Arc::new(AtomicUsize::new(0)),
+            probe: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// Whether a system message the cloud cannot serve is computed here.
+    pub fn computes_locally(&self) -> bool {
+        self.cfg.unknown_system == UnknownSystem::ComputeLocally
+    }
+
+    /// Whether the cloud accepts a connection now (`None`: no cloud configured). Probed at
+    /// most every 2 s, so readiness checks do not load the cloud.
+    pub async fn cloud_reachable(&self) -> Option<bool> {
+        let url = self.cfg.cloud_url.as_deref()?;
+        let mut last = self.probe.lock().await;
+        if let Some((at, ok)) = *last {
+            if at.elapsed() < Duration::from_secs(2) {
+                return Some(ok);
+            }
+        }
+        let ok = tokio::time::timeout(
+            Duration::from_secs(2),
+            CloudClient::connect_with(url, &self.cfg.security),
+        )
+        .await
+        .is_ok_and(|c| c.is_ok());
+        *last = Some((Instant::now(), ok));
+        Some(ok)
+    }
+
+    /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold
+    /// every entry).
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.lock().map_or(0, |e| {
+            e.values()
+                .filter_map(|v| v.cell.get().map(|p| p.bytes()))
+                .sum()
+        })
+    }
+
+    /// Wait until every disk write started so far has finished, or `within` has passed.
+    /// Returns the writes still running (0: the disk tier is complete).
+    pub async fn flush(&self, within: Duration) -> usize {
+        let until = Instant::now() + within;
+        loop {
+            let n = self.writes.load(Ordering::Acquire);
+            if n == 0 || Instant::now() >= until {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -230,10 +285,15 @@ impl Prefixes {
         };
         let prefix = prefix.clone();
         let key = content_address(&prefix.fingerprint, &prefix.token_ids);
+        let writes = self.writes.clone();
+        writes.fetch_add(1, Ordering::AcqRel);
+        let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = disk.put(&key, &prefix) {
+                metrics.disk_write_errors.inc();
                 tracing::warn!("disk tier: could not store {key}: {e}");
             }
+            writes.fetch_sub(1, Ordering::AcqRel);
         });
     }
 

@@ -25,6 +25,8 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Bytes of private KV the admitted requests may reserve (prompt + max_tokens each).
     pub kv_budget_bytes: usize,
+    /// Admitted requests waiting for a batch slot beyond `max_batch`; more get 429.
+    pub max_queue: usize,
     pub request_timeout: Duration,
 }
 
@@ -34,6 +36,7 @@ impl Default for SchedulerConfig {
             max_batch: 32,
             prefill_chunk: 256,
             kv_budget_bytes: 1 << 30,
+            max_queue: 256,
             request_timeout: Duration::from_secs(300),
         }
     }
@@ -68,12 +71,18 @@ pub struct Done {
     pub token_ids: Vec<u32>,
 }
 
+/// Why a request ended unfinished when the server stopped (`Event::Failed`).
+pub const STOPPED: &str = "the edge shut down before this answer was complete";
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
     /// The request can never run here (HTTP 400).
     Invalid(String),
-    /// The KV budget is taken; try again later (HTTP 429).
-    Full { retry_after_secs: u64 },
+    /// The KV budget or the queue is full; try again later (HTTP 429).
+    Full {
+        retry_after_secs: u64,
+        reason: &'static str,
+    },
     /// The scheduler is gone.
     Stopped,
 }
@@ -88,15 +97,24 @@ pub struct KvUsage {
     pub distinct_prefix_buffers: usize,
 }
 
-/// A request's share of the KV budget, given back when the request ends however it ends.
+/// What admitted requests hold: KV bytes reserved and how many they are.
+#[derive(Default)]
+struct Held {
+    bytes: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+/// A request's share of the KV budget and its place in the admitted count, given back when
+/// the request ends however it ends.
 struct Reservation {
-    pool: Arc<AtomicUsize>,
+    held: Arc<Held>,
     bytes: usize,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.pool.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.held.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.held.requests.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -119,8 +137,10 @@ pub struct Batcher {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Running>,
     active: Vec<Running>,
-    reserved: Arc<AtomicUsize>,
+    held: Arc<Held>,
     usage: Arc<Mutex<KvUsage>>,
+    /// Set by `Scheduler::stop`: every request still here ends with this reason.
+    stop: Arc<Mutex<Option<String>>>,
 }
 
 impl Batcher {
@@ -131,8 +151,9 @@ impl Batcher {
             metrics,
             waiting: VecDeque::new(),
             active: Vec::new(),
-            reserved: Arc::new(AtomicUsize::new(0)),
+            held: Arc::new(Held::default()),
             usage: Arc::new(Mutex::new(KvUsage::default())),
+            stop: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -146,7 +167,7 @@ impl Batcher {
 
     /// Check a job and reserve its KV; the job then waits for a batch slot.
     pub fn admit(&mut self, job: Job) -> Result<(), Refusal> {
-        let r = admission(&self.model, &self.cfg, &self.reserved, job)?;
+        let r = admission(&self.model, &self.cfg, &self.held, job)?;
         self.waiting.push_back(r);
         self.metrics.queue_depth.set(self.waiting.len() as i64);
         Ok(())
@@ -272,13 +293,18 @@ impl Batcher {
         false
     }
 
-    /// Drop requests whose client went away or whose time is up.
+    /// Drop requests whose client went away or whose time is up (or all, once stopped).
     fn reap(&mut self) {
         let timeout = self.cfg.request_timeout;
+        let stop = self.stop.lock().ok().and_then(|s| s.clone());
         let mut outcomes = Vec::new();
         let keep = |r: &Running, outcomes: &mut Vec<&'static str>| {
             if r.job.events.is_closed() {
                 outcomes.push("cancelled");
+                false
+            } else if let Some(why) = &stop {
+                let _ = r.job.events.send(Event::Failed(why.clone()));
+                outcomes.push("shutdown");
                 false
             } else if r.admitted.elapsed() > timeout {
                 let _ = r.job.events.send(Event::Failed(format!(
@@ -336,7 +362,7 @@ pub fn kv_bytes_per_token(model: &Model) -> usize {
 fn admission(
     model: &Model,
     cfg: &SchedulerConfig,
-    reserved: &Arc<AtomicUsize>,
+    held: &Arc<Held>,
     mut job: Job,
 ) -> Result<Running, Refusal> {
     let prefix_len = job.prefix.as_ref().map_or(0, |p| p.n_tokens());
@@ -365,22 +391,35 @@ fn admission(
             cfg.kv_budget_bytes as f64 / 1e6
         )));
     }
-    let mut now = reserved.load(Ordering::Acquire);
+    // Count the request first so the queue bound holds under concurrent admissions.
+    let ahead = held.requests.fetch_add(1, Ordering::AcqRel);
+    let mut reservation = Reservation {
+        held: held.clone(),
+        bytes: 0,
+    };
+    if ahead >= cfg.max_batch + cfg.max_queue {
+        return Err(Refusal::Full {
+            retry_after_secs: 1,
+            reason: "the edge's request queue is full; retry later",
+        });
+    }
+    let mut now = held.bytes.load(Ordering::Acquire);
     loop {
         if now + bytes > cfg.kv_budget_bytes {
             return Err(Refusal::Full {
                 retry_after_secs: 1,
+                reason: "the edge's KV budget is taken by running requests; retry later",
             });
         }
-        match reserved.compare_exchange(now, now + bytes, Ordering::AcqRel, Ordering::Acquire) {
+        match held
+            .bytes
+            .compare_exchange(now, now + bytes, Ordering::AcqRel, Ordering::Acquire)
+        {
             Ok(_) => break,
             Err(x) => now = x,
         }
     }
-    let reservation = Reservation {
-        pool: reserved.clone(),
-        bytes,
-    };
+    reservation.bytes = bytes;
     Ok(Running {
         sampler: Sampler::new(job.sampling.clone()),
         text: TextStream::new(&job.stop),
@@ -399,8 +438,9 @@ fn admission(
 pub struct Scheduler {
     model: Arc<Model>,
     cfg: SchedulerConfig,
-    reserved: Arc<AtomicUsize>,
+    held: Arc<Held>,
     usage: Arc<Mutex<KvUsage>>,
+    stop: Arc<Mutex<Option<String>>>,
     tx: std_mpsc::Sender<Running>,
 }
 
@@ -412,7 +452,11 @@ impl Scheduler {
     ) -> std::io::Result<Self> {
         let mut batcher = Batcher::new(model.clone(), cfg.clone(), metrics);
         let (tx, rx) = std_mpsc::channel::<Running>();
-        let (reserved, usage) = (batcher.reserved.clone(), batcher.usage.clone());
+        let (held, usage, stop) = (
+            batcher.held.clone(),
+            batcher.usage.clone(),
+            batcher.stop.clone(),
+        );
         std::thread::Builder::new()
             .name("edgeprompt-scheduler".into())
             .spawn(move || loop {
@@ -430,16 +474,39 @@ impl Scheduler {
         Ok(Self {
             model,
             cfg,
-            reserved,
+            held,
             usage,
+            stop,
             tx,
         })
     }
 
     /// Admit a job (its KV reserved now) or refuse it with the reason.
     pub fn submit(&self, job: Job) -> Result<(), Refusal> {
-        let r = admission(&self.model, &self.cfg, &self.reserved, job)?;
+        if self.stop.lock().map_or(true, |s| s.is_some()) {
+            return Err(Refusal::Stopped);
+        }
+        let r = admission(&self.model, &self.cfg, &self.held, job)?;
         self.tx.send(r).map_err(|_| Refusal::Stopped)
+    }
+
+    /// Requests admitted and not yet ended (queued or running).
+    pub fn pending(&self) -> usize {
+        self.held.requests.load(Ordering::Acquire)
+    }
+
+    /// Private KV bytes the admitted requests have reserved (of `kv_budget_bytes`).
+    pub fn reserved_bytes(&self) -> usize {
+        self.held.bytes.load(Ordering::Acquire)
+    }
+
+    /// End every request still queued or running with [`STOPPED`] (at the next step) and
+    /// refuse new ones: the end of a drain that ran out of time.
+    pub fn stop(&self) {
+        if let Ok(mut s) = self.stop.lock() {
+            *s = Some(STOPPED.to_string());
+        }
+        // No wake-up needed: the thread only sleeps when it holds no request.
     }
 
     pub fn usage(&self) -> KvUsage {

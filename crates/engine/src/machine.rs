@@ -76,8 +76,17 @@ pub fn start(threads: usize) -> Machine {
 
 /// Peak resident memory of this process so far (VmHWM), bytes.
 pub fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Resident memory of this process now (VmRSS), bytes.
+pub fn rss() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+fn status_bytes(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

@@ -19,7 +19,7 @@ use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::{ApiError, EdgeServer};
 use crate::prefixes::LookupError;
-use crate::scheduler::{Event, Job, Refusal};
+use crate::scheduler::{Event, Job, Refusal, STOPPED};
 
 type AppState = State<Arc<EdgeServer>>;
 
@@ -70,7 +70,8 @@ pub async fn models(State(s): AppState) -> Response {
 pub async fn health(State(s): AppState) -> Response {
     let u = s.scheduler.usage();
     Json(json!({
-        "status": "ok",
+        "status": if s.is_draining() { "draining" } else { "ok" },
+        "pending_requests": s.scheduler.pending(),
         "model": s.cfg.model_id,
         "fingerprint": s.model.fingerprint,
         "active_sequences": u.sequences,
@@ -79,6 +80,11 @@ pub async fn health(State(s): AppState) -> Response {
 }
 
 pub async fn metrics(State(s): AppState) -> Response {
+    let m = &s.metrics;
+    m.kv_reserved_bytes.set(s.scheduler.reserved_bytes() as i64);
+    m.prefix_cache_bytes.set(s.prefixes.memory_bytes() as i64);
+    m.resident_memory_bytes
+        .set(edgeprompt_engine::machine::rss().unwrap_or(0) as i64);
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -249,14 +255,20 @@ async fn run(
     };
     s.scheduler.submit(job).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),
-        Refusal::Full { retry_after_secs } => ApiError {
+        Refusal::Full {
+            retry_after_secs,
+            reason,
+        } => ApiError {
             retry_after: Some(retry_after_secs),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, reason)
+        },
+        Refusal::Stopped => ApiError {
+            retry_after: Some(1),
             ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "the edge's KV budget is taken by running requests; retry later",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this edge is shutting down; retry on another",
             )
         },
-        Refusal::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the scheduler stopped"),
     })?;
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -292,6 +304,8 @@ async fn run(
 fn failure(m: String) -> ApiError {
     let status = if m.contains("timed out") {
         StatusCode::GATEWAY_TIMEOUT
+    } else if m == STOPPED {
+        StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::INTERNAL_SERVER_ERROR
     };

@@ -4,8 +4,10 @@
 
 pub mod access;
 mod handlers;
+pub mod lifecycle;
 pub mod openai;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -33,6 +35,8 @@ pub struct EdgeServer {
     pub prefixes: Arc<Prefixes>,
     pub metrics: Arc<Metrics>,
     pub cfg: ServerConfig,
+    /// Set by `drain`: new API requests get 503.
+    draining: AtomicBool,
 }
 
 impl EdgeServer {
@@ -53,21 +57,27 @@ impl EdgeServer {
             model,
             metrics,
             cfg,
+            draining: AtomicBool::new(false),
         }))
     }
 }
 
-/// The API under `/v1` (behind the API keys when set) and the operator's `/health` and
-/// `/metrics`; every response carries its request id.
+/// The API under `/v1` (behind the API keys when set; refused while draining) and the
+/// operator's `/health`, `/ready` and `/metrics`; every response carries its request id.
 pub fn router(state: Arc<EdgeServer>) -> Router {
     let keys = Arc::new(state.cfg.api_keys.clone());
     let api = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            lifecycle::refuse_when_draining,
+        ))
         .route_layer(middleware::from_fn_with_state(keys, access::require_key));
     Router::new()
         .route("/health", get(handlers::health))
+        .route("/ready", get(lifecycle::ready))
         .route("/metrics", get(handlers::metrics))
         .merge(api)
         .layer(middleware::from_fn(access::request_id))
@@ -79,7 +89,18 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<EdgeServer>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).await
+    serve_until(listener, state, std::future::pending()).await
+}
+
+/// Serve until `stop` resolves (then finish the open requests) or the listener fails.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    state: Arc<EdgeServer>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(stop)
+        .await
 }
 
 /// An error in OpenAI's shape.
