@@ -25,8 +25,47 @@ pub enum Bench {
     Codecs(CodecsArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
+    /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
+    Soak(SoakArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
     Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Length of the load (faults are placed along it).
+    #[arg(long, default_value_t = 600.0)]
+    secs: f64,
+    /// Poisson arrivals per second over both edges.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Cloud prompts registered with the cloud nodes.
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    #[arg(long, default_value_t = 192)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 32)]
+    user_len: usize,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Link profile between each edge and its cloud node.
+    #[arg(long, default_value = "wifi")]
+    link: String,
+    #[arg(long, default_value_t = 128)]
+    kv_budget_mb: usize,
+    #[arg(long, default_value_t = 16)]
+    prefix_cache_mb: usize,
+    #[arg(long, default_value_t = 32)]
+    max_queue: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The `edgeprompt` binary the processes run (default: beside this one).
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -374,6 +413,42 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 r.rows.len(),
                 a.out.display()
             );
+            Ok(())
+        }
+        Bench::Soak(a) => {
+            let edgeprompt = match a.edgeprompt {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("edgeprompt"),
+            };
+            anyhow::ensure!(
+                edgeprompt.exists(),
+                "{} not found: build it with `cargo build --release --bin edgeprompt` or pass --edgeprompt",
+                edgeprompt.display()
+            );
+            let s = edgeprompt_bench::soak::Settings {
+                model: resolve(&a.model)?,
+                edgeprompt,
+                sharegpt: sharegpt()?,
+                secs: a.secs,
+                rate: a.rate,
+                prompts: a.prompts.max(1),
+                cloud_len: a.cloud_len,
+                user_len: a.user_len,
+                max_tokens: a.max_tokens,
+                link: a.link,
+                kv_budget_mb: a.kv_budget_mb,
+                prefix_cache_mb: a.prefix_cache_mb,
+                max_queue: a.max_queue,
+                seed: a.seed,
+                client_timeout_secs: 180,
+                dir: std::env::temp_dir().join(format!("edgeprompt-soak-{}", std::process::id())),
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::soak::run(&s)?;
+            let _ = std::fs::remove_dir_all(&s.dir);
+            eprintln!("wrote {}/soak.json", a.out.display());
+            let bad = r.violations();
+            anyhow::ensure!(bad.is_empty(), "the soak found: {}", bad.join("; "));
             Ok(())
         }
         Bench::Serve(a) => {

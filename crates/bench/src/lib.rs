@@ -10,6 +10,7 @@ pub mod nodes;
 pub mod plot;
 pub mod report;
 pub mod serve;
+pub mod soak;
 pub mod table;
 pub mod ttft;
 pub mod workload;

@@ -157,6 +157,94 @@ where
     })
 }
 
+/// One panel of a `timeline`: its own y axis over the shared x axis.
+pub struct Panel {
+    pub y_label: String,
+    pub series: Vec<Series>,
+}
+
+/// Panels stacked over one x axis (time), with `events` (x, label) drawn as vertical lines
+/// through every panel and labelled in the top one.
+pub fn timeline(title: &str, x_label: &str, panels: &[Panel], events: &[(f64, String)]) -> String {
+    let xs = panels
+        .iter()
+        .flat_map(|p| p.series.iter().flat_map(|s| s.points.iter().map(|q| q.0)))
+        .chain(events.iter().map(|e| e.0));
+    let x = match Axis::of(xs) {
+        Axis::Linear(r) | Axis::Log(r) => r,
+    };
+    let height = 60 + 230 * panels.len() as u32;
+    svg((900, height), |root| {
+        let root = root.titled(title, ("sans-serif", 18))?;
+        let areas = root.split_evenly((panels.len().max(1), 1));
+        for (k, (panel, area)) in panels.iter().zip(&areas).enumerate() {
+            let ys = panel
+                .series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|q| q.1));
+            let y = match Axis::of(ys) {
+                Axis::Linear(r) | Axis::Log(r) => r.start.min(0.0)..r.end,
+            };
+            let mut chart = ChartBuilder::on(area)
+                .margin(10)
+                .x_label_area_size(if k + 1 == panels.len() { 40 } else { 20 })
+                .y_label_area_size(70)
+                .build_cartesian_2d(x.clone(), y.clone())?;
+            chart
+                .configure_mesh()
+                .label_style(LABELS)
+                .axis_desc_style(LABELS)
+                .light_line_style(WHITE.mix(0.0))
+                .bold_line_style(BLACK.mix(0.08))
+                .x_desc(if k + 1 == panels.len() { x_label } else { "" })
+                .y_desc(panel.y_label.as_str())
+                .x_label_formatter(&|v| tick(*v))
+                .y_label_formatter(&|v| tick(*v))
+                .draw()?;
+            for (t, label) in events {
+                chart.draw_series(DashedLineSeries::new(
+                    [(*t, y.start), (*t, y.end)],
+                    4,
+                    4,
+                    BLACK.mix(0.45).stroke_width(1),
+                ))?;
+                if k == 0 {
+                    let grey = BLACK.mix(0.75);
+                    let style = TextStyle::from(("sans-serif", 12).into_font())
+                        .color(&grey)
+                        .pos(Pos::new(HPos::Left, VPos::Top));
+                    chart.draw_series(std::iter::once(Text::new(
+                        label.clone(),
+                        (*t, y.end),
+                        style,
+                    )))?;
+                }
+            }
+            for (i, s) in panel.series.iter().enumerate() {
+                let c = COLORS[i % COLORS.len()];
+                let pts = s
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|p| p.0.is_finite() && p.1.is_finite());
+                chart
+                    .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
+                    .label(s.name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()?;
+        }
+        Ok(())
+    })
+}
+
 /// Horizontal bars from 0, one per label (for tables of schemes), values printed at their ends.
 pub fn bar_chart(title: &str, value_label: &str, bars: &[(String, f64)]) -> String {
     let n = bars.len().max(1);

@@ -12,12 +12,12 @@ use crate::BenchError;
 /// Within this relative error the planner counts as validated (issue goal).
 const PLANNER_GOAL: f64 = 0.15;
 
-fn load(dir: &Path, name: &str) -> Option<Value> {
+pub(crate) fn load(dir: &Path, name: &str) -> Option<Value> {
     let text = std::fs::read_to_string(dir.join(name)).ok()?;
     serde_json::from_str(&text).ok()
 }
 
-fn f(v: &Value) -> f64 {
+pub(crate) fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
@@ -30,7 +30,7 @@ fn num(x: f64, digits: usize) -> String {
     }
 }
 
-fn machine_line(v: &Value) -> String {
+pub(crate) fn machine_line(v: &Value) -> String {
     let m = &v["machine"];
     let threads = match &v["threads"] {
         Value::Null => String::new(),
@@ -69,6 +69,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     table_section(dir, &mut md);
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
+    crate::soak::report::section(dir, &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));
