@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use edgeprompt_engine::{Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream};
+use edgeprompt_engine::{
+    logprobs, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream, TokenLogprobs,
+};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
@@ -53,6 +55,16 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
 }
 
+/// What a request may ask beyond its tokens.
+#[derive(Default)]
+pub struct Extras {
+    /// Log-probabilities of every sampled token and of this many alternatives each.
+    pub logprobs: Option<usize>,
+    /// Further answers to the same prompt, each on its own channel: the prompt is prefilled
+    /// once, then answer `k` (1, 2, ...) samples on its own with seed `seed + k`.
+    pub forks: Vec<mpsc::UnboundedSender<Event>>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Text that became final.
@@ -69,6 +81,8 @@ pub struct Done {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub token_ids: Vec<u32>,
+    /// One per token id when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// Why a request ended unfinished when the server stopped (`Event::Failed`).
@@ -127,7 +141,47 @@ struct Running {
     text: TextStream,
     admitted: Instant,
     last_token: Option<Instant>,
+    logprobs: Option<usize>,
+    token_logprobs: Vec<TokenLogprobs>,
+    /// Answers still to fork off once the prompt is in, each with its reservation.
+    forks: Vec<(mpsc::UnboundedSender<Event>, Reservation)>,
     _reservation: Reservation,
+}
+
+impl Running {
+    /// The further answers, each a copy of this sequence (the prompt's KV) and its own sampler.
+    fn fork(&mut self) -> Vec<Running> {
+        let forks = std::mem::take(&mut self.forks);
+        forks
+            .into_iter()
+            .enumerate()
+            .map(|(k, (events, reservation))| {
+                let mut sampling = self.job.sampling.clone();
+                sampling.seed = sampling.seed.wrapping_add(k as u64 + 1);
+                Running {
+                    job: Job {
+                        prefix: self.job.prefix.clone(),
+                        prompt: self.job.prompt.clone(),
+                        max_tokens: self.job.max_tokens,
+                        sampling: sampling.clone(),
+                        stop: self.job.stop.clone(),
+                        events,
+                    },
+                    seq: self.seq.clone(),
+                    fed: self.fed,
+                    next: None,
+                    sampler: Sampler::new(sampling),
+                    text: TextStream::new(&self.job.stop),
+                    admitted: self.admitted,
+                    last_token: None,
+                    logprobs: self.logprobs,
+                    token_logprobs: Vec::new(),
+                    forks: Vec::new(),
+                    _reservation: reservation,
+                }
+            })
+            .collect()
+    }
 }
 
 /// The batch and its queue, stepped by the scheduler thread (or by hand in tests).
@@ -137,6 +191,8 @@ pub struct Batcher {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Running>,
     active: Vec<Running>,
+    /// Answers forked during a step, joining the batch after it.
+    born: Vec<Running>,
     held: Arc<Held>,
     usage: Arc<Mutex<KvUsage>>,
     /// Set by `Scheduler::stop`: every request still here ends with this reason.
@@ -151,6 +207,7 @@ impl Batcher {
             metrics,
             waiting: VecDeque::new(),
             active: Vec::new(),
+            born: Vec::new(),
             held: Arc::new(Held::default()),
             usage: Arc::new(Mutex::new(KvUsage::default())),
             stop: Arc::new(Mutex::new(None)),
@@ -167,7 +224,7 @@ impl Batcher {
 
     /// Check a job and reserve its KV; the job then waits for a batch slot.
     pub fn admit(&mut self, job: Job) -> Result<(), Refusal> {
-        let r = admission(&self.model, &self.cfg, &self.held, job)?;
+        let r = admission(&self.model, &self.cfg, &self.held, job, Extras::default())?;
         self.waiting.push_back(r);
         self.metrics.queue_depth.set(self.waiting.len() as i64);
         Ok(())
@@ -239,6 +296,7 @@ impl Batcher {
             i += 1;
             !ended[i - 1]
         });
+        self.active.append(&mut self.born);
         self.publish();
         rows
     }
@@ -251,46 +309,14 @@ impl Batcher {
             if r.fed < r.job.prompt.len() {
                 return false;
             }
-        }
-        let id = r.sampler.sample(logits);
-        let now = Instant::now();
-        match r.last_token {
-            None => self
-                .metrics
-                .ttft_seconds
-                .observe((now - r.admitted).as_secs_f64()),
-            Some(t) => self.metrics.token_seconds.observe((now - t).as_secs_f64()),
-        }
-        r.last_token = Some(now);
-        let (delta, stopped) = match r.text.push(&self.model.tokenizer, id) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = r.job.events.send(Event::Failed(e.to_string()));
-                self.metrics.finished("error");
-                return true;
+            // The prompt is in: further answers start here, from the same KV and logits.
+            for mut f in r.fork() {
+                if !emit(&mut f, logits, &self.model, &self.metrics) {
+                    self.born.push(f);
+                }
             }
-        };
-        if !delta.is_empty() {
-            let _ = r.job.events.send(Event::Text(delta));
         }
-        let full = r.text.ids().len() >= r.job.max_tokens;
-        if stopped || full {
-            let rest = r.text.finish();
-            if !rest.is_empty() {
-                let _ = r.job.events.send(Event::Text(rest));
-            }
-            let reason = if stopped { "stop" } else { "length" };
-            let _ = r.job.events.send(Event::Done(Done {
-                finish_reason: reason,
-                prompt_tokens: r.seq.prefix_len() + r.job.prompt.len(),
-                completion_tokens: r.text.ids().len(),
-                token_ids: r.text.ids().to_vec(),
-            }));
-            self.metrics.finished(reason);
-            return true;
-        }
-        r.next = Some(id);
-        false
+        emit(&mut self.active[i], logits, &self.model, &self.metrics)
     }
 
     /// Drop requests whose client went away or whose time is up (or all, once stopped).
@@ -353,6 +379,54 @@ impl Batcher {
     }
 }
 
+/// Sample `r`'s next token from `logits` and send what it makes final; true when the answer
+/// is over.
+fn emit(r: &mut Running, logits: &[f32], model: &Model, metrics: &Metrics) -> bool {
+    let id = r.sampler.sample(logits);
+    if let Some(top) = r.logprobs {
+        r.token_logprobs.push(logprobs(logits, id, top));
+    }
+
+    let now = Instant::now();
+    match r.last_token {
+        None => metrics
+            .ttft_seconds
+            .observe((now - r.admitted).as_secs_f64()),
+        Some(t) => metrics.token_seconds.observe((now - t).as_secs_f64()),
+    }
+    r.last_token = Some(now);
+    let (delta, stopped) = match r.text.push(&model.tokenizer, id) {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = r.job.events.send(Event::Failed(e.to_string()));
+            metrics.finished("error");
+            return true;
+        }
+    };
+    if !delta.is_empty() {
+        let _ = r.job.events.send(Event::Text(delta));
+    }
+    let full = r.text.ids().len() >= r.job.max_tokens;
+    if stopped || full {
+        let rest = r.text.finish();
+        if !rest.is_empty() {
+            let _ = r.job.events.send(Event::Text(rest));
+        }
+        let reason = if stopped { "stop" } else { "length" };
+        let _ = r.job.events.send(Event::Done(Done {
+            finish_reason: reason,
+            prompt_tokens: r.seq.prefix_len() + r.job.prompt.len(),
+            completion_tokens: r.text.ids().len(),
+            token_ids: r.text.ids().to_vec(),
+            logprobs: std::mem::take(&mut r.token_logprobs),
+        }));
+        metrics.finished(reason);
+        return true;
+    }
+    r.next = Some(id);
+    false
+}
+
 /// KV bytes one token takes in every layer.
 pub fn kv_bytes_per_token(model: &Model) -> usize {
     let c = &model.cfg;
@@ -364,6 +438,7 @@ fn admission(
     cfg: &SchedulerConfig,
     held: &Arc<Held>,
     mut job: Job,
+    extras: Extras,
 ) -> Result<Running, Refusal> {
     let prefix_len = job.prefix.as_ref().map_or(0, |p| p.n_tokens());
     if job.prompt.is_empty() {
@@ -383,29 +458,35 @@ fn admission(
         }
         None => Sequence::new(model),
     };
+    // Every answer (n of them) holds its own copy of the private KV.
+    let answers = 1 + extras.forks.len();
     let bytes = (job.prompt.len() + job.max_tokens) * kv_bytes_per_token(model);
-    if bytes > cfg.kv_budget_bytes {
+    if bytes * answers > cfg.kv_budget_bytes {
         return Err(Refusal::Invalid(format!(
-            "prompt + max_tokens need {:.1} MB of private KV; this server's budget is {:.1} MB",
-            bytes as f64 / 1e6,
+            "{answers} x (prompt + max_tokens) need {:.1} MB of private KV; this server's budget is {:.1} MB",
+            (bytes * answers) as f64 / 1e6,
             cfg.kv_budget_bytes as f64 / 1e6
         )));
     }
-    // Count the request first so the queue bound holds under concurrent admissions.
-    let ahead = held.requests.fetch_add(1, Ordering::AcqRel);
-    let mut reservation = Reservation {
-        held: held.clone(),
-        bytes: 0,
-    };
-    if ahead >= cfg.max_batch + cfg.max_queue {
+    // Count the answers first so the queue bound holds under concurrent admissions; each
+    // reservation gives its count (and, once set, its bytes) back when dropped.
+    let ahead = held.requests.fetch_add(answers, Ordering::AcqRel);
+    let mut reservations: Vec<Reservation> = (0..answers)
+        .map(|_| Reservation {
+            held: held.clone(),
+            bytes: 0,
+        })
+        .collect();
+    if ahead + answers > cfg.max_batch + cfg.max_queue {
         return Err(Refusal::Full {
             retry_after_secs: 1,
             reason: "the edge's request queue is full; retry later",
         });
     }
+    let total = bytes * answers;
     let mut now = held.bytes.load(Ordering::Acquire);
     loop {
-        if now + bytes > cfg.kv_budget_bytes {
+        if now + total > cfg.kv_budget_bytes {
             return Err(Refusal::Full {
                 retry_after_secs: 1,
                 reason: "the edge's KV budget is taken by running requests; retry later",
@@ -413,13 +494,17 @@ fn admission(
         }
         match held
             .bytes
-            .compare_exchange(now, now + bytes, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(now, now + total, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => break,
             Err(x) => now = x,
         }
     }
-    reservation.bytes = bytes;
+    for r in &mut reservations {
+        r.bytes = bytes;
+    }
+    let mut reservations = reservations.into_iter();
+    let reservation = reservations.next().expect("at least one answer");
     Ok(Running {
         sampler: Sampler::new(job.sampling.clone()),
         text: TextStream::new(&job.stop),
@@ -429,6 +514,9 @@ fn admission(
         next: None,
         admitted: Instant::now(),
         last_token: None,
+        logprobs: extras.logprobs,
+        token_logprobs: Vec::new(),
+        forks: extras.forks.into_iter().zip(reservations).collect(),
         _reservation: reservation,
     })
 }
@@ -483,10 +571,15 @@ impl Scheduler {
 
     /// Admit a job (its KV reserved now) or refuse it with the reason.
     pub fn submit(&self, job: Job) -> Result<(), Refusal> {
+        self.submit_with(job, Extras::default())
+    }
+
+    /// `submit`, with log-probabilities and further answers.
+    pub fn submit_with(&self, job: Job, extras: Extras) -> Result<(), Refusal> {
         if self.stop.lock().map_or(true, |s| s.is_some()) {
             return Err(Refusal::Stopped);
         }
-        let r = admission(&self.model, &self.cfg, &self.held, job)?;
+        let r = admission(&self.model, &self.cfg, &self.held, job, extras)?;
         self.tx.send(r).map_err(|_| Refusal::Stopped)
     }
 

@@ -101,6 +101,7 @@ fn openai_client_against_the_edge_server() {
         (base, tiny, keyed)
     });
     let (cloud_ids, private_ids) = edge_ids(&m, SUPPORT, USER);
+    let logprobs = reference_logprobs(&m, &cloud_ids, &private_ids, 8, 3);
     let cfg = dir.path().join("config.json");
     let json = serde_json::json!({
         "base": base,
@@ -114,6 +115,7 @@ fn openai_client_against_the_edge_server() {
         "system_b": CODING,
         "user": USER,
         "prompt_tokens": cloud_ids.len() + private_ids.len(),
+        "logprobs_ref": logprobs,
     });
     std::fs::write(&cfg, json.to_string()).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_api.py");
@@ -124,4 +126,41 @@ fn openai_client_against_the_edge_server() {
         .unwrap();
     assert!(status.success(), "openai client checks failed: {status}");
     drop(rt);
+}
+
+/// The greedy answer's log-probabilities computed here, on one node, from the engine's raw
+/// logits with a plain f64 log-softmax: per token `{id, text, logprob, top: [[id, logprob]]}`.
+fn reference_logprobs(
+    m: &Model,
+    cloud: &[u32],
+    private: &[u32],
+    tokens: usize,
+    top: usize,
+) -> serde_json::Value {
+    let mut seq = edgeprompt_engine::Sequence::new(m);
+    let mut ids = cloud.to_vec();
+    ids.extend_from_slice(private);
+    let mut logits = seq.prefill(m, &ids).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..tokens {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max
+            + logits
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let id = order[0] as u32;
+        let lp = |i: usize| logits[i] as f64 - lse;
+        out.push(serde_json::json!({
+            "id": id,
+            "text": m.tokenizer.decode(&[id]).unwrap(),
+            "logprob": lp(id as usize),
+            "top": order[..top].iter().map(|&i| serde_json::json!([i, lp(i)])).collect::<Vec<_>>(),
+        }));
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    serde_json::Value::Array(out)
 }

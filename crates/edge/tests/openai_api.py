@@ -215,6 +215,70 @@ raw = client.completions.with_raw_response.create(model=MODEL, prompt="1, 2,", m
 rid = raw.headers.get("x-request-id") or ""
 check(rid.startswith("req-") and raw.parse().id.startswith("cmpl-" + rid + "-"), f"server-made request id: {rid}")
 
+# Log-probabilities (chat): each token's and its top alternatives', equal to the engine's raw
+# logits through a log-softmax computed by the Rust test on one node (to 1e-5)
+ref = cfg["logprobs_ref"]
+r = chat(client, cfg["system_a"], cfg["user"], max_tokens=len(ref), logprobs=True, top_logprobs=3)
+content = r.choices[0].logprobs.content
+check(len(content) == len(ref) == r.usage.completion_tokens, f"one logprob per token: {len(content)}")
+for got, want in zip(content, ref):
+    check(abs(got.logprob - want["logprob"]) < 1e-5 and got.token == want["text"],
+          f"logprob of {got.token!r}: {got.logprob} vs engine {want['logprob']}")
+    check(len(got.top_logprobs) == 3 and all(abs(a.logprob - b[1]) < 1e-5
+          for a, b in zip(got.top_logprobs, want["top"])), "top_logprobs match the engine's")
+    check(got.bytes == list(got.token.encode()), "bytes are the token's UTF-8")
+plain = chat(client, cfg["system_a"], cfg["user"], max_tokens=len(ref))
+check(plain.choices[0].logprobs is None, "no logprobs unless asked")
+# streamed: the last chunk of the answer carries them, the same values
+lps = []
+for ch in chat(client, cfg["system_a"], cfg["user"], max_tokens=len(ref), logprobs=True, top_logprobs=3, stream=True):
+    if ch.choices and ch.choices[0].logprobs is not None:
+        lps += ch.choices[0].logprobs.content
+check([x.logprob for x in lps] == [x.logprob for x in content], "streamed logprobs == whole")
+# completions: OpenAI's parallel lists
+c = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=5, temperature=0, logprobs=2)
+lp = c.choices[0].logprobs
+check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5,
+      f"completions logprobs: {lp.tokens}")
+check(all(len(t) <= 2 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs),
+      "completions top_logprobs and values")
+status, body = raw_post(cfg["base"], "/completions", json.dumps(
+    {"model": MODEL, "prompt": "hi", "echo": True, "max_tokens": 2}).encode())
+check(status == 400 and "echo" in json.loads(body)["error"]["message"], f"echo -> 400: {body}")
+status, body = raw_post(cfg["base"], "/chat/completions", json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+     "top_logprobs": 21}).encode())
+check(status == 400, f"top_logprobs over 20 -> 400: {body}")
+
+# n > 1: one prefill, n answers; with a seed the first equals n = 1's answer
+one = chat(client, cfg["system_a"], cfg["user"], max_tokens=16, temperature=0.9, seed=11)
+three = chat(client, cfg["system_a"], cfg["user"], max_tokens=16, temperature=0.9, seed=11, n=3)
+check([c.index for c in three.choices] == [0, 1, 2], "n=3 gives three choices")
+check(three.choices[0].message.content == one.choices[0].message.content,
+      f"the first of n=3 equals n=1: {three.choices[0].message.content!r}")
+check(len({c.message.content for c in three.choices}) > 1, "the answers are sampled apart")
+for k in (1, 2):
+    alone = chat(client, cfg["system_a"], cfg["user"], max_tokens=16, temperature=0.9, seed=11 + k)
+    check(three.choices[k].message.content == alone.choices[0].message.content,
+          f"answer {k} of n=3 equals n=1 with seed + {k}: the fork is exact")
+check(three.usage.prompt_tokens == one.usage.prompt_tokens
+      and one.usage.completion_tokens < three.usage.completion_tokens <= 3 * 16,
+      f"usage of n=3: the prompt once, every answer's tokens: {three.usage}")
+texts = {0: "", 1: "", 2: ""}
+ends = set()
+for ch in chat(client, cfg["system_a"], cfg["user"], max_tokens=16, temperature=0.9, seed=11, n=3, stream=True):
+    for c in ch.choices:
+        texts[c.index] += c.delta.content or ""
+        if c.finish_reason:
+            ends.add(c.index)
+check(ends == {0, 1, 2} and [texts[i] for i in range(3)] == [c.message.content for c in three.choices],
+      "n=3 streamed: each index's deltas join to its whole answer")
+try:
+    chat(client, cfg["system_a"], "hi", n=17)
+    check(False, "n=17 refused")
+except openai.BadRequestError as e:
+    check("n must be" in str(e), f"n out of range -> 400: {e}")
+
 # API keys: each key from the file works; a wrong or missing key gets OpenAI's 401; /health is open
 keyed_root = cfg["keyed"].rsplit("/v1", 1)[0]
 for key in cfg["keys"]:

@@ -26,6 +26,6 @@ pub use error::{EngineError, Result};
 pub use generate::{GenerateOptions, GenerateStats, Generator, TextStream};
 pub use kv::{LayerKv, PrefixKv};
 pub use model::{Model, ModelInfo};
-pub use sample::{Sampler, SamplingParams};
+pub use sample::{logprobs, Sampler, SamplingParams, TokenLogprobs};
 pub use sequence::Sequence;
 pub use tokenizer::Tokenizer;

@@ -80,6 +80,41 @@ impl Sampler {
     }
 }
 
+/// A sampled token's log-probability under the model, with the most likely alternatives'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub id: u32,
+    pub logprob: f32,
+    /// `(id, logprob)`, most likely first (the lower id first on a tie).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-softmax of the raw logits (before temperature or truncation: what OpenAI and vLLM
+/// report) at `id` and at the `top` largest logits. The normaliser is summed in f64.
+pub fn logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
+    let lse = f64::from(max) + sum.ln();
+    let lp = |i: u32| (f64::from(logits[i as usize]) - lse) as f32;
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let order = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let top = top.min(idx.len());
+    if top > 0 && top < idx.len() {
+        idx.select_nth_unstable_by(top - 1, order);
+    }
+    idx.truncate(top);
+    idx.sort_by(order);
+    TokenLogprobs {
+        id,
+        logprob: lp(id),
+        top: idx.into_iter().map(|i| (i, lp(i))).collect(),
+    }
+}
+
 /// Index of the largest logit; the lowest index wins a tie.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -117,6 +152,24 @@ mod tests {
         };
         assert_eq!(draw(42), draw(42));
         assert_ne!(draw(42), draw(43));
+    }
+
+    #[test]
+    fn logprobs_are_a_normalised_log_softmax_with_the_top_in_order() {
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 997) as f32 / 50.0)
+            .collect();
+        let all: Vec<f32> = (0..1000u32)
+            .map(|i| logprobs(&logits, i, 0).logprob)
+            .collect();
+        let total: f64 = all.iter().map(|&x| f64::from(x).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5, "{total}");
+        let t = logprobs(&logits, 3, 5);
+        assert_eq!(t.logprob, all[3]);
+        assert_eq!(t.top.len(), 5);
+        assert_eq!(t.top[0].0, argmax(&logits));
+        assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert!(t.top.iter().all(|&(i, lp)| lp == all[i as usize]));
     }
 
     #[test]

@@ -7,6 +7,8 @@ use crate::kv::{LayerKv, PrefixKv};
 use crate::model::{LayerInput, Model};
 use crate::Result;
 
+/// Clone copies the private KV and shares the prefix (answers forked after one prefill).
+#[derive(Clone)]
 pub struct Sequence {
     prefix: Option<Arc<PrefixKv>>,
     kv: Vec<LayerKv>,

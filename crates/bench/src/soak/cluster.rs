@@ -233,7 +233,9 @@ impl Cluster {
                 // Recovered when a cloud node next reads a prompt's KV from Redis (the
                 // cloud restart that follows in the schedule does).
                 rec.note =
-                    "recovery: first shared-tier hit in a cloud log after the restart".into();
+                    "recovery: first shared-tier hit in a cloud log after the restart (Redis is read \
+                     when a cloud node lacks a prompt: here at the next cloud restart)"
+                    .into();
             }
             Kind::KillCloud => {
                 lock(&self.clouds[f.target]).kill9();

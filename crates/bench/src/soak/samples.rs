@@ -140,7 +140,7 @@ fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
 /// Answers and TTFT in buckets of a thirtieth of the run (at least 2 s).
 pub fn timeline(specs: &[Spec], ended: &[Ended], secs: f64) -> Vec<Bucket> {
     let width = (secs / 30.0).max(2.0);
-    let n = (secs / width).ceil() as usize + 1;
+    let n = (secs / width).ceil() as usize;
     (0..n)
         .map(|b| {
             let (lo, hi) = (b as f64 * width, (b + 1) as f64 * width);

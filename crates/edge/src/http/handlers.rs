@@ -11,7 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use edgeprompt_engine::{Message, PrefixKv, SamplingParams};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -19,7 +19,7 @@ use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::{ApiError, EdgeServer};
 use crate::prefixes::LookupError;
-use crate::scheduler::{Event, Job, Refusal, STOPPED};
+use crate::scheduler::{Done, Event, Extras, Job, Refusal, STOPPED};
 
 type AppState = State<Arc<EdgeServer>>;
 
@@ -195,8 +195,15 @@ fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
             ),
         ));
     }
-    if r.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("only n = 1 is supported"));
+    if r.n.is_some_and(|n| !(1..=MAX_N).contains(&n)) {
+        return Err(ApiError::bad_request(format!(
+            "n must be between 1 and {MAX_N}"
+        )));
+    }
+    if r.echo == Some(true) {
+        return Err(ApiError::bad_request(
+            "echo is not supported: this edge has no logits for a cloud prompt's tokens",
+        ));
     }
     if r.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err(ApiError::bad_request("temperature must be in [0, 2]"));
@@ -205,6 +212,36 @@ fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
         return Err(ApiError::bad_request("top_p must be in (0, 1]"));
     }
     Ok(())
+}
+
+/// Most answers one request may ask for (`n`).
+const MAX_N: usize = 16;
+/// Most alternatives per token in `logprobs` (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How many alternatives per token the request asks log-probabilities for (`None`: no
+/// log-probabilities): chat's `logprobs: true` + `top_logprobs`, completions' `logprobs: k`.
+fn logprobs_asked(kind: Kind, r: &Sampling) -> Result<Option<usize>, ApiError> {
+    let top = match (kind, &r.logprobs) {
+        (_, None | Some(Value::Null)) => return Ok(None),
+        (Kind::Chat, Some(Value::Bool(false))) => return Ok(None),
+        (Kind::Chat, Some(Value::Bool(true))) => r.top_logprobs.unwrap_or(0),
+        (Kind::Completion, Some(v)) if v.as_u64().is_some() => v.as_u64().unwrap_or(0) as usize,
+        (Kind::Chat, Some(_)) => {
+            return Err(ApiError::bad_request("logprobs must be true or false"))
+        }
+        (Kind::Completion, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "logprobs must be a number of alternatives",
+            ))
+        }
+    };
+    if top > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_TOP_LOGPROBS} alternatives per token"
+        )));
+    }
+    Ok(Some(top))
 }
 
 fn encode(s: &EdgeServer, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -235,7 +272,10 @@ async fn run(
     prefix: Option<Arc<PrefixKv>>,
     prompt: Vec<u32>,
 ) -> Result<Response, ApiError> {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let logprobs = logprobs_asked(kind, &r)?;
+    let n = r.n.unwrap_or(1);
+    let (mut txs, mut rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
+    let tx = txs.remove(0);
     let seed = r.seed.unwrap_or_else(rand::random);
     let job = Job {
         prefix,
@@ -253,7 +293,11 @@ async fn run(
         stop: r.stop.map(|s| s.into_vec()).unwrap_or_default(),
         events: tx,
     };
-    s.scheduler.submit(job).map_err(|e| match e {
+    let extras = Extras {
+        logprobs,
+        forks: txs,
+    };
+    s.scheduler.submit_with(job, extras).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),
         Refusal::Full {
             retry_after_secs,
@@ -282,23 +326,50 @@ async fn run(
         rand::random::<u32>()
     );
     let model = s.cfg.model_id.clone();
+    let text_of = token_text(s);
     if r.stream {
         let usage = r.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(stream(kind, id, created, model, usage, rx));
+        let meta = StreamMeta {
+            kind,
+            id,
+            created,
+            model,
+            include_usage: usage,
+        };
+        return Ok(stream(meta, rxs, text_of));
     }
+    let mut answers = Vec::with_capacity(n);
+    for rx in &mut rxs {
+        answers.push(whole(rx).await?);
+    }
+    let answers: Vec<openai::Answer> = answers
+        .iter()
+        .map(|(text, d)| openai::Answer {
+            text,
+            done: d,
+            logprobs: openai::logprobs_json(kind, &d.logprobs, &*text_of),
+        })
+        .collect();
+    Ok(Json(openai::response(kind, &id, created, &model, &answers)).into_response())
+}
+
+/// One answer, whole.
+async fn whole(rx: &mut mpsc::UnboundedReceiver<Event>) -> Result<(String, Done), ApiError> {
     let mut text = String::new();
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(d)) => {
-                return Ok(
-                    Json(openai::response(kind, &id, created, &model, &text, &d)).into_response(),
-                )
-            }
+            Some(Event::Done(d)) => return Ok((text, d)),
             Some(Event::Failed(m)) => return Err(failure(m)),
             None => return Err(failure("the scheduler dropped the request".into())),
         }
     }
+}
+
+/// A token id's text, for `logprobs`.
+fn token_text(s: &EdgeServer) -> Arc<dyn Fn(u32) -> String + Send + Sync> {
+    let model = s.model.clone();
+    Arc::new(move |id| model.tokenizer.decode(&[id]).unwrap_or_default())
 }
 
 fn failure(m: String) -> ApiError {
@@ -312,45 +383,73 @@ fn failure(m: String) -> ApiError {
     ApiError::new(status, m)
 }
 
-/// Server-sent events. A client that goes away closes `out`; the forwarder then drops `rx`,
-/// which the scheduler sees at its next step and cancels the request.
-fn stream(
+struct StreamMeta {
     kind: Kind,
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+}
+
+/// Server-sent events, the answers' chunks interleaved by `index`. A client that goes away
+/// closes `out`; the forwarder then drops the receivers, which the scheduler sees at its next
+/// step and cancels the answers.
+fn stream(
+    m: StreamMeta,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+    text_of: Arc<dyn Fn(u32) -> String + Send + Sync>,
 ) -> Response {
     let (out, events) = mpsc::channel::<Result<SseEvent, Infallible>>(32);
     tokio::spawn(async move {
         let data = |v: serde_json::Value| Ok(SseEvent::default().data(v.to_string()));
-        let chunk = |text: Option<&str>, role: bool, finish: Option<&str>| {
-            data(openai::chunk(
-                kind, &id, created, &model, text, role, finish,
-            ))
-        };
-        if kind == Kind::Chat && out.send(chunk(Some(""), true, None)).await.is_err() {
-            return;
+        let chunk =
+            |p: openai::Piece<'_>| data(openai::chunk(m.kind, &m.id, m.created, &m.model, p));
+        let n = rxs.len();
+        if m.kind == Kind::Chat {
+            for i in 0..n {
+                if out
+                    .send(chunk(openai::Piece::new(
+                        i,
+                        Some(""),
+                        true,
+                        None,
+                        Value::Null,
+                    )))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
         }
-        loop {
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
+        let mut merged = tokio_stream::StreamMap::new();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            merged.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+        }
+        let mut done: Vec<Done> = Vec::new();
+        while done.len() < n {
+            let next = tokio::select! {
+                ev = tokio_stream::StreamExt::next(&mut merged) => ev,
                 _ = out.closed() => return,
             };
-            let msg = match ev {
-                Some(Event::Text(t)) => chunk(Some(&t), false, None),
-                Some(Event::Done(d)) => {
-                    let _ = out.send(chunk(None, false, Some(d.finish_reason))).await;
-                    if include_usage {
-                        let _ = out
-                            .send(data(openai::usage_chunk(kind, &id, created, &model, &d)))
-                            .await;
-                    }
-                    break;
+            let msg = match next {
+                Some((i, Event::Text(t))) => {
+                    chunk(openai::Piece::new(i, Some(&t), false, None, Value::Null))
                 }
-                Some(Event::Failed(m)) => {
-                    let _ = out.send(data(openai::error_body(500, &m, None))).await;
+                Some((i, Event::Done(d))) => {
+                    let lp = openai::logprobs_json(m.kind, &d.logprobs, &*text_of);
+                    let msg = chunk(openai::Piece::new(
+                        i,
+                        None,
+                        false,
+                        Some(d.finish_reason),
+                        lp,
+                    ));
+                    done.push(d);
+                    msg
+                }
+                Some((_, Event::Failed(e))) => {
+                    let _ = out.send(data(openai::error_body(500, &e, None))).await;
                     break;
                 }
                 None => break,
@@ -358,6 +457,14 @@ fn stream(
             if out.send(msg).await.is_err() {
                 return;
             }
+        }
+        if m.include_usage && done.len() == n {
+            let d: Vec<&Done> = done.iter().collect();
+            let _ = out
+                .send(data(openai::usage_chunk(
+                    m.kind, &m.id, m.created, &m.model, &d,
+                )))
+                .await;
         }
         let _ = out.send(Ok(SseEvent::default().data("[DONE]"))).await;
     });

@@ -3,6 +3,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use edgeprompt_engine::TokenLogprobs;
+
 use crate::scheduler::Done;
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +92,16 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub n: Option<usize>,
+    /// Chat: `true`/`false`; completions: how many alternatives per token (0-20).
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0-20) when `logprobs` is true.
+    #[serde(default)]
+    pub top_logprobs: Option<usize>,
+    /// Completions: return the prompt too (not supported: a prompt after a cloud prompt has
+    /// no logits for the cloud part on this edge).
+    #[serde(default)]
+    pub echo: Option<bool>,
     /// EdgePrompt's extension: a registered cloud prompt by id.
     #[serde(default)]
     pub cloud_prompt: Option<String>,
@@ -116,63 +128,150 @@ pub struct CompletionRequest {
     pub common: Sampling,
 }
 
-pub fn usage(d: &Done) -> Value {
+/// Tokens of all answers (the prompt counted once: the answers share it).
+pub fn usage(done: &[&Done]) -> Value {
+    let prompt = done.first().map_or(0, |d| d.prompt_tokens);
+    let completion: usize = done.iter().map(|d| d.completion_tokens).sum();
     json!({
-        "prompt_tokens": d.prompt_tokens,
-        "completion_tokens": d.completion_tokens,
-        "total_tokens": d.prompt_tokens + d.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     })
 }
 
-/// The response of a finished request.
-pub fn response(kind: Kind, id: &str, created: u64, model: &str, text: &str, d: &Done) -> Value {
-    let choice = match kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": d.finish_reason,
-            "logprobs": null,
-        }),
-        Kind::Completion => json!({
-            "index": 0,
-            "text": text,
-            "finish_reason": d.finish_reason,
-            "logprobs": null,
-        }),
-    };
+/// OpenAI's `logprobs` object of a choice (`null` when none were asked for): chat's
+/// `{"content": [{token, logprob, bytes, top_logprobs}]}` or completions' parallel lists.
+/// `text` gives a token id's text.
+pub fn logprobs_json(kind: Kind, lps: &[TokenLogprobs], text: &dyn Fn(u32) -> String) -> Value {
+    if lps.is_empty() {
+        return Value::Null;
+    }
+    match kind {
+        Kind::Chat => {
+            let entry = |id: u32, lp: f32| {
+                let t = text(id);
+                json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+            };
+            let content: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let mut e = entry(l.id, l.logprob);
+                    e["top_logprobs"] = l.top.iter().map(|&(i, lp)| entry(i, lp)).collect();
+                    e
+                })
+                .collect();
+            json!({ "content": content })
+        }
+        Kind::Completion => {
+            let tokens: Vec<String> = lps.iter().map(|l| text(l.id)).collect();
+            let mut offset = 0;
+            let offsets: Vec<usize> = tokens
+                .iter()
+                .map(|t| {
+                    let at = offset;
+                    offset += t.len();
+                    at
+                })
+                .collect();
+            let top: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let m: serde_json::Map<String, Value> =
+                        l.top.iter().map(|&(i, lp)| (text(i), lp.into())).collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({
+                "tokens": tokens,
+                "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// One finished answer: its text, how it ended, and its `logprobs` object.
+pub struct Answer<'a> {
+    pub text: &'a str,
+    pub done: &'a Done,
+    pub logprobs: Value,
+}
+
+/// The response of a finished request, one choice per answer.
+pub fn response(kind: Kind, id: &str, created: u64, model: &str, answers: &[Answer]) -> Value {
+    let choices: Vec<Value> = answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match kind {
+            Kind::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": a.text},
+                "finish_reason": a.done.finish_reason,
+                "logprobs": a.logprobs,
+            }),
+            Kind::Completion => json!({
+                "index": i,
+                "text": a.text,
+                "finish_reason": a.done.finish_reason,
+                "logprobs": a.logprobs,
+            }),
+        })
+        .collect();
+    let done: Vec<&Done> = answers.iter().map(|a| a.done).collect();
     json!({
         "id": id,
         "object": kind.object(false),
         "created": created,
         "model": model,
-        "choices": [choice],
-        "usage": usage(d),
+        "choices": choices,
+        "usage": usage(&done),
     })
 }
 
-/// One streamed chunk: a text delta, the opening role, or the closing finish reason.
-pub fn chunk(
-    kind: Kind,
-    id: &str,
-    created: u64,
-    model: &str,
-    text: Option<&str>,
-    role: bool,
-    finish: Option<&str>,
-) -> Value {
+/// What one streamed chunk carries for choice `index`: a text delta, the opening role, or
+/// the closing finish reason (with the answer's `logprobs`, which come whole at the end).
+pub struct Piece<'a> {
+    pub index: usize,
+    pub text: Option<&'a str>,
+    pub role: bool,
+    pub finish: Option<&'a str>,
+    pub logprobs: Value,
+}
+
+impl<'a> Piece<'a> {
+    pub fn new(
+        index: usize,
+        text: Option<&'a str>,
+        role: bool,
+        finish: Option<&'a str>,
+        logprobs: Value,
+    ) -> Self {
+        Self {
+            index,
+            text,
+            role,
+            finish,
+            logprobs,
+        }
+    }
+}
+
+/// One streamed chunk.
+pub fn chunk(kind: Kind, id: &str, created: u64, model: &str, p: Piece) -> Value {
     let choice = match kind {
         Kind::Chat => {
             let mut delta = serde_json::Map::new();
-            if role {
+            if p.role {
                 delta.insert("role".into(), "assistant".into());
             }
-            if let Some(t) = text {
+            if let Some(t) = p.text {
                 delta.insert("content".into(), t.into());
             }
-            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+            json!({"index": p.index, "delta": delta, "finish_reason": p.finish, "logprobs": p.logprobs})
         }
         Kind::Completion => {
-            json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
+            json!({"index": p.index, "text": p.text.unwrap_or(""), "finish_reason": p.finish, "logprobs": p.logprobs})
         }
     };
     json!({
@@ -185,14 +284,14 @@ pub fn chunk(
 }
 
 /// The last chunk when the client asked for usage in the stream.
-pub fn usage_chunk(kind: Kind, id: &str, created: u64, model: &str, d: &Done) -> Value {
+pub fn usage_chunk(kind: Kind, id: &str, created: u64, model: &str, done: &[&Done]) -> Value {
     json!({
         "id": id,
         "object": kind.object(true),
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(d),
+        "usage": usage(done),
     })
 }
 
