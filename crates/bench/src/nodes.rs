@@ -83,6 +83,7 @@ pub async fn edge(
             disk_dir: None,
             peers: Vec::new(),
             security: Default::default(),
+            cloud_layers_from: 0,
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

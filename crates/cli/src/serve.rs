@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// before they are ended and the process exits.
     #[arg(long, default_value_t = 30)]
     drain_secs: u64,
+    /// CE-LSLM: take layers from this one on from the cloud (a larger model's KV mapped to
+    /// this model's by the cloud's adapters, `edgeprompt align`) and compute the layers below
+    /// it here. 0: every layer from the cloud, exact.
+    #[arg(long, default_value_t = 0)]
+    cloud_layers_from: usize,
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
@@ -71,6 +76,12 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
+    anyhow::ensure!(
+        a.cloud_layers_from < model.cfg.n_layer,
+        "--cloud-layers-from {} is past the model's {} layers",
+        a.cloud_layers_from,
+        model.cfg.n_layer
+    );
     let codec =
         Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
     let security = a.security.load()?;
@@ -106,6 +117,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             disk_dir: a.cache_dir.clone(),
             peers: a.peers.clone(),
             security,
+            cloud_layers_from: a.cloud_layers_from,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;

@@ -75,6 +75,12 @@ impl CloudNode {
                 from_layer = set.min_split(),
                 "CE-LSLM adapters loaded"
             );
+            // Edges of that model find the prompts by the address they compute themselves (the
+            // pair shares a tokenizer, so the token ids are the same).
+            for p in self.prompts.values() {
+                let address = content_address(&set.meta.slm_fingerprint, &p.token_ids);
+                self.by_address.insert(address, p.id.clone());
+            }
             self.lslm
                 .sets
                 .insert(set.meta.slm_fingerprint.clone(), Arc::new(set));

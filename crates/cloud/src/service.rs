@@ -29,8 +29,8 @@ pub(crate) struct Prompt {
 
 pub struct CloudNode {
     pub(crate) model: Arc<Model>,
-    prompts: HashMap<String, Arc<Prompt>>,
-    by_address: HashMap<String, String>,
+    pub(crate) prompts: HashMap<String, Arc<Prompt>>,
+    pub(crate) by_address: HashMap<String, String>,
     cache: MemoryStore,
     /// Shared tier of several cloud nodes (Redis).
     shared: Option<Arc<RedisStore>>,

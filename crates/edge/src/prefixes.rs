@@ -40,6 +40,10 @@ pub struct PrefixConfig {
     pub peers: Vec<String>,
     /// TLS trust and bearer token for the cloud and peers.
     pub security: ClientSecurity,
+    /// CE-LSLM: the first layer taken from the cloud (a larger model's KV mapped to this
+    /// model's by the cloud's adapters); the layers below it are computed here. 0: all layers
+    /// from the cloud, exact.
+    pub cloud_layers_from: usize,
 }
 
 /// Where a prompt's KV came from.
@@ -190,12 +194,25 @@ impl Prefixes {
         self.read_disk(address).await.map(Arc::new)
     }
 
+    /// Where this edge keeps a prompt's KV: its content address, marked when the deep layers
+    /// are CE-LSLM's mapped ones (not the exact KV that address names to other edges).
+    fn key(&self, address: &str) -> String {
+        match self.cfg.cloud_layers_from {
+            0 => address.to_string(),
+            n => format!("{address}-lslm{n}"),
+        }
+    }
+
     /// The KV of a rendered system turn (`ids`), by content address.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let address = content_address(&self.model.fingerprint, ids);
         let bytes = hex::decode(&address).unwrap_or_default();
-        self.lookup(&address, PromptRef::ContentAddress(bytes), Some(ids))
-            .await
+        self.lookup(
+            &self.key(&address),
+            PromptRef::ContentAddress(bytes),
+            Some(ids),
+        )
+        .await
     }
 
     /// The KV of a cloud prompt named by its id.
@@ -242,7 +259,7 @@ impl Prefixes {
                 self.write_disk(&prefix);
             }
             if let Some(id) = id {
-                let address = content_address(&prefix.fingerprint, &prefix.token_ids);
+                let address = self.key(&content_address(&prefix.fingerprint, &prefix.token_ids));
                 if let Ok(mut m) = self.ids.lock() {
                     m.insert(id, address.clone());
                 }
@@ -284,7 +301,7 @@ impl Prefixes {
             return;
         };
         let prefix = prefix.clone();
-        let key = content_address(&prefix.fingerprint, &prefix.token_ids);
+        let key = self.key(&content_address(&prefix.fingerprint, &prefix.token_ids));
         let writes = self.writes.clone();
         writes.fetch_add(1, Ordering::AcqRel);
         let metrics = self.metrics.clone();
@@ -343,7 +360,12 @@ impl Prefixes {
                 return Ok((p, Source::Disk));
             }
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
-            for peer in &self.cfg.peers {
+            // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
+            let peers = match self.cfg.cloud_layers_from {
+                0 => self.cfg.peers.as_slice(),
+                _ => &[],
+            };
+            for peer in peers {
                 match self.fetch(peer, by_address.clone(), ids).await {
                     Ok(p) => return Ok((p, Source::Peer)),
                     Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
@@ -386,24 +408,37 @@ impl Prefixes {
         prompt: PromptRef,
         ids: Option<&[u32]>,
     ) -> Result<PrefixKv, EdgeError> {
+        // Only the cloud maps KV for CE-LSLM; peers send all layers.
+        let first = match Some(url) == self.cfg.cloud_url.as_deref() {
+            true => self.cfg.cloud_layers_from,
+            false => 0,
+        };
         let mut client = CloudClient::connect_with(url, &self.cfg.security).await?;
         let (header, mut rx) = client
-            .fetch(&self.model, prompt, &[self.cfg.codec], false)
+            .fetch_from(&self.model, prompt, &[self.cfg.codec], false, first)
             .await?;
         if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
             return Err(EdgeError::Stream(
                 "the cloud's prompt tokens differ from this edge's tokenization".into(),
             ));
         }
-        let mut layers = Vec::with_capacity(header.n_layers);
-        for _ in 0..header.n_layers {
+        // CE-LSLM: the shallow layers computed here while the deep ones arrive.
+        let (model, ids) = (self.model.clone(), header.token_ids.clone());
+        let shallow = tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first));
+        let mut deep = Vec::with_capacity(header.n_layers);
+        for _ in first..header.n_layers {
             let a = rx
                 .recv()
                 .await
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
-            layers.push(Arc::new(a.kv));
+            deep.push(Arc::new(a.kv));
         }
+        let mut layers = shallow
+            .await
+            .map_err(|e| EdgeError::Stream(e.to_string()))?
+            .map_err(|e| EdgeError::Stream(e.to_string()))?;
+        layers.extend(deep);
         Ok(PrefixKv {
             fingerprint: self.model.fingerprint.clone(),
             token_ids: header.token_ids,
@@ -422,4 +457,20 @@ impl Prefixes {
         .map_err(|e| LookupError::Failed(e.to_string()))?
         .map_err(|e| LookupError::Failed(e.to_string()))
     }
+}
+
+/// Layers `0..n` of the prompt `ids`, computed here (CE-LSLM's shallow layers).
+fn shallow_layers(
+    model: &Model,
+    ids: &[u32],
+    n: usize,
+) -> edgeprompt_engine::Result<Vec<Arc<edgeprompt_engine::LayerKv>>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut pass = edgeprompt_engine::sequence::PrefillPass::new(model, ids, 0)?;
+    for _ in 0..n {
+        pass.run_layer(model, None)?;
+    }
+    Ok((0..n).map(|l| Arc::new(pass.layer_kv(l).clone())).collect())
 }

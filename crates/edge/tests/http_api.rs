@@ -60,6 +60,7 @@ async fn start_server(
             disk_dir: None,
             peers: Vec::new(),
             security: Default::default(),
+            cloud_layers_from: 0,
         },
     )
     .unwrap();

@@ -13,6 +13,10 @@ use edgeprompt_align::{
     collect, compare, fit_adapters, match_layers, AdapterSet, FitOptions, Sampling,
 };
 use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::http::access::ApiKeys;
+use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
@@ -215,6 +219,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         .unwrap();
         assert_eq!(logits, reference, "network CE-LSLM == in-process reference");
         assert_eq!(seq.len(), cloud_ids.len() + private.len());
+        let one_shot = greedy(&slm, seq, logits, 24);
         // Only the loaded layers crossed the wire, at the small model's size (f16, 2 KV
         // heads x 64 dims x K and V = 512 bytes per token per layer).
         let loaded: Vec<_> = timeline
@@ -272,5 +277,100 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
             got += 1;
         }
         assert_eq!(got, ns - 20);
+
+        // Served: an edge server on the small model with --cloud-layers-from 16 answers the
+        // same chat exactly as the one-shot path above.
+        let state = EdgeServer::start(
+            slm.clone(),
+            ServerConfig {
+                model_id: "qwen05".into(),
+                default_max_tokens: 24,
+                api_keys: ApiKeys::default(),
+            },
+            SchedulerConfig::default(),
+            PrefixConfig {
+                cloud_url: Some(url.clone()),
+                codec: Codec::F16,
+                unknown_system: UnknownSystem::Refuse,
+                cache_bytes: 256 << 20,
+                disk_dir: None,
+                peers: Vec::new(),
+                security: Default::default(),
+                cloud_layers_from: split,
+            },
+        )
+        .unwrap();
+        let metrics = state.metrics.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, state));
+        let body = serde_json::json!({
+            "model": "qwen05",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            "max_tokens": 24,
+            "temperature": 0,
+        });
+        let answer = tokio::task::spawn_blocking(move || post(addr, &body.to_string()))
+            .await
+            .unwrap();
+        assert_eq!(answer, one_shot, "served CE-LSLM == one-shot CE-LSLM");
+        // Its prefix came from the cloud: only the mapped deep layers crossed the wire.
+        let m = metrics.render();
+        assert!(
+            m.contains("edgeprompt_prefix_lookups_total{source=\"cloud\"} 1"),
+            "{m}"
+        );
+        let bytes = (ns - split) * 512 * cloud_ids.len();
+        let got: f64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix("edgeprompt_cloud_kv_bytes_total "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(
+            got >= bytes as f64 && got < (bytes + 64 * 1024) as f64,
+            "{got} vs {bytes}"
+        );
     });
+}
+
+/// Greedy continuation of `seq` from `logits`: the answer's text, as the one-shot edge
+/// prints it.
+fn greedy(
+    m: &Model,
+    mut seq: edgeprompt_engine::Sequence,
+    mut logits: Vec<f32>,
+    n: usize,
+) -> String {
+    let mut text = edgeprompt_engine::TextStream::new(&[]);
+    for _ in 0..n {
+        let id = edgeprompt_engine::sample::argmax(&logits);
+        let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
+        if stopped || text.ids().len() == n {
+            break;
+        }
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    text.finish();
+    text.text().to_string()
+}
+
+/// POST a chat to the server at `addr`; the answer's content.
+fn post(addr: std::net::SocketAddr, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let json = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string()
 }

@@ -36,6 +36,7 @@ fn prefixes(
         disk_dir: disk,
         peers,
         security: Default::default(),
+        cloud_layers_from: 0,
     };
     Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
 }
