@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Serving under Poisson load (EdgePrompt Figs. 4-5): the edge server (with its cloud node) and
-# llama.cpp's OpenAI server (llama-cpp-python[server]) on the same GGUF and threads, same run,
-# same requests. llama.cpp comes from scripts/llama_venv.sh (.venv-bench/). Not part of CI.
+# llama.cpp's own C++ server (`llama-server`, built from the llama.cpp source the pinned
+# `llama-cpp-python` sdist vendors) on the same GGUF and threads, same run, same requests.
+# llama-server runs with 8 parallel slots, continuous batching and its prompt cache: the bar
+# users know. Not part of CI (the first build takes ~15 minutes on 2 cores).
 # Usage: bash scripts/bench_serve.sh [MODEL] [extra `edgeprompt-bench serve` flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +11,21 @@ MODEL="${1:-smollm2}"
 shift || true
 # shellcheck source=scripts/llama_venv.sh
 source scripts/llama_venv.sh
-.venv-bench/bin/pip install -q "llama-cpp-python[server]==0.3.36"
+SERVER=.venv-bench/llama-server/llama-server
+if [ ! -x "$SERVER" ]; then
+  SRC=$(mktemp -d)
+  .venv-bench/bin/pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$SRC"
+  tar xzf "$SRC"/llama_cpp_python-0.3.36.tar.gz -C "$SRC"
+  LLAMA="$SRC/llama_cpp_python-0.3.36/vendor/llama.cpp"
+  echo "building llama-server from $LLAMA (several minutes)..."
+  cmake -S "$LLAMA" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build "$SRC/build" --target llama-server -j2 >/dev/null
+  mkdir -p "$(dirname "$SERVER")"
+  cp "$SRC/build/bin/llama-server" "$SERVER"
+  cp "$SRC"/build/bin/*.so* "$(dirname "$SERVER")"/ 2>/dev/null || true
+  rm -rf "$SRC"
+fi
 python3 scripts/models.py "$MODEL" sharegpt
 cargo build -j2 --release --bin edgeprompt-bench
 case "$MODEL" in
@@ -19,14 +35,18 @@ case "$MODEL" in
   *) GGUF="$MODEL" ;;
 esac
 PORT=8093
-.venv-bench/bin/python -m llama_cpp.server --model "$GGUF" --model_alias "$MODEL" \
-  --n_threads 2 --n_ctx 4096 --interrupt_requests False --host 127.0.0.1 --port "$PORT" \
+mkdir -p bench-out
+ARGS="-t 2 -np 8 -c 8192"
+# shellcheck disable=SC2086
+LD_LIBRARY_PATH="$(dirname "$SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$SERVER" -m "$GGUF" --alias "$MODEL" $ARGS --host 127.0.0.1 --port "$PORT" \
   >bench-out/llama-server.log 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
+PID=$!
+trap 'kill $PID 2>/dev/null || true' EXIT
 for _ in $(seq 120); do
-  curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && break
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
   sleep 1
 done
 ./target/release/edgeprompt-bench serve --model "$MODEL" --threads 2 \
-  --llama-server "http://127.0.0.1:$PORT/v1" "$@"
+  --llama-server "http://127.0.0.1:$PORT/v1" \
+  --llama-server-args "llama-server (llama.cpp 0c1e570, vendored by llama-cpp-python 0.3.36) $ARGS" "$@"

@@ -163,6 +163,9 @@ pub struct ServeArgs {
     /// (scripts/bench_serve.sh starts one).
     #[arg(long)]
     llama_server: Option<String>,
+    /// How that server was started, recorded with the results (scripts/bench_serve.sh sets it).
+    #[arg(long)]
+    llama_server_args: Option<String>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -467,6 +470,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 max_tokens: a.max_tokens,
                 threads: a.threads,
                 llama_server: a.llama_server,
+                llama_server_args: a.llama_server_args,
                 out: a.out.clone(),
             };
             let r = edgeprompt_bench::serve::run(&s)?;

@@ -330,7 +330,7 @@ fn serve_section(dir: &Path, md: &mut String) {
     let _ = writeln!(
         md,
         "## Serving under Poisson load (`edgeprompt-bench serve`)\n\n{}; {} cloud prompts of {} tokens × {} \
-         requests each, private prompts of {} tokens, max_tokens {}, seed {}\n\n\
+         requests each, private prompts of {} tokens, max_tokens {}, seed {}{}\n\n\
          | server | offered req/s | done req/s | output tok/s | s / token | TTFT p50 s | TTFT p99 s | failed |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
@@ -339,7 +339,11 @@ fn serve_section(dir: &Path, md: &mut String) {
         w["per_group"],
         w["edge_len"],
         v["max_tokens"],
-        w["seed"]
+        w["seed"],
+        v["llama_server_args"]
+            .as_str()
+            .map(|a| format!("; baseline in the same run: `{a}`"))
+            .unwrap_or_default()
     );
     for p in v["points"].as_array().cloned().unwrap_or_default() {
         let _ = writeln!(

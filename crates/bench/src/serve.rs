@@ -2,7 +2,7 @@
 //! rates against a running OpenAI-compatible server, streamed over real loopback HTTP:
 //! throughput (req/s, tok/s), normalised latency (s per output token) and TTFT p50/p99.
 //! The edge server (with its cloud node) runs in this process; the same workload can be sent
-//! to llama.cpp's server (`--llama-server`) in the same run.
+//! to llama.cpp's C++ `llama-server` (`--llama-server`) in the same run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,8 +28,10 @@ pub struct Settings {
     pub rates: Vec<f64>,
     pub max_tokens: usize,
     pub threads: usize,
-    /// An OpenAI-compatible llama.cpp server on the same GGUF (`.../v1`), driven the same way.
+    /// llama.cpp's `llama-server` on the same GGUF (`.../v1`), driven the same way.
     pub llama_server: Option<String>,
+    /// How that server was started (recorded with the results).
+    pub llama_server_args: Option<String>,
     pub out: PathBuf,
 }
 
@@ -65,6 +67,8 @@ pub struct Report {
     pub threads: usize,
     pub max_tokens: usize,
     pub workload: WorkloadSpec,
+    /// How the llama.cpp server was started, when one ran.
+    pub llama_server_args: Option<String>,
     pub points: Vec<Point>,
 }
 
@@ -82,7 +86,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         let ours = nodes::edge(&model, &s.model_id, Some(format!("http://{cloud}")), Codec::F16).await?;
         let mut servers = vec![("edgeprompt".to_string(), ours)];
         if let Some(url) = &s.llama_server {
-            servers.push(("llama.cpp".to_string(), url.trim_end_matches('/').to_string()));
+            servers.push(("llama-server".to_string(), url.trim_end_matches('/').to_string()));
         }
         let client = reqwest::Client::new();
         let mut points = Vec::new();
@@ -108,6 +112,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         threads: s.threads,
         max_tokens: s.max_tokens,
         workload: s.workload.clone(),
+        llama_server_args: s.llama_server_args.clone(),
         points,
     };
     write_outputs(&report, s)?;

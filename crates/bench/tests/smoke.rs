@@ -134,6 +134,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         max_tokens: 3,
         threads: 2,
         llama_server: None,
+        llama_server_args: None,
         out: out.clone(),
     })
     .unwrap();

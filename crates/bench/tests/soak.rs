@@ -63,14 +63,7 @@ fn a_small_soak_accounts_for_every_request_through_every_fault() {
         "the burst takes the KV budget: {:?}",
         r.outcomes
     );
-    for k in [
-        Kind::StopRedis,
-        Kind::StartRedis,
-        Kind::KillCloud,
-        Kind::CutLink,
-        Kind::DiskUnwritable,
-        Kind::FillBudget,
-    ] {
+    for k in Kind::ALL {
         assert!(
             r.faults.iter().any(|f| f.fault.kind == k),
             "{k:?} not applied"

@@ -91,23 +91,11 @@ fn stream_text(raw: &str) -> (String, bool) {
     (text, false)
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[test]
-fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
-    let cache = tempfile::tempdir().unwrap();
-    let mut server = serve(cache.path(), 60);
-    let addr = server.addr.clone();
-
-    // A stream in flight: its first token is out before the signal.
-    let mut s = TcpStream::connect(&addr).unwrap();
-    let body = chat(true, 160);
+/// Start a streamed chat of `max_tokens`; returns once its first text is out, with what was
+/// read so far.
+fn open_stream(addr: &str, max_tokens: usize) -> (BufReader<TcpStream>, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = chat(true, max_tokens);
     write!(
         s,
         "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
@@ -125,6 +113,25 @@ fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
         );
         raw += &line;
     }
+    (reader, raw)
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut server = serve(cache.path(), 60);
+    let addr = server.addr.clone();
+
+    // A stream in flight: its first token is out before the signal.
+    let (mut reader, mut raw) = open_stream(&addr, 160);
     let pid = server.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -189,24 +196,7 @@ fn a_drain_that_runs_out_of_time_ends_the_stream_with_a_reason_and_exits_zero() 
     let cache = tempfile::tempdir().unwrap();
     let mut server = serve(cache.path(), 1);
     let addr = server.addr.clone();
-    let mut s = TcpStream::connect(&addr).unwrap();
-    let body = chat(true, 4000);
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    while !line.contains("\"content\"") {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "stream ended early"
-        );
-    }
+    let (mut reader, _) = open_stream(&addr, 4000);
     let t = Instant::now();
     let pid = server.child.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();

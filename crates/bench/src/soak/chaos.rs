@@ -20,6 +20,17 @@ pub enum Kind {
     FillBudget,
 }
 
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::StopRedis,
+        Kind::StartRedis,
+        Kind::KillCloud,
+        Kind::CutLink,
+        Kind::DiskUnwritable,
+        Kind::FillBudget,
+    ];
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Fault {
     pub kind: Kind,
@@ -95,14 +106,7 @@ mod tests {
         assert!(s.windows(2).all(|w| w[0].at < w[1].at));
         assert!(s.iter().all(|f| f.at > 0.0 && f.at + f.hold_s < 60.0));
         let kinds: Vec<Kind> = s.iter().map(|f| f.kind).collect();
-        for k in [
-            Kind::StopRedis,
-            Kind::StartRedis,
-            Kind::KillCloud,
-            Kind::CutLink,
-            Kind::DiskUnwritable,
-            Kind::FillBudget,
-        ] {
+        for k in Kind::ALL {
             assert!(kinds.contains(&k), "{k:?}");
         }
         assert_eq!(schedule(60.0, 7)[3].at, s[3].at, "seeded");

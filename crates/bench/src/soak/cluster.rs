@@ -237,21 +237,21 @@ impl Cluster {
                      when a cloud node lacks a prompt: here at the next cloud restart)"
                     .into();
             }
-            Kind::KillCloud => {
-                lock(&self.clouds[f.target]).kill9();
+            Kind::KillCloud | Kind::CutLink => {
+                let (procs, what) = match f.kind {
+                    Kind::KillCloud => (&self.clouds, "kill"),
+                    _ => (&self.links, "cut"),
+                };
+                lock(&procs[f.target]).kill9();
                 std::thread::sleep(Duration::from_secs_f64(f.hold_s));
-                self.start_cloud(f.target)?;
+                match f.kind {
+                    Kind::KillCloud => self.start_cloud(f.target)?,
+                    _ => self.start_link(f.target)?,
+                }
                 rec.recovery_s = probe(&self.link_urls[f.target], model, Duration::from_secs(60))
                     .map(|_| self.now() - start);
-                rec.note = "recovery: first whole KV fetch through the link after the kill".into();
-            }
-            Kind::CutLink => {
-                lock(&self.links[f.target]).kill9();
-                std::thread::sleep(Duration::from_secs_f64(f.hold_s));
-                self.start_link(f.target)?;
-                rec.recovery_s = probe(&self.link_urls[f.target], model, Duration::from_secs(60))
-                    .map(|_| self.now() - start);
-                rec.note = "recovery: first whole KV fetch through the link after the cut".into();
+                rec.note =
+                    format!("recovery: first whole KV fetch through the link after the {what}");
             }
             Kind::DiskUnwritable => {
                 // The directory moved away and a plain file in its place: every write (and
