@@ -121,7 +121,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("binding {}", a.listen))?;
@@ -155,14 +155,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         tokio::select! {
             r = &mut server => return r.context("http server")?.context("http server"),
             s = shutdown_signal() => eprintln!(
-                "{s}: draining for up to {} s ({} requests running; new ones get 503)",
+                "{s}: draining for up to {} s ({} answers pending; new requests get 503)",
                 a.drain_secs,
                 state.scheduler.pending()
             ),
         }
         let d = state.drain(Duration::from_secs(a.drain_secs)).await;
         eprintln!(
-            "drained in {:.1} s: {} requests ended unfinished, {} disk writes unfinished; exiting",
+            "drained in {:.1} s: {} answers ended unfinished, {} disk writes unfinished; exiting",
             d.took.as_secs_f64(),
             d.cut,
             d.unflushed
@@ -173,7 +173,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             Ok(r) => r.context("http server")?.context("http server"),
             Err(_) => Ok(()),
         }
-    })
+    });
+    // Bounded: a blocking task stuck on a dead disk must not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    served
 }
 
 /// SIGTERM (what service managers send) or Ctrl-C.

@@ -28,6 +28,10 @@ type MappedLayers = Arc<Vec<Arc<LayerKv>>>;
 #[derive(Default)]
 pub(crate) struct Adapters {
     sets: HashMap<String, Arc<AdapterSet>>,
+    /// A small model's content address of a prompt -> prompt id. Consulted only for a request
+    /// from a later layer: an edge asking for every layer wants exact KV, which this cloud
+    /// (running the large model) does not have, so it gets "not found" and computes its own.
+    pub(crate) by_address: HashMap<String, String>,
     /// (small model, prompt id) -> its layers from `min_split` on.
     mapped: Mutex<HashMap<(String, String), MappedLayers>>,
 }
@@ -79,7 +83,7 @@ impl CloudNode {
             // pair shares a tokenizer, so the token ids are the same).
             for p in self.prompts.values() {
                 let address = content_address(&set.meta.slm_fingerprint, &p.token_ids);
-                self.by_address.insert(address, p.id.clone());
+                self.lslm.by_address.insert(address, p.id.clone());
             }
             self.lslm
                 .sets

@@ -30,7 +30,7 @@ pub(crate) struct Prompt {
 pub struct CloudNode {
     pub(crate) model: Arc<Model>,
     pub(crate) prompts: HashMap<String, Arc<Prompt>>,
-    pub(crate) by_address: HashMap<String, String>,
+    by_address: HashMap<String, String>,
     cache: MemoryStore,
     /// Shared tier of several cloud nodes (Redis).
     shared: Option<Arc<RedisStore>>,
@@ -149,11 +149,18 @@ impl CloudNode {
     fn resolve(&self, req: &FetchRequest) -> Result<Arc<Prompt>, Status> {
         let id = match &req.prompt {
             Some(PromptRef::Id(id)) => id.clone(),
-            Some(PromptRef::ContentAddress(a)) => self
-                .by_address
-                .get(&hex::encode(a))
-                .cloned()
-                .ok_or_else(|| Status::not_found("no cloud prompt with that content address"))?,
+            Some(PromptRef::ContentAddress(a)) => {
+                let a = hex::encode(a);
+                let mapped = || match req.first_layer {
+                    0 => None,
+                    _ => self.lslm.by_address.get(&a),
+                };
+                self.by_address
+                    .get(&a)
+                    .or_else(mapped)
+                    .cloned()
+                    .ok_or_else(|| Status::not_found("no cloud prompt with that content address"))?
+            }
             None => {
                 return Err(Status::invalid_argument(
                     "the request names no cloud prompt",

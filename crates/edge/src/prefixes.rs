@@ -18,6 +18,9 @@ use tokio::sync::OnceCell;
 use crate::metrics::Metrics;
 use crate::{ClientSecurity, CloudClient, EdgeError};
 
+/// Longest wait for the cloud's next layer before the fetch counts as failed.
+const LAYER_STALL: Duration = Duration::from_secs(30);
+
 /// What to do with a system message no cloud prompt matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnknownSystem {
@@ -255,7 +258,10 @@ impl Prefixes {
                 source = source.name(),
                 "cloud prompt KV resolved"
             );
-            if matches!(source, Source::Peer | Source::Cloud | Source::Local) {
+            // A CE-LSLM edge keeps no exact fallback on disk: after a restart it asks the
+            // cloud again for the mix its peers serve.
+            let exact_fallback = source == Source::Local && self.cfg.cloud_layers_from > 0;
+            if matches!(source, Source::Peer | Source::Cloud | Source::Local) && !exact_fallback {
                 self.write_disk(&prefix);
             }
             if let Some(id) = id {
@@ -427,9 +433,11 @@ impl Prefixes {
         let shallow = tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first));
         let mut deep = Vec::with_capacity(header.n_layers);
         for _ in first..header.n_layers {
-            let a = rx
-                .recv()
+            // A cloud that stalls mid-stream counts as down (the caller falls back), rather
+            // than holding every request on this prompt.
+            let a = tokio::time::timeout(LAYER_STALL, rx.recv())
                 .await
+                .map_err(|_| EdgeError::Stream("the cloud stream stalled".into()))?
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
             deep.push(Arc::new(a.kv));

@@ -191,8 +191,6 @@ pub struct Batcher {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Running>,
     active: Vec<Running>,
-    /// Answers forked during a step, joining the batch after it.
-    born: Vec<Running>,
     held: Arc<Held>,
     usage: Arc<Mutex<KvUsage>>,
     /// Set by `Scheduler::stop`: every request still here ends with this reason.
@@ -207,7 +205,6 @@ impl Batcher {
             metrics,
             waiting: VecDeque::new(),
             active: Vec::new(),
-            born: Vec::new(),
             held: Arc::new(Held::default()),
             usage: Arc::new(Mutex::new(KvUsage::default())),
             stop: Arc::new(Mutex::new(None)),
@@ -296,7 +293,6 @@ impl Batcher {
             i += 1;
             !ended[i - 1]
         });
-        self.active.append(&mut self.born);
         self.publish();
         rows
     }
@@ -309,10 +305,11 @@ impl Batcher {
             if r.fed < r.job.prompt.len() {
                 return false;
             }
-            // The prompt is in: further answers start here, from the same KV and logits.
-            for mut f in r.fork() {
+            // The prompt is in: further answers start here, from the same KV and logits, and
+            // wait at the head of the queue for batch slots (max_batch holds).
+            for mut f in r.fork().into_iter().rev() {
                 if !emit(&mut f, logits, &self.model, &self.metrics) {
-                    self.born.push(f);
+                    self.waiting.push_front(f);
                 }
             }
         }
@@ -458,8 +455,14 @@ fn admission(
         }
         None => Sequence::new(model),
     };
-    // Every answer (n of them) holds its own copy of the private KV.
+    // Every answer (n of them) holds its own copy of the private KV and a place in the queue.
     let answers = 1 + extras.forks.len();
+    if answers > cfg.max_batch + cfg.max_queue {
+        return Err(Refusal::Invalid(format!(
+            "{answers} answers exceed this server's batch and queue ({})",
+            cfg.max_batch + cfg.max_queue
+        )));
+    }
     let bytes = (job.prompt.len() + job.max_tokens) * kv_bytes_per_token(model);
     if bytes * answers > cfg.kv_budget_bytes {
         return Err(Refusal::Invalid(format!(

@@ -113,6 +113,22 @@ impl Report {
                 v.push(format!("{} {k} requests: {:?}", count(k), self.defects));
             }
         }
+        // The faults may cost a request a 429 (the burst) or the client's own hang-up, never a
+        // server error: the fallbacks must answer.
+        let unexpected: Vec<String> = self
+            .outcomes
+            .iter()
+            .filter(|(k, _)| {
+                !["answer", "cancelled", "http_429", "broken", "hang"].contains(&k.as_str())
+            })
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect();
+        if !unexpected.is_empty() {
+            v.push(format!(
+                "outcomes no fault should cause: {}",
+                unexpected.join(", ")
+            ));
+        }
         if !self.panics.is_empty() {
             v.push(format!("panics: {:?}", self.panics));
         }

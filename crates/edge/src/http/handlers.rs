@@ -103,6 +103,7 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body)?;
     check_model(s, &req.common)?;
+    logprobs_asked(Kind::Chat, &req.common)?;
     let chat = s
         .model
         .chat
@@ -172,6 +173,7 @@ async fn completions_inner(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
     check_model(s, &req.common)?;
+    logprobs_asked(Kind::Completion, &req.common)?;
     let text = match req.prompt {
         PromptText::One(t) => t,
         PromptText::Batch(mut v) if v.len() == 1 => v.remove(0),

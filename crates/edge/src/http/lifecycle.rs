@@ -3,7 +3,7 @@
 //! served now; a drain refuses new API requests with 503 + `Retry-After`, lets the running
 //! ones finish within a deadline, ends the rest with a reason, and completes the disk tier.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ const RETRY_AFTER_SECS: u64 = 5;
 /// How a drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drained {
-    /// Requests still running at the deadline, ended with "shutting down".
+    /// Answers still pending at the deadline, ended with "shut down".
     pub cut: usize,
     /// Disk writes still unfinished when the flush gave up.
     pub unflushed: usize,
@@ -34,19 +34,20 @@ impl EdgeServer {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Stop admitting, wait up to `within` for admitted requests to end, end the rest, then
-    /// wait (up to 10 s) for the disk tier's writes.
+    /// Stop admitting, wait up to `within` for API requests in progress (some still looking up
+    /// their cloud prompt) and admitted answers to end, end the rest, then wait (up to 10 s)
+    /// for the disk tier's writes.
     pub async fn drain(&self, within: Duration) -> Drained {
         let start = Instant::now();
         self.draining.store(true, Ordering::Release);
         self.metrics.draining.set(1);
-        while self.scheduler.pending() > 0 && start.elapsed() < within {
+        let busy = || self.in_flight.load(Ordering::Acquire) > 0 || self.scheduler.pending() > 0;
+        while busy() && start.elapsed() < within {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let cut = self.scheduler.pending();
-        if cut > 0 {
-            self.scheduler.stop();
-        }
+        // Refuse whatever a late handler still submits, and end what runs.
+        self.scheduler.stop();
         let unflushed = self.prefixes.flush(Duration::from_secs(10)).await;
         Drained {
             cut,
@@ -56,12 +57,25 @@ impl EdgeServer {
     }
 }
 
-/// In front of the API: 503 + `Retry-After` once draining.
+/// Counts an API request in progress until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// In front of the API: counts the requests in progress (a drain waits for them) and answers
+/// 503 + `Retry-After` once draining.
 pub async fn refuse_when_draining(
     State(s): State<Arc<EdgeServer>>,
     req: Request,
     next: Next,
 ) -> Response {
+    // Counted before the check, so a drain that starts in between still waits for it.
+    s.in_flight.fetch_add(1, Ordering::AcqRel);
+    let _guard = InFlight(&s.in_flight);
     if s.is_draining() {
         return ApiError {
             retry_after: Some(RETRY_AFTER_SECS),

@@ -37,6 +37,8 @@ pub struct EdgeServer {
     pub cfg: ServerConfig,
     /// Set by `drain`: new API requests get 503.
     draining: AtomicBool,
+    /// API requests between the door and the end of their handler.
+    in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl EdgeServer {
@@ -58,6 +60,7 @@ impl EdgeServer {
             metrics,
             cfg,
             draining: AtomicBool::new(false),
+            in_flight: Default::default(),
         }))
     }
 }
