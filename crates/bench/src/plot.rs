@@ -146,15 +146,24 @@ where
             chart.draw_series(pts.map(|p| Circle::new(p, 3, c.filled())))?;
         }
         if series.iter().any(|s| !s.name.is_empty()) {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     })
+}
+
+/// The series' legend box at `at`.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    at: SeriesLabelPosition,
+) -> Drawn {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .position(at)
+        .draw()?;
+    Ok(())
 }
 
 /// One panel of a `timeline`: its own y axis over the shared x axis.
@@ -234,12 +243,7 @@ pub fn timeline(title: &str, x_label: &str, panels: &[Panel], events: &[(f64, St
                         PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2))
                     });
             }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         }
         Ok(())
     })
