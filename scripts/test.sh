@@ -3,7 +3,7 @@
 # client; check formatting and lints; run every test including the slow ones, optimised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 scripts/models.py smollm2 qwen05 qwen15 sharegpt
+python3 scripts/models.py smollm2 qwen05 qwen15 gemma3 sharegpt
 # A real redis-server for the shared-tier test (Debian's package; the test starts its own).
 if ! command -v redis-server >/dev/null; then
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null

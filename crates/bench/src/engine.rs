@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
-use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use candle_transformers::models::{quantized_gemma3, quantized_llama, quantized_qwen2};
 use edgeprompt_engine::{Arch, Model, Sequence};
 use serde::Serialize;
 
@@ -146,6 +146,7 @@ fn time_ours(model: &Model, ids: &[u32], s: &Settings, ctx: usize) -> Result<Spe
 enum CandleModel {
     Llama(quantized_llama::ModelWeights),
     Qwen2(quantized_qwen2::ModelWeights),
+    Gemma3(quantized_gemma3::ModelWeights),
 }
 
 impl CandleModel {
@@ -163,6 +164,11 @@ impl CandleModel {
                 &mut f,
                 &Device::Cpu,
             )?),
+            Arch::Gemma3 => Self::Gemma3(quantized_gemma3::ModelWeights::from_gguf(
+                ct,
+                &mut f,
+                &Device::Cpu,
+            )?),
         })
     }
 
@@ -171,6 +177,7 @@ impl CandleModel {
         let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
         let y = match self {
             Self::Llama(m) => m.forward(&x, pos)?,
+            Self::Gemma3(m) => m.forward(&x, pos)?,
             Self::Qwen2(m) => m.forward(&x, pos)?,
         };
         y.to_dtype(candle_core::DType::F32)?

@@ -33,6 +33,7 @@ pub async fn cloud_with(
         .map(|(id, system)| PromptSpec {
             id: id.clone(),
             system: system.clone(),
+            text: None,
         })
         .collect();
     let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?.with_adapters(adapters)?);

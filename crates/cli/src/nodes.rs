@@ -444,6 +444,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         let specs = [PromptSpec {
             id: "acme-support".into(),
             system: a.system.clone(),
+            text: None,
         }];
         let node = Arc::new(CloudNode::new(model.clone(), &specs, 1 << 30)?);
         let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0", None).await?;

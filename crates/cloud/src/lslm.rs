@@ -51,6 +51,8 @@ pub(crate) fn layout(set: &AdapterSet, first: u32) -> Result<Layout, Status> {
         n_kv_head: m.slm.n_kv_head,
         head_dim: m.slm.head_dim,
         first_layer: 0,
+        // Adapters map full-attention models: nothing is cut.
+        windows: vec![None; m.slm.n_layer],
     }
     .from_layer(first)?;
     if layout.first_layer < set.min_split() {
@@ -110,7 +112,7 @@ impl CloudNode {
         let layers = self.mapped_layers(&p, &set).await?;
         let from = set.min_split();
         for j in layout.first_layer..layout.n_layers {
-            crate::stream::send_layer(&tx, j, &layers[j - from], codec, zstd).await?;
+            crate::stream::send_layer(&tx, j, &layers[j - from], 0, codec, zstd).await?;
         }
         Ok(())
     }

@@ -4,6 +4,11 @@
 //! [[prompt]]
 //! id = "acme-support"
 //! system = "You are the support assistant of Acme Rail. ..."
+//!
+//! # a base model (no chat template): the prompt as plain text, BOS added if the model wants it
+//! [[prompt]]
+//! id = "manual"
+//! text = "The Acme Rail handbook. ..."
 //! ```
 
 use serde::Deserialize;
@@ -14,7 +19,11 @@ use crate::CloudError;
 pub struct PromptSpec {
     pub id: String,
     /// The system message; it is rendered with the model's chat template as the system turn.
+    #[serde(default)]
     pub system: String,
+    /// Or the prompt as plain text, not templated (base models without a chat template).
+    #[serde(default)]
+    pub text: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

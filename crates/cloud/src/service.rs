@@ -45,14 +45,23 @@ impl CloudNode {
         specs: &[PromptSpec],
         cache_bytes: usize,
     ) -> Result<Self, CloudError> {
-        let chat = model.chat.as_ref().ok_or_else(|| {
-            edgeprompt_engine::EngineError::Unsupported("the model has no chat template".into())
-        })?;
         let mut prompts = HashMap::new();
         let mut by_address = HashMap::new();
         for s in specs {
-            let text = chat.render(&[Message::new("system", &s.system)], false)?;
-            let token_ids = model.tokenizer.encode(&text)?;
+            let token_ids = match (&s.text, &model.chat) {
+                (Some(text), _) => model.tokenizer.encode_prompt(text)?,
+                (None, Some(chat)) => {
+                    let text = chat.render(&[Message::new("system", &s.system)], false)?;
+                    model.tokenizer.encode(&text)?
+                }
+                (None, None) => {
+                    return Err(edgeprompt_engine::EngineError::Unsupported(format!(
+                        "prompt {:?}: the model has no chat template; give the prompt as `text`",
+                        s.id
+                    ))
+                    .into())
+                }
+            };
             let address = content_address(&model.fingerprint, &token_ids);
             by_address.insert(address.clone(), s.id.clone());
             prompts.insert(
@@ -185,6 +194,7 @@ impl CloudNode {
         tx: mpsc::Sender<Result<FetchMessage, Status>>,
     ) -> Result<Arc<PrefixKv>, Status> {
         let first = layout.first_layer;
+        let starts = layout.starts(p.token_ids.len());
         let header = crate::stream::header(&layout, &p.id, &p.address, &p.token_ids, codec, zstd);
         let _ = tx.send(Ok(header)).await;
         let guard = p.compute.lock().await;
@@ -198,7 +208,7 @@ impl CloudNode {
         if let Some(kv) = cached {
             drop(guard);
             for (l, layer) in kv.layers.iter().enumerate().skip(first) {
-                crate::stream::send_layer(&tx, l, layer, codec, zstd).await?;
+                crate::stream::send_layer(&tx, l, layer, starts[l], codec, zstd).await?;
             }
             return Ok(kv);
         }
@@ -213,14 +223,18 @@ impl CloudNode {
                 pass.run_layer(&model, None).map_err(err)?;
                 let _ = ltx.blocking_send((l, Arc::new(pass.layer_kv(l).clone())));
             }
-            pass.into_prefix(&model).map_err(err)
+            // Kept cut to the sliding windows: all any edge is sent.
+            Ok(pass
+                .into_prefix(&model)
+                .map_err(err)?
+                .window_cut(&model.cfg))
         });
         while let Some((l, layer)) = lrx.recv().await {
             if l < first {
                 continue;
             }
             // A client that went away does not stop the computation: the cache still gets it.
-            let _ = crate::stream::send_layer(&tx, l, &layer, codec, zstd).await;
+            let _ = crate::stream::send_layer(&tx, l, &layer, starts[l], codec, zstd).await;
         }
         let kv = Arc::new(
             compute

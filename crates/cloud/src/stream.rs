@@ -47,6 +47,9 @@ pub struct Layout {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub first_layer: usize,
+    /// Per layer, its sliding window if it has one: only the tail of the prompt a later
+    /// token can see is sent.
+    pub windows: Vec<Option<usize>>,
 }
 
 impl Layout {
@@ -59,7 +62,18 @@ impl Layout {
             n_kv_head: c.n_kv_head,
             head_dim: c.head_dim,
             first_layer: 0,
+            windows: (0..c.n_layer).map(|l| c.window_of(l)).collect(),
         }
+    }
+
+    /// Per layer, the first position of an `n`-token prompt the stream carries.
+    pub fn starts(&self, n: usize) -> Vec<usize> {
+        (0..self.n_layers)
+            .map(|l| match self.windows.get(l).copied().flatten() {
+                Some(w) => n.saturating_sub(w - 1),
+                None => 0,
+            })
+            .collect()
     }
 
     /// `model`'s own KV from the first layer the request asks for.
@@ -100,21 +114,31 @@ pub fn header(
             compressed: zstd.is_some(),
             model_fingerprint: layout.fingerprint.clone(),
             first_layer: layout.first_layer as u32,
+            layer_starts: match layout.windows.iter().any(Option::is_some) {
+                true => layout
+                    .starts(token_ids.len())
+                    .into_iter()
+                    .map(|s| s as u32)
+                    .collect(),
+                false => Vec::new(),
+            },
         })),
     }
 }
 
-/// Layer `l` as sealed chunks of `CHUNK_TOKENS` tokens.
+/// Layer `l` from position `from` on (or from the first it holds) as sealed chunks of
+/// `CHUNK_TOKENS` tokens.
 pub async fn send_layer(
     tx: &mpsc::Sender<Result<FetchMessage, Status>>,
     l: usize,
     layer: &LayerKv,
+    from: usize,
     codec: Codec,
     zstd: Option<i32>,
 ) -> Result<(), Status> {
-    let mut s = 0;
+    let mut s = from.max(layer.start()).min(layer.end());
     loop {
-        let e = (s + CHUNK_TOKENS).min(layer.len());
+        let e = (s + CHUNK_TOKENS).min(layer.end());
         let c = Chunk::encode(l as u32, layer, s, e, codec, zstd)
             .map_err(|e| Status::internal(e.to_string()))?;
         tx.send(Ok(FetchMessage {
@@ -123,7 +147,7 @@ pub async fn send_layer(
         .await
         .map_err(|_| Status::cancelled("client went away"))?;
         s = e;
-        if s >= layer.len() {
+        if s >= layer.end() {
             return Ok(());
         }
     }

@@ -70,6 +70,7 @@ fn a_prompt_prefilled_by_one_cloud_node_is_served_by_another() {
         system: "You are the support assistant of Acme Rail. Refunds are full up to 24 hours \
                  before departure."
             .into(),
+        text: None,
     }];
     let node = |ns: &str| {
         let store = Arc::new(RedisStore::open(&url, ns).unwrap());

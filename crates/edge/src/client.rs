@@ -20,6 +20,8 @@ pub struct CloudHeader {
     pub first_layer: usize,
     pub codec: String,
     pub content_address: String,
+    /// Per layer, the first position the stream carries (sliding-window layers are cut).
+    pub layer_starts: Vec<usize>,
 }
 
 /// One layer of cloud KV, complete and verified, with when it arrived and its wire size.
@@ -150,6 +152,20 @@ impl CloudClient {
                 h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
             )));
         }
+        // A cut must leave every position a private token can see: no later than the window.
+        let n = h.token_ids.len();
+        let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
+        if !starts.is_empty()
+            && (starts.len() != cfg.n_layer
+                || starts
+                    .iter()
+                    .enumerate()
+                    .any(|(l, &s)| s > cfg.visible_from(l, n)))
+        {
+            return Err(EdgeError::Stream(format!(
+                "header cuts layers past their windows: starts {starts:?} for {n} tokens"
+            )));
+        }
         let header = CloudHeader {
             prompt_id: h.prompt_id,
             token_ids: h.token_ids,
@@ -157,6 +173,7 @@ impl CloudClient {
             first_layer,
             codec: h.codec,
             content_address: hex::encode(&h.content_address),
+            layer_starts: starts,
         };
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
         let mut re = Reassembler::new(
@@ -165,6 +182,7 @@ impl CloudClient {
             cfg.n_kv_head,
             cfg.head_dim,
         )
+        .with_starts(&header.layer_starts)?
         .starting_at(first_layer);
         tokio::spawn(async move {
             let mut bytes = 0;

@@ -51,11 +51,12 @@ impl CloudKv for PeerService {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             let head = header(&layout, "", &address, &prefix.token_ids, codec, zstd);
+            let starts = layout.starts(prefix.token_ids.len());
             if tx.send(Ok(head)).await.is_err() {
                 return;
             }
             for (l, layer) in prefix.layers.iter().enumerate().skip(layout.first_layer) {
-                if let Err(e) = send_layer(&tx, l, layer, codec, zstd).await {
+                if let Err(e) = send_layer(&tx, l, layer, starts[l], codec, zstd).await {
                     let _ = tx.send(Err(e)).await;
                     return;
                 }

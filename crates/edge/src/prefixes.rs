@@ -459,7 +459,10 @@ impl Prefixes {
         tokio::task::spawn_blocking(move || {
             let mut seq = Sequence::new(&model);
             seq.prefill_chunked(&model, &ids, 256)?;
-            seq.export_prefix(&model)
+            // Kept as the cloud would send it: sliding-window layers cut.
+            Ok::<_, edgeprompt_engine::EngineError>(
+                seq.export_prefix(&model)?.window_cut(&model.cfg),
+            )
         })
         .await
         .map_err(|e| LookupError::Failed(e.to_string()))?

@@ -182,6 +182,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         let specs = vec![PromptSpec {
             id: "tern".into(),
             system: SYSTEM.into(),
+            text: None,
         }];
         let node = Arc::new(
             CloudNode::new(llm.clone(), &specs, 256 << 20)

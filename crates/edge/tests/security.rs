@@ -57,6 +57,7 @@ fn tls_and_token_are_required_and_verified() {
         let specs = vec![PromptSpec {
             id: "support".into(),
             system: SUPPORT.into(),
+            text: None,
         }];
         let node = CloudNode::new(m.clone(), &specs, 64 << 20)
             .unwrap()

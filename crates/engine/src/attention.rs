@@ -493,14 +493,22 @@ struct Query {
 
 /// Attention for a whole batch (`q`: `[rows, n_head * head_dim]`, RoPE applied; views in row
 /// order) into `out` (same shape). Row `t` of a view sees its whole prefix and private keys
-/// `0..=before + t`.
+/// `0..=before + t`; with a sliding `window`, only the keys of the last `window` positions
+/// up to its own.
 ///
 /// Queries whose sequences share one prefix buffer read it together, one tile of keys at a
 /// time, so a batch reads the shared prefix from memory once per step instead of once per
 /// sequence (RelayAttention's idea, done as tiling on a CPU). Every query still consumes keys
 /// one by one in position order with its own state, so each row's output is bitwise what it
 /// would be alone.
-pub fn attend_batch(q: &[f32], views: &[KvView], n_head: usize, head_dim: usize, out: &mut [f32]) {
+pub fn attend_batch(
+    q: &[f32],
+    views: &[KvView],
+    n_head: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    out: &mut [f32],
+) {
     // Group queries by (what prefix they read, KV head): a group reads the same keys.
     let mut groups: Vec<((usize, usize), Vec<Query>)> = Vec::new();
     let mut row = 0;
@@ -539,7 +547,7 @@ pub fn attend_batch(q: &[f32], views: &[KvView], n_head: usize, head_dim: usize,
         tasks.iter().map(|_| std::sync::OnceLock::new()).collect();
     crate::pool::run(tasks.len(), &|i| {
         let (g, qs) = tasks[i];
-        let _ = results[i].set(attend_task(q, views, g, qs, n_head, head_dim));
+        let _ = results[i].set(attend_task(q, views, g, qs, n_head, head_dim, window));
     });
     for ((_, qs), res) in tasks.iter().zip(&results) {
         let res = res.get().map_or(&[][..], |r| &r[..]);
@@ -559,6 +567,7 @@ fn attend_task(
     qs: &[Query],
     n_head: usize,
     head_dim: usize,
+    window: Option<usize>,
 ) -> Vec<f32> {
     let scale = 1.0 / (head_dim as f32).sqrt();
     let width = n_head * head_dim;
@@ -570,9 +579,18 @@ fn attend_task(
         }
     }
     let mut states: Vec<State> = qs.iter().map(|_| State::new(head_dim)).collect();
+    // Absolute position of each query, and the first position its window lets it see.
+    let pos = |x: &Query| {
+        let v = &views[x.view];
+        v.prefix.map_or(0, |p| p.end()) + v.private.len() - v.rows + x.t
+    };
+    let first = |x: &Query| window.map_or(0, |w| (pos(x) + 1).saturating_sub(w));
     if let Some(p) = qs.first().and_then(|f| views[f.view].prefix) {
-        let all = vec![p.len(); qs.len()];
-        attend_shared(&mut states, &rows, p.keys(g), p.values(g), &all);
+        let ranges: Vec<(usize, usize)> = qs
+            .iter()
+            .map(|x| (first(x).saturating_sub(p.start()).min(p.len()), p.len()))
+            .collect();
+        attend_shared(&mut states, &rows, p.keys(g), p.values(g), &ranges);
     }
     // Queries are in row order, so each view's queries are one run; they share its keys, each
     // up to its causal limit.
@@ -584,16 +602,20 @@ fn attend_task(
                 .iter()
                 .take_while(|x| x.view == qs[at].view)
                 .count();
-        let limits: Vec<usize> = qs[at..end]
+        let base = view.prefix.map_or(0, |p| p.end());
+        let ranges: Vec<(usize, usize)> = qs[at..end]
             .iter()
-            .map(|x| view.private.len() - view.rows + x.t + 1)
+            .map(|x| {
+                let hi = view.private.len() - view.rows + x.t + 1;
+                (first(x).saturating_sub(base).min(hi), hi)
+            })
             .collect();
         attend_shared(
             &mut states[at..end],
             &rows[at * head_dim..end * head_dim],
             view.private.keys(g),
             view.private.values(g),
-            &limits,
+            &ranges,
         );
         at = end;
     }
@@ -604,21 +626,23 @@ fn attend_task(
     out
 }
 
-/// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `0..limits[i]`, tile by
-/// tile: a tile is converted from f16 once and read by every query that sees it.
+/// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `ranges[i]` (`lo..hi`),
+/// tile by tile: a tile is converted from f16 once and read by every query that sees it.
 fn attend_shared(
     states: &mut [State],
     rows: &[f32],
     keys: &[f16],
     values: &[f16],
-    limits: &[usize],
+    ranges: &[(usize, usize)],
 ) {
     let Some(d) = states.first().map(|s| s.dim) else {
         return;
     };
     if !simd::fast(&states[0]) {
-        for ((st, r), &n) in states.iter_mut().zip(rows.chunks_exact(d)).zip(limits) {
-            attend_impl(st, r, keys, values, n);
+        for ((st, r), &(lo, hi)) in states.iter_mut().zip(rows.chunks_exact(d)).zip(ranges) {
+            if hi > lo {
+                attend_impl(st, r, &keys[lo * d..], &values[lo * d..], hi - lo);
+            }
         }
         return;
     }
@@ -629,26 +653,37 @@ fn attend_shared(
     } else {
         (Vec::new(), Vec::new())
     };
-    let longest = limits.iter().copied().max().unwrap_or(0);
-    let mut j0 = 0;
+    let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let mut j0 = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     while j0 < longest {
         let n = PREFIX_TILE.min(longest - j0);
         let (k, v) = (&keys[j0 * d..(j0 + n) * d], &values[j0 * d..(j0 + n) * d]);
-        let kv = if convert {
+        if convert {
             k.convert_to_f32_slice(&mut kt[..n * d]);
             v.convert_to_f32_slice(&mut vt[..n * d]);
-            simd::Kv::F32(&kt, &vt)
-        } else {
-            simd::Kv::F16(k, v)
+        }
+        // The part of this tile query `i` sees, as offsets into the tile.
+        let part = |i: usize| {
+            let (lo, hi) = ranges[i];
+            let a = lo.clamp(j0, j0 + n) - j0;
+            (a, (hi.clamp(j0, j0 + n) - j0).max(a))
         };
-        // Runs of queries that take the same number of this tile's keys go together.
-        let take = |i: usize| n.min(limits[i].saturating_sub(j0));
+        // Runs of queries that take the same keys of this tile go together.
         let mut i = 0;
         while i < states.len() {
-            let c = take(i);
-            let end = i + 1 + (i + 1..states.len()).take_while(|&e| take(e) == c).count();
-            if c > 0 {
-                simd::attend_many(&mut states[i..end], &rows[i * d..end * d], kv, c);
+            let (a, b) = part(i);
+            let end = i
+                + 1
+                + (i + 1..states.len())
+                    .take_while(|&e| part(e) == (a, b))
+                    .count();
+            if b > a {
+                let kv = if convert {
+                    simd::Kv::F32(&kt[a * d..], &vt[a * d..])
+                } else {
+                    simd::Kv::F16(&k[a * d..], &v[a * d..])
+                };
+                simd::attend_many(&mut states[i..end], &rows[i * d..end * d], kv, b - a);
             }
             i = end;
         }
@@ -850,13 +885,14 @@ mod tests {
         }
         let views = |pre| make(pre, &privs, &rows);
         let mut shared = vec![0f32; q.len()];
-        attend_batch(&q, &views([&prefix; 3]), n_head, d, &mut shared);
+        attend_batch(&q, &views([&prefix; 3]), n_head, d, None, &mut shared);
         let mut copies = vec![0f32; q.len()];
         attend_batch(
             &q,
             &views([&prefix, &copy, &prefix]),
             n_head,
             d,
+            None,
             &mut copies,
         );
         assert_eq!(shared, copies);
@@ -865,7 +901,7 @@ mod tests {
         for (i, v) in views([&prefix; 3]).into_iter().enumerate() {
             let r1 = r0 + rows[i];
             let mut alone = vec![0f32; rows[i] * w];
-            attend_batch(&q[r0 * w..r1 * w], &[v], n_head, d, &mut alone);
+            attend_batch(&q[r0 * w..r1 * w], &[v], n_head, d, None, &mut alone);
             assert_eq!(&shared[r0 * w..r1 * w], &alone[..], "sequence {i}");
             // And against the plain reference on the concatenated keys of head 0.
             r0 = r1;
@@ -879,6 +915,62 @@ mod tests {
         v.extend_from_slice(privs[0].values(0));
         let want = reference(&qs, &k, &v, 159, d);
         for (a, b) in shared[..d].iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    /// A sliding window: a prefix cut to the window gives bitwise what the whole prefix gives,
+    /// batched or alone, and one-shot (all keys private) gives the same bits again; each query
+    /// sees exactly the keys of its last `w` positions.
+    #[test]
+    fn sliding_window_is_exact_under_cut_batching_and_split() {
+        let (n_head, n_kv, d, w) = (4, 1, 256, 40);
+        let mut seed = 5;
+        let prefix = layer(100, n_kv, d, &mut seed);
+        let cut = prefix.cut_before(100 - (w - 1));
+        assert_eq!((cut.start(), cut.len(), cut.end()), (61, 39, 100));
+        let privs = [layer(3, n_kv, d, &mut seed), layer(50, n_kv, d, &mut seed)];
+        let rows = [1, 7];
+        let total: usize = rows.iter().sum();
+        let q: Vec<f32> = (0..total * n_head * d).map(|_| lcg(&mut seed)).collect();
+        let run_with = |pre: &LayerKv| {
+            let views: Vec<KvView> = (0..2)
+                .map(|i| KvView {
+                    prefix: Some(pre),
+                    private: &privs[i],
+                    rows: rows[i],
+                })
+                .collect();
+            let mut out = vec![0f32; q.len()];
+            attend_batch(&q, &views, n_head, d, Some(w), &mut out);
+            out
+        };
+        let whole = run_with(&prefix);
+        assert_eq!(whole, run_with(&cut), "cut prefix changes the bits");
+        // The second sequence alone and as one private segment (no prefix).
+        let width = n_head * d;
+        let (r0, r1) = (rows[0], total);
+        let mut joined = prefix.clone();
+        joined.append(&privs[1].key_rows(), &privs[1].value_rows(), privs[1].len());
+        let mut one_shot = vec![0f32; (r1 - r0) * width];
+        let view = KvView {
+            prefix: None,
+            private: &joined,
+            rows: rows[1],
+        };
+        attend_batch(&q[r0 * width..], &[view], n_head, d, Some(w), &mut one_shot);
+        assert_eq!(&whole[r0 * width..], &one_shot[..], "split != one-shot");
+        // Reference: the last query of sequence 1, head 2, over its window's keys only.
+        let t = rows[1] - 1;
+        let p = 100 + privs[1].len() - rows[1] + t;
+        let at = (r0 + t) * width + 2 * d;
+        let scale = 1.0 / (d as f32).sqrt();
+        let qs: Vec<f32> = q[at..at + d].iter().map(|x| x * scale).collect();
+        let lo = p + 1 - w;
+        let k = &joined.keys(0)[lo * d..(p + 1) * d];
+        let v = &joined.values(0)[lo * d..(p + 1) * d];
+        let want = reference(&qs, k, v, w, d);
+        for (a, b) in whole[at..at + d].iter().zip(&want) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
     }

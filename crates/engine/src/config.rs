@@ -8,6 +8,7 @@ use crate::{EngineError, Result};
 pub enum Arch {
     Llama,
     Qwen2,
+    Gemma3,
 }
 
 /// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
@@ -33,7 +34,17 @@ pub struct ModelConfig {
     pub rope_base: f32,
     pub rope_style: RopeStyle,
     pub rms_eps: f32,
+    /// Sliding-window size: a token sees itself and the `window - 1` positions before it, on
+    /// the layers `sliding` marks.
+    pub window: Option<usize>,
+    /// Per layer: whether it attends through the sliding window.
+    pub sliding: Vec<bool>,
+    /// RoPE base of the sliding layers (Gemma 3: 10 000; the global layers use `rope_base`).
+    pub rope_base_local: f32,
 }
+
+/// Gemma 3's layer pattern: every sixth layer attends globally.
+const GEMMA3_PATTERN: usize = 6;
 
 impl ModelConfig {
     pub fn from_gguf(content: &Content) -> Result<Self> {
@@ -41,9 +52,10 @@ impl ModelConfig {
         let (arch, rope_style) = match arch_name.as_str() {
             "llama" => (Arch::Llama, RopeStyle::Adjacent),
             "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
+            "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: llama, qwen2)"
+                    "architecture {other:?} (supported: llama, qwen2, gemma3)"
                 )))
             }
         };
@@ -51,12 +63,15 @@ impl ModelConfig {
         let n_embd = meta_usize(content, &key("embedding_length"))?;
         let n_head = meta_usize(content, &key("attention.head_count"))?;
         let n_kv_head = meta_usize(content, &key("attention.head_count_kv")).unwrap_or(n_head);
-        let head_dim = n_embd / n_head.max(1);
+        // Gemma's heads are wider than n_embd / n_head; the key length says so.
+        let head_dim =
+            meta_usize(content, &key("attention.key_length")).unwrap_or(n_embd / n_head.max(1));
         if n_head == 0
             || n_kv_head == 0
             || n_head % n_kv_head != 0
-            || head_dim * n_head != n_embd
-            || head_dim % 2 != 0
+            || (arch != Arch::Gemma3 && head_dim * n_head != n_embd)
+            || head_dim == 0
+            || !head_dim.is_multiple_of(2)
             || head_dim > crate::attention::MAX_HEAD_DIM
         {
             return Err(EngineError::Unsupported(format!(
@@ -67,10 +82,18 @@ impl ModelConfig {
             Some(Value::Array(tokens)) => tokens.len(),
             _ => return Err(EngineError::Gguf("missing tokenizer.ggml.tokens".into())),
         };
+        let n_layer = meta_usize(content, &key("block_count"))?;
+        let window = meta_usize(content, &key("attention.sliding_window"))
+            .ok()
+            .filter(|&w| w > 0 && arch == Arch::Gemma3);
+        // Gemma 3: five sliding layers, then one global, repeated (llama.cpp's pattern 6).
+        let sliding = (0..n_layer)
+            .map(|l| window.is_some() && l % GEMMA3_PATTERN < GEMMA3_PATTERN - 1)
+            .collect();
         Ok(Self {
             arch,
             name: meta_str(content, "general.name").unwrap_or_else(|_| arch_name.clone()),
-            n_layer: meta_usize(content, &key("block_count"))?,
+            n_layer,
             n_embd,
             n_head,
             n_kv_head,
@@ -81,10 +104,31 @@ impl ModelConfig {
             rope_base: meta_f32(content, &key("rope.freq_base")).unwrap_or(10_000.0),
             rope_style,
             rms_eps: meta_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            window,
+            sliding,
+            rope_base_local: meta_f32(content, &key("rope.freq_base_swa")).unwrap_or(10_000.0),
         })
     }
 
-    /// f16 K+V bytes per token over all layers.
+    /// Width of the query rows (`n_head * head_dim`; Gemma's differs from `n_embd`).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// The sliding window of layer `l`, if it has one.
+    pub fn window_of(&self, l: usize) -> Option<usize> {
+        self.window
+            .filter(|_| self.sliding.get(l).copied().unwrap_or(false))
+    }
+
+    /// First position of a `prompt_len`-token prefix that layer `l` can still show to a token
+    /// after it: the window cut (0 on full-attention layers).
+    pub fn visible_from(&self, l: usize, prompt_len: usize) -> usize {
+        self.window_of(l)
+            .map_or(0, |w| prompt_len.saturating_sub(w - 1))
+    }
+
+    /// f16 K+V bytes per token over all layers (before any window cut).
     pub fn kv_bytes_per_token(&self) -> usize {
         2 * 2 * self.n_layer * self.n_kv_head * self.head_dim
     }

@@ -12,6 +12,9 @@ use crate::{EngineError, Result};
 pub struct LayerKv {
     pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Position of the first token held: positions before it were cut (a sliding-window
+    /// layer's prefix keeps only what a later token can still see).
+    start: usize,
     len: usize,
     /// `k[h]` holds `len * head_dim` values: token-major rows of KV head `h`.
     k: Vec<Vec<f16>>,
@@ -23,6 +26,7 @@ impl LayerKv {
         Self {
             n_kv_head,
             head_dim,
+            start: 0,
             len: 0,
             k: vec![Vec::new(); n_kv_head],
             v: vec![Vec::new(); n_kv_head],
@@ -44,14 +48,46 @@ impl LayerKv {
         Ok(Self {
             n_kv_head,
             head_dim,
+            start: 0,
             len,
             k,
             v,
         })
     }
 
+    /// Tokens held (positions `start()..end()`).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Position of the first token held.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// One past the last position held.
+    pub fn end(&self) -> usize {
+        self.start + self.len
+    }
+
+    /// The same tokens, said to start at position `start` (KV decoded from a cut stream).
+    pub fn starting_at(mut self, start: usize) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Only positions `from..` (no-op when `from <= start`): the window cut.
+    pub fn cut_before(&self, from: usize) -> Self {
+        let drop = from.saturating_sub(self.start).min(self.len);
+        let d = self.head_dim;
+        Self {
+            n_kv_head: self.n_kv_head,
+            head_dim: d,
+            start: self.start + drop,
+            len: self.len - drop,
+            k: self.k.iter().map(|h| h[drop * d..].to_vec()).collect(),
+            v: self.v.iter().map(|h| h[drop * d..].to_vec()).collect(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -155,15 +191,18 @@ impl PrefixKv {
             )));
         }
         for (i, l) in self.layers.iter().enumerate() {
+            let from = cfg.visible_from(i, self.n_tokens());
             if l.n_kv_head != cfg.n_kv_head
                 || l.head_dim != cfg.head_dim
-                || l.len() != self.n_tokens()
+                || l.end() != self.n_tokens()
+                || l.start() > from
             {
                 return Err(EngineError::KvMismatch(format!(
-                    "layer {i}: {} heads x {} dims x {} tokens, expected {} x {} x {}",
+                    "layer {i}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{}",
                     l.n_kv_head,
                     l.head_dim,
-                    l.len(),
+                    l.start(),
+                    l.end(),
                     cfg.n_kv_head,
                     cfg.head_dim,
                     self.n_tokens()
@@ -171,6 +210,29 @@ impl PrefixKv {
             }
         }
         Ok(())
+    }
+
+    /// This prefix with every sliding-window layer cut to the positions a later token can
+    /// still see (what the cloud ships and the edge keeps).
+    pub fn window_cut(&self, cfg: &ModelConfig) -> Self {
+        let n = self.n_tokens();
+        Self {
+            fingerprint: self.fingerprint.clone(),
+            token_ids: self.token_ids.clone(),
+            layers: self
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, kv)| {
+                    let from = cfg.visible_from(l, n);
+                    if from > kv.start() {
+                        Arc::new(kv.cut_before(from))
+                    } else {
+                        kv.clone()
+                    }
+                })
+                .collect(),
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use crate::attention::{attend_batch, KvView};
 use crate::chat::ChatTemplate;
-use crate::config::{meta_str, ModelConfig};
+use crate::config::{meta_str, Arch, ModelConfig};
 use crate::kv::LayerKv;
 use crate::rope::Rope;
 use crate::sequence::Sequence;
@@ -18,6 +18,9 @@ use crate::{EngineError, Result};
 
 /// Longest context the RoPE table is built for, whatever the GGUF claims.
 const MAX_POSITIONS: usize = 32_768;
+/// Entries (position x frequency) one RoPE table may hold: wide heads get fewer positions
+/// (Gemma's 256-wide heads: 16 384) so the tables stay at 16 MB each.
+const ROPE_TABLE_ENTRIES: usize = 1 << 21;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelInfo {
@@ -38,6 +41,8 @@ pub struct Model {
     pub info: ModelInfo,
     weights: Weights,
     rope: Rope,
+    /// The sliding layers' RoPE (their own base), if the model has such layers.
+    rope_local: Option<Rope>,
 }
 
 /// One sequence's share of a layer call: its new rows are the next `rows` rows of the batch.
@@ -75,12 +80,14 @@ impl Model {
         };
         let weights = Weights::load(&content, path, &cfg)?;
         let fingerprint = file_sha256(path)?;
-        let rope = Rope::new(
-            cfg.head_dim,
-            cfg.rope_base,
-            cfg.rope_style,
-            cfg.context_length.min(MAX_POSITIONS),
-        );
+        let positions = cfg
+            .context_length
+            .min(MAX_POSITIONS)
+            .min(ROPE_TABLE_ENTRIES / (cfg.head_dim / 2));
+        let rope = Rope::new(cfg.head_dim, cfg.rope_base, cfg.rope_style, positions);
+        let rope_local = cfg
+            .window
+            .map(|_| Rope::new(cfg.head_dim, cfg.rope_base_local, cfg.rope_style, positions));
         let info = ModelInfo {
             path: path.to_path_buf(),
             file_bytes,
@@ -96,7 +103,16 @@ impl Model {
             info,
             weights,
             rope,
+            rope_local,
         })
+    }
+
+    /// The RoPE of layer `l`.
+    fn rope(&self, l: usize) -> &Rope {
+        match &self.rope_local {
+            Some(r) if self.cfg.window_of(l).is_some() => r,
+            _ => &self.rope,
+        }
     }
 
     pub fn max_positions(&self) -> usize {
@@ -107,7 +123,8 @@ impl Model {
         LayerKv::new(self.cfg.n_kv_head, self.cfg.head_dim)
     }
 
-    /// Keys of `kv` (tokens at positions `pos0..`) as token-major rows with RoPE undone.
+    /// Keys of `kv` (tokens at positions `pos0..`) as token-major rows with RoPE undone
+    /// (the global layers' RoPE: CE-LSLM maps full-attention models only).
     pub fn unrotated_keys(&self, kv: &LayerKv, pos0: usize) -> Result<Vec<f32>> {
         if kv.head_dim != self.cfg.head_dim || pos0 + kv.len() > self.max_positions() {
             return Err(EngineError::KvMismatch(format!(
@@ -137,8 +154,11 @@ impl Model {
         let w = &self.weights.layers[l];
         let h = rms_norm(x, &w.attn_norm, c.rms_eps);
         let mut q = w.wq.forward(&h, rows)?;
-        for (t, row) in q.chunks_exact_mut(c.n_embd).enumerate() {
-            self.rope.apply(row, pos0 + t);
+        if let Some(n) = &w.q_norm {
+            q = rms_norm(&q, n, c.rms_eps);
+        }
+        for (t, row) in q.chunks_exact_mut(c.q_dim()).enumerate() {
+            self.rope(l).apply(row, pos0 + t);
         }
         Ok(q)
     }
@@ -151,7 +171,13 @@ impl Model {
 
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        self.weights.embed(ids, self.cfg.vocab_size)
+        let mut x = self.weights.embed(ids, self.cfg.vocab_size)?;
+        if self.cfg.arch == Arch::Gemma3 {
+            // Gemma scales its embeddings by sqrt(width).
+            let s = (self.cfg.n_embd as f32).sqrt();
+            x.iter_mut().for_each(|a| *a *= s);
+        }
+        Ok(x)
     }
 
     /// Run layer `l` on the batch's hidden rows `x` in place. `parts` cut `x` into
@@ -166,15 +192,20 @@ impl Model {
                 x.len()
             )));
         }
-        let (hd, kvw) = (c.head_dim, c.n_kv_head * c.head_dim);
+        let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.q_dim());
         let h = rms_norm(x, &w.attn_norm, c.rms_eps);
         let mut qkv = Linear::forward_many(&[&w.wq, &w.wk, &w.wv], &h, rows)?.into_iter();
         let (Some(mut q), Some(mut k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
             return Err(EngineError::Input("q/k/v projections missing".into()));
         };
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            q = rms_norm(&q, qn, c.rms_eps);
+            k = rms_norm(&k, kn, c.rms_eps);
+        }
+        let rope = self.rope(l);
         let mut r0 = 0;
         for part in parts.iter_mut() {
-            let pos0 = part.prefix.map_or(0, |p| p.len()) + part.private.len();
+            let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
             if pos0 + part.rows > self.max_positions() {
                 return Err(EngineError::Input(format!(
                     "context of {} tokens exceeds the model's {}",
@@ -185,10 +216,8 @@ impl Model {
             let r1 = r0 + part.rows;
             for t in 0..part.rows {
                 let row = r0 + t;
-                self.rope
-                    .apply(&mut q[row * c.n_embd..(row + 1) * c.n_embd], pos0 + t);
-                self.rope
-                    .apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
+                rope.apply(&mut q[row * qw..(row + 1) * qw], pos0 + t);
+                rope.apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
             }
             part.private
                 .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);
@@ -202,17 +231,27 @@ impl Model {
                 rows: p.rows,
             })
             .collect();
-        let mut attn = vec![0f32; rows * c.n_embd];
-        attend_batch(&q, &views, c.n_head, hd, &mut attn);
-        let o = w.wo.forward(&attn, rows)?;
+        let mut attn = vec![0f32; rows * qw];
+        attend_batch(&q, &views, c.n_head, hd, c.window_of(l), &mut attn);
+        let mut o = w.wo.forward(&attn, rows)?;
+        if let Some(n) = &w.post_attn_norm {
+            o = rms_norm(&o, n, c.rms_eps);
+        }
         add_in_place(x, &o);
         let h = rms_norm(x, &w.ffn_norm, c.rms_eps);
         let mut gu = Linear::forward_many(&[&w.w_gate, &w.w_up], &h, rows)?.into_iter();
         let (Some(mut gate), Some(up)) = (gu.next(), gu.next()) else {
             return Err(EngineError::Input("gate/up projections missing".into()));
         };
-        crate::fastexp::silu_mul(&mut gate, &up);
-        let down = w.w_down.forward(&gate, rows)?;
+        if c.arch == Arch::Gemma3 {
+            crate::fastexp::gelu_mul(&mut gate, &up);
+        } else {
+            crate::fastexp::silu_mul(&mut gate, &up);
+        }
+        let mut down = w.w_down.forward(&gate, rows)?;
+        if let Some(n) = &w.post_ffn_norm {
+            down = rms_norm(&down, n, c.rms_eps);
+        }
         add_in_place(x, &down);
         Ok(())
     }

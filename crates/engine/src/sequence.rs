@@ -151,12 +151,13 @@ impl PrefillPass {
             return Err(crate::EngineError::Input("all layers already ran".into()));
         }
         let fits = |p: &LayerKv| {
-            p.len() == self.prefix_len
+            p.end() == self.prefix_len
+                && p.start() <= model.cfg.visible_from(l, self.prefix_len)
                 && p.n_kv_head == model.cfg.n_kv_head
                 && p.head_dim == model.cfg.head_dim
         };
         if !prefix.map_or(self.prefix_len == 0, fits) {
-            let (n, h, d) = prefix.map_or((0, 0, 0), |p| (p.len(), p.n_kv_head, p.head_dim));
+            let (n, h, d) = prefix.map_or((0, 0, 0), |p| (p.end(), p.n_kv_head, p.head_dim));
             return Err(crate::EngineError::KvMismatch(format!(
                 "layer {l}: prefix of {n} tokens x {h} heads x {d}, expected {} x {} x {}",
                 self.prefix_len, model.cfg.n_kv_head, model.cfg.head_dim

@@ -1,9 +1,14 @@
-//! A byte-level BPE tokenizer built from the GGUF's own metadata with the `tokenizers` crate:
-//! vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`, and special tokens.
+//! Tokenizers built from the GGUF's own metadata with the `tokenizers` crate: byte-level BPE
+//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece-style
+//! BPE (vocabulary and scores, byte fallback: Gemma), and the special tokens.
 
 use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -25,6 +30,8 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 /// GGUF token types (llama.cpp's `llama_token_type`).
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+/// SentencePiece's word marker, standing for a space.
+const SPM_SPACE: &str = "\u{2581}";
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -33,27 +40,16 @@ pub struct Tokenizer {
     /// Tokens that end generation: EOS, EOT and the chat end-of-turn markers.
     pub stop_ids: Vec<u32>,
     pub pre: String,
+    /// Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token`).
+    pub add_bos: bool,
 }
 
 impl Tokenizer {
     pub fn from_gguf(content: &Content) -> Result<Self> {
         let model = meta_str(content, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(EngineError::Unsupported(format!(
-                "tokenizer model {model:?} (only byte-level BPE, \"gpt2\", is supported)"
-            )));
-        }
         let pre = meta_str(content, "tokenizer.ggml.pre").unwrap_or_else(|_| "default".into());
         let tokens = string_array(content, "tokenizer.ggml.tokens")?;
-        let merges = string_array(content, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let types = match content.metadata.get("tokenizer.ggml.token_type") {
+        let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
             Some(Value::Array(v)) => v.iter().map(|t| t.to_i32().unwrap_or(1)).collect(),
             _ => vec![1; tokens.len()],
         };
@@ -62,13 +58,16 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let mut inner = match model.as_str() {
+            "gpt2" => byte_level_bpe(content, vocab, &pre)?,
+            "llama" => sentencepiece_bpe(content, vocab, &tokens, &types)?,
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "tokenizer model {other:?} (supported: byte-level BPE \"gpt2\", \
+                     SentencePiece \"llama\")"
+                )))
+            }
+        };
 
         let mut special = Vec::new();
         let mut user = Vec::new();
@@ -106,6 +105,7 @@ impl Tokenizer {
             "<|endoftext|>",
             "<|eot_id|>",
             "<|end_of_text|>",
+            "<end_of_turn>",
         ] {
             if let Some(i) = tokens.iter().position(|t| t == marker) {
                 if types.get(i) == Some(&TOKEN_TYPE_CONTROL) && !stop_ids.contains(&(i as u32)) {
@@ -113,13 +113,30 @@ impl Tokenizer {
                 }
             }
         }
+        let add_bos = matches!(
+            content.metadata.get("tokenizer.ggml.add_bos_token"),
+            Some(Value::Bool(true))
+        );
         Ok(Self {
             inner,
             bos_id,
             eos_id,
             stop_ids,
             pre,
+            add_bos,
         })
+    }
+
+    /// Token ids of a whole prompt: BOS first when the model wants one and the text does not
+    /// already start with it (a chat template writes its own).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        if let Some(bos) = self.bos_id.filter(|_| self.add_bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
     }
 
     /// Token ids of `text`, special tokens recognised, no BOS added.
@@ -149,6 +166,97 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+fn byte_level_bpe(
+    content: &Content,
+    vocab: tokenizers::models::bpe::Vocab,
+    pre: &str,
+) -> Result<tokenizers::Tokenizer> {
+    let merges = string_array(content, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(inner)
+}
+
+/// SentencePiece BPE as llama.cpp runs it: spaces become U+2581, no pre-split, adjacent pieces
+/// merge highest score first, characters outside the vocabulary fall back to `<0xNN>` bytes.
+/// The GGUF holds scores, not merges; a merge is every split of a piece into two pieces,
+/// ranked by the merged piece's score.
+fn sentencepiece_bpe(
+    content: &Content,
+    vocab: tokenizers::models::bpe::Vocab,
+    tokens: &[String],
+    types: &[i32],
+) -> Result<tokenizers::Tokenizer> {
+    let scores: Vec<f32> = match content.metadata.get("tokenizer.ggml.scores") {
+        Some(Value::Array(v)) => v.iter().map(|s| s.to_f32().unwrap_or(0.0)).collect(),
+        _ => return Err(EngineError::Gguf("missing tokenizer.ggml.scores".into())),
+    };
+    if matches!(
+        content.metadata.get("tokenizer.ggml.add_space_prefix"),
+        Some(Value::Bool(true))
+    ) {
+        return Err(EngineError::Unsupported(
+            "SentencePiece with add_space_prefix".into(),
+        ));
+    }
+    let mut ranked: Vec<(f32, usize, String, String)> = Vec::new();
+    for (i, piece) in tokens.iter().enumerate() {
+        // Only normal pieces are reached by merging (llama.cpp merges into any piece, but
+        // control, byte and user-defined ones never come out of text this way).
+        if types.get(i).copied().unwrap_or(1) != 1 {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (a, b) = piece.split_at(at);
+            if vocab.contains_key(a) && vocab.contains_key(b) {
+                let score = scores.get(i).copied().unwrap_or(0.0);
+                ranked.push((score, i, a.to_string(), b.to_string()));
+            }
+        }
+    }
+    // Highest score first; equal scores by id, then split point (stable).
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+    let merges = ranked.into_iter().map(|(_, _, a, b)| (a, b)).collect();
+    let unk = tokens
+        .get(content_u32(content, "tokenizer.ggml.unknown_token_id").unwrap_or(0) as usize)
+        .cloned()
+        .unwrap_or_else(|| "<unk>".into());
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .unk_token(unk)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let space =
+        |a: &str, b: &str| Replace::new(a, b).map_err(|e| EngineError::Tokenizer(e.to_string()));
+    inner
+        .with_normalizer(Some(space(" ", SPM_SPACE)?))
+        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        space(SPM_SPACE, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    Ok(inner)
+}
+
+fn content_u32(content: &Content, key: &str) -> Option<u32> {
+    content.metadata.get(key).and_then(|v| v.to_u32().ok())
 }
 
 fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {

@@ -131,6 +131,11 @@ pub(crate) struct LayerWeights {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
+    /// Gemma 3's per-head norms of Q and K, and its norms of the attention and FFN outputs.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub(crate) struct Weights {
@@ -245,20 +250,34 @@ impl Weights {
         };
         let d = cfg.n_embd;
         let kv = cfg.n_kv_head * cfg.head_dim;
+        let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
         let qkv_bias = cfg.arch == Arch::Qwen2;
+        let gemma = cfg.arch == Arch::Gemma3;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
             let p = format!("blk.{l}");
+            let mut extra = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                gemma
+                    .then(|| ld.vector(&format!("{p}.{name}.weight"), len))
+                    .transpose()
+            };
+            let (q_norm, k_norm) = (extra("attn_q_norm", hd)?, extra("attn_k_norm", hd)?);
+            let post_attn_norm = extra("post_attention_norm", d)?;
+            let post_ffn_norm = extra("post_ffw_norm", d)?;
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), d)?,
-                wq: ld.linear(&format!("{p}.attn_q"), qkv_bias, d, d)?,
+                wq: ld.linear(&format!("{p}.attn_q"), qkv_bias, d, qd)?,
                 wk: ld.linear(&format!("{p}.attn_k"), qkv_bias, d, kv)?,
                 wv: ld.linear(&format!("{p}.attn_v"), qkv_bias, d, kv)?,
-                wo: ld.linear(&format!("{p}.attn_output"), false, d, d)?,
+                wo: ld.linear(&format!("{p}.attn_output"), false, qd, d)?,
                 ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), d)?,
                 w_gate: ld.linear(&format!("{p}.ffn_gate"), false, d, cfg.n_ff)?,
                 w_up: ld.linear(&format!("{p}.ffn_up"), false, d, cfg.n_ff)?,
                 w_down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                q_norm,
+                k_norm,
+                post_attn_norm,
+                post_ffn_norm,
             });
         }
         let output_norm = ld.vector("output_norm.weight", d)?;

@@ -64,6 +64,16 @@ fn tokenizer_matches_transformers_qwen05() {
     tokenizer_matches(&common::qwen05(), "tokenizer_qwen05.json");
 }
 
+/// Gemma 3's SentencePiece tokenizer against llama.cpp's (fixture by
+/// `scripts/ref/tokenizer_llamacpp.py`).
+#[test]
+fn tokenizer_matches_llamacpp_gemma3() {
+    let m = common::gemma3();
+    tokenizer_matches(&m, "tokenizer_gemma3.json");
+    assert!(m.tokenizer.add_bos);
+    assert_eq!(m.tokenizer.encode_prompt("Hi").unwrap()[0], 2);
+}
+
 fn read_f16(name: &str) -> Vec<f32> {
     let bytes = std::fs::read(common::fixture(name)).expect("logits fixture");
     bytes
@@ -75,7 +85,7 @@ fn read_f16(name: &str) -> Vec<f32> {
 /// Reference top-2 margin (logits) under which 8-bit activation rounding may swap them.
 const NEAR_TIE: f64 = 0.15;
 
-fn logits_match(model: &Model, stem: &str) {
+fn logits_match(model: &Model, stem: &str, min_cos: f64) {
     let fx = common::read_json(&format!("{stem}.json"));
     let all = read_f16(&format!("{stem}.f16"));
     let vocab = model.cfg.vocab_size;
@@ -107,7 +117,7 @@ fn logits_match(model: &Model, stem: &str) {
             p["name"].as_str().unwrap_or("?"),
             ids.len()
         );
-        assert!(cos >= 0.99, "{}: cosine {cos}", p["name"]);
+        assert!(cos >= min_cos, "{}: cosine {cos}", p["name"]);
         // The engine quantizes activations to 8 bits per block (as llama.cpp does); the
         // reference keeps f32. When the reference's top two are within NEAR_TIE logits, either
         // answer is within that noise: we require ours to be the reference's second choice and
@@ -146,10 +156,19 @@ fn logits_match(model: &Model, stem: &str) {
 
 #[test]
 fn logits_match_numpy_reference_smollm2() {
-    logits_match(&common::smollm2(), "logits_smollm2");
+    logits_match(&common::smollm2(), "logits_smollm2", 0.99);
 }
 
 #[test]
 fn logits_match_numpy_reference_qwen05() {
-    logits_match(&common::qwen05(), "logits_qwen05");
+    logits_match(&common::qwen05(), "logits_qwen05", 0.99);
+}
+
+/// Gemma 3 (sliding window, QK norms, GELU), two prompts longer than its 512-token window.
+/// Its residual stream reaches 1e5, so 8-bit activations cost more than on the other models:
+/// llama.cpp itself scores 0.9977..0.9999 against this reference (fixture's
+/// `llama_cpp_cosine`), the reference with 8-bit activations emulated 0.998; ours 0.995..0.9999.
+#[test]
+fn logits_match_numpy_reference_gemma3() {
+    logits_match(&common::gemma3(), "logits_gemma3", 0.995);
 }

@@ -19,7 +19,8 @@ pub struct Chunk {
 }
 
 impl Chunk {
-    /// Encode tokens `start..end` of one layer's KV and seal it.
+    /// Encode positions `start..end` of one layer's KV (which holds `kv.start()..kv.end()`)
+    /// and seal it.
     pub fn encode(
         layer: u32,
         kv: &LayerKv,
@@ -28,18 +29,19 @@ impl Chunk {
         codec: Codec,
         zstd_level: Option<i32>,
     ) -> Result<Self> {
-        if start > end || end > kv.len() {
+        if start > end || start < kv.start() || end > kv.end() {
             return Err(KvError::Shape(format!(
-                "token range {start}..{end} of {}",
-                kv.len()
+                "positions {start}..{end} of {}..{}",
+                kv.start(),
+                kv.end()
             )));
         }
-        let d = kv.head_dim;
+        let (d, a, b) = (kv.head_dim, start - kv.start(), end - kv.start());
         let k: Vec<&[f16]> = (0..kv.n_kv_head)
-            .map(|h| &kv.keys(h)[start * d..end * d])
+            .map(|h| &kv.keys(h)[a * d..b * d])
             .collect();
         let v: Vec<&[f16]> = (0..kv.n_kv_head)
-            .map(|h| &kv.values(h)[start * d..end * d])
+            .map(|h| &kv.values(h)[a * d..b * d])
             .collect();
         let payload = codec::encode(codec, zstd_level, &k, &v, d)?;
         let mut c = Chunk {
@@ -83,11 +85,14 @@ impl Chunk {
 }
 
 /// Builds layers from chunks arriving layer-major (layer 0 tokens 0..n, then layer 1, ...).
-/// A chunk that fails its checksum, comes out of order or does not fit is an error and is
-/// never used.
+/// A layer may start past position 0 (a sliding-window layer cut to what a later token can
+/// see). A chunk that fails its checksum, comes out of order or does not fit is an error and
+/// is never used.
 pub struct Reassembler {
     n_layers: usize,
     n_tokens: usize,
+    /// Per layer, the first position the stream carries.
+    starts: Vec<usize>,
     n_kv_head: usize,
     head_dim: usize,
     next_layer: usize,
@@ -101,6 +106,7 @@ impl Reassembler {
         Self {
             n_layers,
             n_tokens,
+            starts: vec![0; n_layers],
             n_kv_head,
             head_dim,
             next_layer: 0,
@@ -113,7 +119,31 @@ impl Reassembler {
     /// A stream that starts at layer `first` (the layers below are computed elsewhere).
     pub fn starting_at(mut self, first: usize) -> Self {
         self.next_layer = first.min(self.n_layers);
+        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
         self
+    }
+
+    /// The first position each layer carries (empty: every layer from 0). Refused unless one
+    /// per layer, each before the segment's end.
+    pub fn with_starts(mut self, starts: &[usize]) -> Result<Self> {
+        if starts.is_empty() {
+            return Ok(self);
+        }
+        if starts.len() != self.n_layers
+            || starts
+                .iter()
+                .any(|&s| s > self.n_tokens || (s == self.n_tokens && s > 0))
+        {
+            return Err(KvError::Shape(format!(
+                "{} layer starts for {} layers of {} tokens",
+                starts.len(),
+                self.n_layers,
+                self.n_tokens
+            )));
+        }
+        self.starts = starts.to_vec();
+        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
+        Ok(self)
     }
 
     pub fn is_complete(&self) -> bool {
@@ -163,10 +193,10 @@ impl Reassembler {
         let fresh = || vec![Vec::with_capacity(self.n_tokens * self.head_dim); self.n_kv_head];
         let k = std::mem::replace(&mut self.k, fresh());
         let v = std::mem::replace(&mut self.v, fresh());
-        let layer = LayerKv::from_heads(self.head_dim, k, v)?;
         let idx = self.next_layer;
+        let layer = LayerKv::from_heads(self.head_dim, k, v)?.starting_at(self.starts[idx]);
         self.next_layer += 1;
-        self.next_start = 0;
+        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
         Ok(Some((idx, layer)))
     }
 }

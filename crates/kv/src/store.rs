@@ -72,6 +72,10 @@ struct Header {
     n_layers: usize,
     n_kv_head: usize,
     head_dim: usize,
+    /// Per layer, the first position stored (sliding-window layers are kept cut); absent in
+    /// files written before the cut: every layer from 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    layer_starts: Vec<usize>,
 }
 
 const MAGIC: &[u8; 6] = b"EPKV1\n";
@@ -145,15 +149,19 @@ pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv) -> Result<()> {
         n_layers: kv.layers.len(),
         n_kv_head: first.map_or(0, |l| l.n_kv_head),
         head_dim: first.map_or(0, |l| l.head_dim),
+        layer_starts: match kv.layers.iter().any(|l| l.start() > 0) {
+            true => kv.layers.iter().map(|l| l.start()).collect(),
+            false => Vec::new(),
+        },
     };
     let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
     w.write_all(MAGIC)?;
     w.write_all(&(h.len() as u64).to_le_bytes())?;
     w.write_all(&h)?;
     for (l, layer) in kv.layers.iter().enumerate() {
-        let mut s = 0;
-        while s < layer.len() {
-            let e = (s + CHUNK_TOKENS).min(layer.len());
+        let mut s = layer.start();
+        while s < layer.end() {
+            let e = (s + CHUNK_TOKENS).min(layer.end());
             write_chunk(w, &Chunk::encode(l as u32, layer, s, e, Codec::F16, None)?)?;
             s = e;
         }
@@ -180,7 +188,8 @@ pub fn read_prefix(r: &mut impl Read) -> Result<PrefixKv> {
         return Err(KvError::Store("implausible KV shape".into()));
     }
     let n = header.token_ids.len();
-    let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim);
+    let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim)
+        .with_starts(&header.layer_starts)?;
     let mut layers = Vec::with_capacity(header.n_layers);
     while !re.is_complete() {
         let c = read_chunk(r)?;
@@ -264,6 +273,28 @@ mod tests {
             token_ids: (0..n as u32).collect(),
             layers,
         }
+    }
+
+    /// Window-cut layers (some starting past position 0) keep their positions through the
+    /// stored format, and a reader refuses starts that do not fit the prompt.
+    #[test]
+    fn cut_layers_roundtrip_with_their_positions() {
+        let mut p = prefix(600, 3);
+        p.layers[0] = Arc::new(p.layers[0].cut_before(89));
+        p.layers[2] = Arc::new(p.layers[2].cut_before(511));
+        let mut bytes = Vec::new();
+        write_prefix(&mut bytes, &p).unwrap();
+        let back = read_prefix(&mut &bytes[..]).unwrap();
+        let starts: Vec<usize> = back.layers.iter().map(|l| l.start()).collect();
+        assert_eq!(starts, [89, 0, 511]);
+        assert_eq!(back.layers, p.layers);
+        let re = Reassembler::new(3, 600, 2, 16);
+        assert!(
+            re.with_starts(&[0, 600, 0]).is_err(),
+            "an empty layer is refused"
+        );
+        let re = Reassembler::new(3, 600, 2, 16);
+        assert!(re.with_starts(&[0, 0]).is_err(), "one start per layer");
     }
 
     #[test]

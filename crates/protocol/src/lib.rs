@@ -78,6 +78,10 @@ pub struct Header {
     /// The first layer streamed (layers below it are not sent).
     #[prost(uint32, tag = "10")]
     pub first_layer: u32,
+    /// Per layer, the first position streamed: a sliding-window layer is cut to the positions
+    /// a token after the prompt can still see. Empty: every layer from position 0.
+    #[prost(uint32, repeated, tag = "11")]
+    pub layer_starts: Vec<u32>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

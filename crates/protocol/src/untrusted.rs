@@ -21,11 +21,22 @@ pub fn read_untrusted(data: &[u8]) {
         let Ok(m) = FetchMessage::decode_length_delimited(&mut rest) else {
             break;
         };
-        if let Some(Body::Chunk(c)) = m.body {
-            let Ok(c) = Chunk::try_from(c) else { break };
-            if re.push(&c).is_err() {
-                break;
+        match m.body {
+            Some(Body::Chunk(c)) => {
+                let Ok(c) = Chunk::try_from(c) else { break };
+                if re.push(&c).is_err() {
+                    break;
+                }
             }
+            Some(Body::Header(h)) => {
+                let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
+                let Ok(r) = Reassembler::new(layers, tokens, heads, dim).with_starts(&starts)
+                else {
+                    break;
+                };
+                re = r;
+            }
+            None => {}
         }
     }
     let _ = edgeprompt_kv::read_prefix(&mut &data[..]);

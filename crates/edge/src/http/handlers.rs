@@ -183,7 +183,16 @@ async fn completions_inner(
         Some(id) => Some(s.prefixes.for_id(id).await.map_err(lookup_error)?.prefix),
         None => None,
     };
-    let prompt = encode(s, &text)?;
+    // A prompt of its own starts with BOS where the model wants one; after a cloud prompt it
+    // continues that prompt's text.
+    let prompt = match prefix {
+        Some(_) => encode(s, &text)?,
+        None => s
+            .model
+            .tokenizer
+            .encode_prompt(&text)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
+    };
     run(s, Kind::Completion, id, req.common, prefix, prompt).await
 }
 

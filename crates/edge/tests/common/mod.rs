@@ -37,10 +37,12 @@ pub async fn start_cloud(model: Arc<Model>) -> String {
         PromptSpec {
             id: "support".into(),
             system: SUPPORT.into(),
+            text: None,
         },
         PromptSpec {
             id: "coding".into(),
             system: CODING.into(),
+            text: None,
         },
     ];
     let node = Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap());

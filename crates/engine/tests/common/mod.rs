@@ -30,6 +30,7 @@ pub fn model_path(file: &str) -> PathBuf {
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const QWEN05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 fn cached(cell: &'static OnceLock<Arc<Model>>, file: &str) -> Arc<Model> {
     cell.get_or_init(|| Arc::new(Model::load(model_path(file)).expect("model loads")))
@@ -44,6 +45,11 @@ pub fn smollm2() -> Arc<Model> {
 pub fn qwen05() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     cached(&M, QWEN05)
+}
+
+pub fn gemma3() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    cached(&M, GEMMA3)
 }
 
 pub fn read_json(name: &str) -> serde_json::Value {
