@@ -337,10 +337,13 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let file_bytes = model.info.file_bytes;
     let name = model.cfg.name.clone();
     drop(model);
+    // candle is a secondary baseline: a model it cannot run is reported, not fatal.
     let candle = if s.skip_candle {
         None
     } else {
-        Some(time_candle(&s.model, arch, &ids, s, ctx)?)
+        time_candle(&s.model, arch, &ids, s, ctx)
+            .inspect_err(|e| eprintln!("  candle   failed, left out: {e}"))
+            .ok()
     };
     let llama_cpp = match &s.llama_python {
         Some(py) => Some(time_llama(py, &s.model, &ids, s)?),

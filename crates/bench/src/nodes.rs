@@ -28,15 +28,33 @@ pub async fn cloud_with(
     prompts: &[(String, String)],
     adapters: Vec<edgeprompt_align::AdapterSet>,
 ) -> Result<SocketAddr, BenchError> {
-    let specs: Vec<PromptSpec> = prompts
+    let node = CloudNode::new(model.clone(), &specs(model, prompts), 4 << 30)?;
+    serve_warm(node.with_adapters(adapters)?).await
+}
+
+/// `cloud` sending sliding-window layers whole: what the window cut saves.
+pub async fn cloud_uncut(
+    model: &Arc<Model>,
+    prompts: &[(String, String)],
+) -> Result<SocketAddr, BenchError> {
+    let node = CloudNode::new(model.clone(), &specs(model, prompts), 4 << 30)?;
+    serve_warm(node.without_window_cut()).await
+}
+
+/// A model without a chat template takes its cloud prompts as plain text.
+fn specs(model: &Model, prompts: &[(String, String)]) -> Vec<PromptSpec> {
+    prompts
         .iter()
         .map(|(id, system)| PromptSpec {
             id: id.clone(),
             system: system.clone(),
-            text: None,
+            text: model.chat.is_none().then(|| system.clone()),
         })
-        .collect();
-    let node = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30)?.with_adapters(adapters)?);
+        .collect()
+}
+
+async fn serve_warm(node: CloudNode) -> Result<SocketAddr, BenchError> {
+    let node = Arc::new(node);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(
@@ -44,8 +62,8 @@ pub async fn cloud_with(
             .add_service(CloudService::server(node.clone()))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-    for s in &specs {
-        node.warm(&s.id)
+    for id in node.prompt_ids() {
+        node.warm(&id)
             .await
             .map_err(|e| BenchError::Data(e.message().to_string()))?;
     }

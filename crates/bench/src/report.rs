@@ -63,6 +63,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     );
     engine_section(dir, &mut md);
     ttft_section(dir, &mut md)?;
+    window_section(dir, &mut md);
     decode_section(dir, &mut md);
     batch_section(dir, &mut md);
     serve_section(dir, &mut md);
@@ -99,6 +100,7 @@ fn engine_section(dir: &Path, md: &mut String) {
         "engine-smollm2.json",
         "engine-qwen05.json",
         "engine-qwen15.json",
+        "engine-gemma3.json",
     ] {
         let Some(v) = load(dir, name) else { continue };
         if !any {
@@ -222,6 +224,50 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
         planner_plot(dir, &v, &rows)?;
     }
     Ok(())
+}
+
+/// Sliding-window layers cut on the wire (`bench ttft` on a Gemma 3 model): the same requests
+/// with the window layers cut and sent whole, against edge-only.
+fn window_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "ttft-window.json") else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Sliding-window cut on the wire (`edgeprompt-bench ttft --model gemma3`)\n\n{}; model {}; \
+         codec {}. A sliding layer's cloud KV is cut to the last window - 1 positions (what a private \
+         token can still see); \"whole\" sends every position.\n\n\
+         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt cut s | MB down | whole s | MB down | cut vs edge-only | cut vs whole |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        v["model"].as_str().unwrap_or("?"),
+        v["codec"].as_str().unwrap_or("?")
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let (eo, cut, whole) = (
+            f(&r["edge_only_s"]),
+            f(&r["pipelined_s"]),
+            f(&r["pipelined_uncut_s"]),
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {} + {} | {eo:.2} | {} | {cut:.2} | {:.1} | {whole:.2} | {:.1} | {:.2}x | {:.2}x |",
+            r["profile"].as_str().unwrap_or("?"),
+            r["cloud_tokens"],
+            r["edge_tokens"],
+            r["llama_edge_only_s"]
+                .as_f64()
+                .map_or("-".into(), |l| format!("{l:.2}")),
+            f(&r["kv_bytes_down"]) / 1e6,
+            f(&r["kv_bytes_down_uncut"]) / 1e6,
+            cut / eo,
+            cut / whole
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![5g](results/ttft-window-5g.svg) ![constrained](results/ttft-window-constrained.svg)\n"
+    );
 }
 
 /// Measured against predicted TTFT, one series per link profile, and the y = x line.

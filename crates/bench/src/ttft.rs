@@ -47,6 +47,9 @@ pub struct Row {
     pub predicted_sequential_s: f64,
     pub regime: Regime,
     pub kv_bytes_down: usize,
+    /// Sliding-window models: the same request with the window layers sent whole.
+    pub pipelined_uncut_s: Option<f64>,
+    pub kv_bytes_down_uncut: Option<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,10 +71,6 @@ struct Case {
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (machine, model) = crate::setup(s.threads, &s.model)?;
-    let chat = model
-        .chat
-        .as_ref()
-        .ok_or_else(|| BenchError::Data("model has no chat template".into()))?;
     let turns = crate::sharegpt::turns(&s.sharegpt, 400)?;
     let half = turns.len() / 2;
     let (cloud_src, edge_src) = (turns[..half].join("\n"), turns[half..].join("\n"));
@@ -79,12 +78,25 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let mut cases = Vec::new();
     for &n in &s.cloud_lens {
         let system = cut(&model, &cloud_src, n.saturating_sub(6))?;
-        let split = chat.split(&system, &[Message::new("user", &user)])?;
+        let (cloud_ids, edge_ids) = match &model.chat {
+            Some(chat) => {
+                let split = chat.split(&system, &[Message::new("user", &user)])?;
+                (
+                    model.tokenizer.encode(&split.cloud)?,
+                    model.tokenizer.encode(&split.edge)?,
+                )
+            }
+            // A base model: the cloud prompt as text, the private prompt continuing it.
+            None => (
+                model.tokenizer.encode_prompt(&system)?,
+                model.tokenizer.encode(&format!("\n\n{user}"))?,
+            ),
+        };
         cases.push(Case {
             id: format!("c{n}"),
             system,
-            cloud_ids: model.tokenizer.encode(&split.cloud)?,
-            edge_ids: model.tokenizer.encode(&split.edge)?,
+            cloud_ids,
+            edge_ids,
         });
     }
     eprintln!(
@@ -132,14 +144,31 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     rt.block_on(async {
         let prompts: Vec<(String, String)> = cases.iter().map(|c| (c.id.clone(), c.system.clone())).collect();
         let cloud_addr = nodes::cloud(&model, &prompts).await?;
+        let uncut_addr = match model.cfg.window {
+            Some(_) => Some(nodes::cloud_uncut(&model, &prompts).await?),
+            None => None,
+        };
         for name in &s.profiles {
             let p = Profile::named(name).ok_or_else(|| BenchError::Data(format!("unknown profile {name}")))?;
             profiles.push((name.clone(), p));
             let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), p).await?;
             let url = format!("http://{}", link.addr);
+            let uncut_link = match uncut_addr {
+                Some(a) => Some(Link::start("127.0.0.1:0", a.to_string(), p).await?),
+                None => None,
+            };
             for ((c, &eo), &llama) in cases.iter().zip(&edge_only).zip(&llama_edge_only) {
                 let (pipe, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
                 let (seq, _) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, false, 0).await?;
+                let uncut = match &uncut_link {
+                    Some(u) => {
+                        let url = format!("http://{}", u.addr);
+                        let (t, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
+                        eprintln!("  {name:>11} cloud {:4}: window layers sent whole: pipelined {t:.3} s, {:.1} MB down", c.cloud_ids.len(), tl.bytes_down() as f64 / 1e6);
+                        Some((t, tl.bytes_down()))
+                    }
+                    None => None,
+                };
                 let l = &tl.layers;
                 let pred = predict(&Inputs {
                     cloud_layer_secs: vec![0.0; l.len()],
@@ -172,6 +201,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     predicted_sequential_s: pred.sequential_secs,
                     regime: pred.regime,
                     kv_bytes_down: tl.bytes_down(),
+                    pipelined_uncut_s: uncut.map(|u| u.0),
+                    kv_bytes_down_uncut: uncut.map(|u| u.1),
                 });
             }
         }
@@ -191,7 +222,13 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
 
 fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<(), BenchError> {
     std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("ttft.json"), serde_json::to_string_pretty(r)?)?;
+    // A sliding-window model's run (cut vs whole) goes beside the main one, not over it.
+    let window = r.rows.iter().any(|x| x.pipelined_uncut_s.is_some());
+    let stem = if window { "ttft-window" } else { "ttft" };
+    std::fs::write(
+        out.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(r)?,
+    )?;
     for (name, p) in &r.profiles {
         let rows: Vec<&Row> = r.rows.iter().filter(|x| &x.profile == name).collect();
         let series = |label: &str, f: &dyn Fn(&Row) -> f64, dashed: bool| Series {
@@ -221,13 +258,21 @@ fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<
                     dashed: true,
                 },
                 series("EdgePrompt pipelined", &|x| x.pipelined_s, false),
+                Series {
+                    name: "EdgePrompt, window layers sent whole".into(),
+                    points: rows
+                        .iter()
+                        .filter_map(|x| x.pipelined_uncut_s.map(|v| (x.cloud_tokens as f64, v)))
+                        .collect(),
+                    dashed: true,
+                },
                 series("EdgePrompt sequential", &|x| x.sequential_s, false),
                 series("planner (pipelined)", &|x| x.predicted_pipelined_s, true),
             ],
         );
-        std::fs::write(out.join(format!("ttft-{name}.svg")), svg)?;
+        std::fs::write(out.join(format!("{stem}-{name}.svg")), svg)?;
     }
-    if let Some(tl) = timeline {
+    if let Some(tl) = timeline.filter(|_| !window) {
         let pts = |f: &dyn Fn(&edgeprompt_edge::LayerTiming) -> f64| -> Vec<(f64, f64)> {
             tl.layers.iter().map(|l| (l.layer as f64, f(l))).collect()
         };

@@ -37,6 +37,9 @@ pub struct CloudNode {
     prefills: AtomicUsize,
     guard: Guard,
     pub(crate) lslm: crate::lslm::Adapters,
+    /// Sliding-window layers sent and kept cut to the window (on unless turned off to
+    /// measure what the cut saves).
+    window_cut: bool,
 }
 
 impl CloudNode {
@@ -83,7 +86,23 @@ impl CloudNode {
             prefills: AtomicUsize::new(0),
             guard: Guard::new(Limits::default(), None),
             lslm: Default::default(),
+            window_cut: true,
         })
+    }
+
+    /// Send and keep sliding-window layers whole (for comparison; the cut is exact).
+    pub fn without_window_cut(mut self) -> Self {
+        self.window_cut = false;
+        self
+    }
+
+    /// This node's own layout: every layer, cut to the windows unless turned off.
+    fn own_layout(&self) -> Layout {
+        let mut layout = Layout::full(&self.model);
+        if !self.window_cut {
+            layout.windows.iter_mut().for_each(|w| *w = None);
+        }
+        layout
     }
 
     /// A tier shared with other cloud nodes: a prompt any of them prefilled is not prefilled
@@ -147,7 +166,7 @@ impl CloudNode {
     }
 
     pub(crate) async fn kv_of(self: &Arc<Self>, p: Arc<Prompt>) -> Result<Arc<PrefixKv>, Status> {
-        let layout = Layout::full(&self.model);
+        let layout = self.own_layout();
         let (tx, mut rx) = mpsc::channel(64);
         let me = self.clone();
         let task = tokio::spawn(async move { me.produce(p, layout, Codec::F16, None, tx).await });
@@ -216,6 +235,7 @@ impl CloudNode {
         let (ltx, mut lrx) = mpsc::channel::<(usize, Arc<edgeprompt_engine::LayerKv>)>(4);
         let model = self.model.clone();
         let ids = p.token_ids.clone();
+        let cut = self.window_cut;
         let compute = tokio::task::spawn_blocking(move || -> Result<PrefixKv, Status> {
             let err = |e: edgeprompt_engine::EngineError| Status::internal(e.to_string());
             let mut pass = PrefillPass::new(&model, &ids, 0).map_err(err)?;
@@ -224,10 +244,8 @@ impl CloudNode {
                 let _ = ltx.blocking_send((l, Arc::new(pass.layer_kv(l).clone())));
             }
             // Kept cut to the sliding windows: all any edge is sent.
-            Ok(pass
-                .into_prefix(&model)
-                .map_err(err)?
-                .window_cut(&model.cfg))
+            let kv = pass.into_prefix(&model).map_err(err)?;
+            Ok(if cut { kv.window_cut(&model.cfg) } else { kv })
         });
         while let Some((l, layer)) = lrx.recv().await {
             if l < first {
@@ -292,7 +310,7 @@ impl CloudKv for CloudService {
         let (codec, zstd) = crate::stream::negotiate(&req)?;
         let layout = match &adapters {
             Some(set) => crate::lslm::layout(set, req.first_layer)?,
-            None => Layout::of(&this.model, &req)?,
+            None => this.own_layout().from_layer(req.first_layer)?,
         };
         let (tx, rx) = mpsc::channel(64);
         let me = this.clone();

@@ -18,6 +18,7 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         "qwen15",
     ),
+    ("gemma3", "gemma-3-270m-q4_k_m.gguf", "gemma3"),
 ];
 
 /// The ShareGPT file the calibration and the benchmarks read.

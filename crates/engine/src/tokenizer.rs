@@ -213,7 +213,8 @@ fn sentencepiece_bpe(
             "SentencePiece with add_space_prefix".into(),
         ));
     }
-    let mut ranked: Vec<(f32, usize, String, String)> = Vec::new();
+    // (score, piece, split point): strings are made once, for the merges themselves.
+    let mut ranked: Vec<(f32, usize, usize)> = Vec::new();
     for (i, piece) in tokens.iter().enumerate() {
         // Only normal pieces are reached by merging (llama.cpp merges into any piece, but
         // control, byte and user-defined ones never come out of text this way).
@@ -223,14 +224,19 @@ fn sentencepiece_bpe(
         for (at, _) in piece.char_indices().skip(1) {
             let (a, b) = piece.split_at(at);
             if vocab.contains_key(a) && vocab.contains_key(b) {
-                let score = scores.get(i).copied().unwrap_or(0.0);
-                ranked.push((score, i, a.to_string(), b.to_string()));
+                ranked.push((scores.get(i).copied().unwrap_or(0.0), i, at));
             }
         }
     }
     // Highest score first; equal scores by id, then split point (stable).
     ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-    let merges = ranked.into_iter().map(|(_, _, a, b)| (a, b)).collect();
+    let merges = ranked
+        .into_iter()
+        .map(|(_, i, at)| {
+            let (a, b) = tokens[i].split_at(at);
+            (a.to_string(), b.to_string())
+        })
+        .collect();
     let unk = tokens
         .get(content_u32(content, "tokenizer.ggml.unknown_token_id").unwrap_or(0) as usize)
         .cloned()

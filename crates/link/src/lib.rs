@@ -129,6 +129,9 @@ impl Link {
     }
 }
 
+/// How far the reader may run ahead of the wire before it sleeps.
+const PACE_SLACK: Duration = Duration::from_millis(2);
+
 /// Copy one direction: each chunk leaves the wire after the ones before it (bandwidth) and
 /// is delivered half an RTT later. Reading and delivering are separate tasks, so the latency
 /// is paid once per chunk in flight, not once per chunk in sequence.
@@ -143,14 +146,17 @@ async fn pump(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(256);
     let deliver = tokio::spawn(async move {
         while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            // The timer ticks in milliseconds: a chunk already due goes out without a sleep.
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             if w.write_all(&bytes).await.is_err() {
                 break;
             }
         }
         let _ = w.shutdown().await;
     });
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; 64 * 1024];
     let mut wire_free = Instant::now();
     let mut rng: u64 = if up {
         0x9E37_79B9_7F4A_7C15
@@ -165,8 +171,13 @@ async fn pump(
         let counter = if up { &c.up } else { &c.down };
         counter.fetch_add(n as u64, Ordering::Relaxed);
         wire_free = wire_free.max(Instant::now()) + p.serialization(n);
-        // Pace the reader to the wire so the buffer holds at most what is in flight.
-        tokio::time::sleep_until(wire_free).await;
+        // Pace the reader to the wire so the buffer holds at most what is in flight. Sleep
+        // only when ahead by more than the timer's millisecond tick (a sleep per chunk would
+        // cap a fast link at one chunk per tick), and wake that much early, so a late wake-up
+        // never leaves the wire idle.
+        if wire_free > Instant::now() + PACE_SLACK {
+            tokio::time::sleep_until(wire_free - PACE_SLACK).await;
+        }
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
