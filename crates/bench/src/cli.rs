@@ -360,10 +360,12 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 out: a.out.clone(),
             };
             let r = edgeprompt_bench::ttft::run(&s)?;
+            let window = r.rows.iter().any(|x| x.pipelined_uncut_s.is_some());
             eprintln!(
-                "wrote {} rows to {}/ttft.json and SVG plots",
+                "wrote {} rows to {}/{}.json and SVG plots",
                 r.rows.len(),
-                a.out.display()
+                a.out.display(),
+                if window { "ttft-window" } else { "ttft" }
             );
             Ok(())
         }

@@ -6,9 +6,21 @@ use std::time::Instant;
 use anyhow::Context;
 use edgeprompt_engine::{catalog, Model};
 
-/// A model name (`smollm2`, `qwen05`, `qwen15`) or a path to a GGUF file.
+/// A model name (`smollm2`, `qwen05`, `qwen15`, `gemma3`) or a path to a GGUF file.
 pub fn resolve(name: &str) -> anyhow::Result<PathBuf> {
     Ok(catalog::resolve(name)?)
+}
+
+/// `load`, with the chat template of `template` (a Jinja file) if given.
+pub fn load_with(name: &str, template: Option<&std::path::Path>) -> anyhow::Result<Model> {
+    let mut m = load(name)?;
+    if let Some(t) = template {
+        let src = std::fs::read_to_string(t)
+            .with_context(|| format!("reading the chat template {}", t.display()))?;
+        m.set_chat_template(&src)
+            .with_context(|| format!("the chat template {}", t.display()))?;
+    }
+    Ok(m)
 }
 
 pub fn load(name: &str) -> anyhow::Result<Model> {

@@ -21,6 +21,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 pub struct CloudArgs {
     #[arg(long, default_value = "qwen05")]
     model: String,
+    /// A Jinja chat template for a model whose GGUF has none (or to replace its own).
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     /// TOML file with [[prompt]] id = "...", system = "..."
     #[arg(long)]
     prompts: PathBuf,
@@ -183,7 +186,10 @@ fn server_section(path: &std::path::Path) -> anyhow::Result<ServerSection> {
 }
 
 pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
-    let model = Arc::new(super::models::load(&a.model)?);
+    let model = Arc::new(super::models::load_with(
+        &a.model,
+        a.chat_template.as_deref(),
+    )?);
     let specs = PromptsFile::load(&a.prompts)?.prompts;
     let server = server_section(&a.prompts)?;
     let defaults = Limits::default();

@@ -1,5 +1,6 @@
 //! `edgeprompt serve`: the edge node as an OpenAI-compatible HTTP server.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,10 @@ use edgeprompt_kv::Codec;
 pub struct ServeArgs {
     #[arg(long, default_value = "smollm2")]
     model: String,
+    /// A Jinja chat template for a model whose GGUF has none (without one, such a model
+    /// serves completions only and chat is a 400).
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     /// Cloud node URL (e.g. http://127.0.0.1:50051). Without it, system prompts are computed here.
     #[arg(long)]
     cloud: Option<String>,
@@ -75,7 +80,10 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let model = Arc::new(super::models::load(&a.model)?);
+    let model = Arc::new(super::models::load_with(
+        &a.model,
+        a.chat_template.as_deref(),
+    )?);
     anyhow::ensure!(
         a.cloud_layers_from < model.cfg.n_layer,
         "--cloud-layers-from {} is past the model's {} layers",

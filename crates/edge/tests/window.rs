@@ -1,6 +1,7 @@
 //! Gemma 3 over real loopback gRPC: the cloud streams a sliding-window layer cut to the
 //! positions a private token can still see, the bytes on the wire are exactly the formula's,
-//! and the pipelined edge answers bit for bit what single-node inference answers.
+//! and the pipelined edge answers bit for bit what single-node inference answers; the same
+//! model served over HTTP (completions after a cloud prompt; chat refused without a template).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,15 +61,12 @@ fn greedy(model: &Model, seq: &mut Sequence, mut logits: Vec<f32>, n: usize) -> 
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "slow: run in CI with --include-ignored"]
-async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
-    let m = gemma3();
-    let text = text_of(&m, CLOUD_TOKENS);
+/// A cloud node serving `text` as the plain-text prompt "manual"; its URL.
+async fn start_cloud(m: &Arc<Model>, text: &str) -> String {
     let specs = vec![PromptSpec {
         id: "manual".into(),
         system: String::new(),
-        text: Some(text.clone()),
+        text: Some(text.into()),
     }];
     let node = Arc::new(CloudNode::new(m.clone(), &specs, 256 << 20).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -78,6 +76,15 @@ async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
             .add_service(CloudService::server(node))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: run in CI with --include-ignored"]
+async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
+    let m = gemma3();
+    let text = text_of(&m, CLOUD_TOKENS);
+    let url = start_cloud(&m, &text).await;
     let cloud_ids = m.tokenizer.encode_prompt(&text).unwrap();
     let edge_ids = m
         .tokenizer
@@ -135,4 +142,118 @@ async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
         assert_eq!(bytes, formula, "{round}: bytes on the wire");
         assert_eq!(got, want, "{round}: split answer differs from single-node");
     }
+}
+
+/// POST `body` to `path` on `addr`: status and JSON body.
+fn request(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let json = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(json).unwrap_or_default())
+}
+
+/// Greedy text of `n` tokens after `ids`, single node.
+fn single_node_text(m: &Model, ids: &[u32], n: usize) -> String {
+    let mut seq = Sequence::new(m);
+    let mut logits = seq.prefill(m, ids).unwrap();
+    let mut text = edgeprompt_engine::TextStream::new(&[]);
+    for _ in 0..n {
+        let id = argmax(&logits);
+        let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
+        if stopped || text.ids().len() == n {
+            break;
+        }
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    text.finish();
+    text.text().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow: run in CI with --include-ignored"]
+async fn gemma_is_served_over_http_completions() {
+    use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+    use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+    let m = gemma3();
+    let text = text_of(&m, 700);
+    let cloud = start_cloud(&m, &text).await;
+    let state = EdgeServer::start(
+        m.clone(),
+        ServerConfig {
+            model_id: "gemma3".into(),
+            default_max_tokens: 16,
+            api_keys: Default::default(),
+        },
+        Default::default(),
+        PrefixConfig {
+            cloud_url: Some(cloud),
+            codec: Codec::F16,
+            unknown_system: UnknownSystem::ComputeLocally,
+            cache_bytes: 256 << 20,
+            disk_dir: None,
+            peers: Vec::new(),
+            security: Default::default(),
+            cloud_layers_from: 0,
+        },
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, state));
+    let question = "\n\nQuestion: what is this text about?\nAnswer:";
+    let body = move |cloud: bool| {
+        let mut v = serde_json::json!({
+            "model": "gemma3", "prompt": question, "max_tokens": 16, "temperature": 0
+        });
+        if cloud {
+            v["cloud_prompt"] = "manual".into();
+        }
+        v.to_string()
+    };
+    let (m2, q) = (m.clone(), question.to_string());
+    let (split, alone, chat, want_split, want_alone) = tokio::task::spawn_blocking(move || {
+        let split = request(addr, "/v1/completions", &body(true));
+        let alone = request(addr, "/v1/completions", &body(false));
+        let chat = request(
+            addr,
+            "/v1/chat/completions",
+            r#"{"model": "gemma3", "messages": [{"role": "user", "content": "hi"}]}"#,
+        );
+        let cloud_ids = m2.tokenizer.encode_prompt(&text).unwrap();
+        let ids = [cloud_ids, m2.tokenizer.encode(&q).unwrap()].concat();
+        let want_split = single_node_text(&m2, &ids, 16);
+        let want_alone = single_node_text(&m2, &m2.tokenizer.encode_prompt(&q).unwrap(), 16);
+        (split, alone, chat, want_split, want_alone)
+    })
+    .await
+    .unwrap();
+    assert_eq!(split.0, 200, "{}", split.1);
+    assert_eq!(
+        split.1["choices"][0]["text"],
+        want_split.as_str(),
+        "after the cloud prompt"
+    );
+    assert_eq!(alone.0, 200, "{}", alone.1);
+    assert_eq!(
+        alone.1["choices"][0]["text"],
+        want_alone.as_str(),
+        "BOS added on its own"
+    );
+    assert_eq!(chat.0, 400, "chat without a template: {}", chat.1);
+    let msg = chat.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("chat template"), "{msg}");
 }

@@ -67,15 +67,7 @@ impl Model {
         let cfg = ModelConfig::from_gguf(&content)?;
         let tokenizer = Tokenizer::from_gguf(&content)?;
         let chat = match meta_str(&content, "tokenizer.chat_template") {
-            Ok(src) => {
-                let tok =
-                    |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
-                Some(ChatTemplate::new(
-                    &src,
-                    &tok(tokenizer.bos_id),
-                    &tok(tokenizer.eos_id),
-                )?)
-            }
+            Ok(src) => Some(template(&tokenizer, &src)?),
             Err(_) => None,
         };
         let weights = Weights::load(&content, path, &cfg)?;
@@ -105,6 +97,13 @@ impl Model {
             rope,
             rope_local,
         })
+    }
+
+    /// Chat with a template the user gives (a base model's GGUF has none; this one replaces
+    /// the file's own).
+    pub fn set_chat_template(&mut self, src: &str) -> Result<()> {
+        self.chat = Some(template(&self.tokenizer, src)?);
+        Ok(())
     }
 
     /// The RoPE of layer `l`.
@@ -302,6 +301,11 @@ impl Model {
             .map(|c| c.to_vec())
             .collect())
     }
+}
+
+fn template(tokenizer: &Tokenizer, src: &str) -> Result<ChatTemplate> {
+    let tok = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
+    ChatTemplate::new(src, &tok(tokenizer.bos_id), &tok(tokenizer.eos_id))
 }
 
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {

@@ -230,3 +230,26 @@ fn split_prefix_is_exact_gemma3_with_window_cut() {
         100.0 * kept as f64 / full as f64
     );
 }
+
+/// Gemma 3: sequences sharing one window-cut prefix, run as one batch (one decoding, one
+/// prefilling), give bitwise what each gives alone.
+#[test]
+fn gemma3_batch_over_a_cut_prefix_is_bitwise_each_alone() {
+    let model = common::gemma3();
+    let p = &long_pairs(&model, 2);
+    let mut cloud = Sequence::new(&model);
+    cloud.prefill(&model, &p[0].cloud).unwrap();
+    let prefix = Arc::new(cloud.export_prefix(&model).unwrap().window_cut(&model.cfg));
+    let fresh = || Sequence::with_prefix(&model, prefix.clone()).unwrap();
+    let (mut a, mut b) = (fresh(), fresh());
+    a.prefill(&model, &p[0].edge).unwrap();
+    let (a_next, b_ids) = ([7u32], &p[1].edge[..]);
+    let (mut a1, mut b1) = (a.clone(), fresh());
+    let batched = model
+        .forward(&mut [(&mut a, &a_next[..]), (&mut b, b_ids)])
+        .unwrap();
+    let alone_a = a1.prefill(&model, &a_next).unwrap();
+    let alone_b = b1.prefill(&model, b_ids).unwrap();
+    assert_eq!(batched[0], alone_a, "decoding row differs in a batch");
+    assert_eq!(batched[1], alone_b, "prefilling rows differ in a batch");
+}
