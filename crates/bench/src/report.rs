@@ -234,13 +234,12 @@ fn window_section(dir: &Path, md: &mut String) {
     };
     let _ = writeln!(
         md,
-        "## Sliding-window cut on the wire (`edgeprompt-bench ttft --model gemma3`)\n\n{}; model {}; \
+        "## Sliding-window cut on the wire (`edgeprompt-bench ttft --model gemma3`)\n\n{}; \
          codec {}. A sliding layer's cloud KV is cut to the last window - 1 positions (what a private \
          token can still see); \"whole\" sends every position.\n\n\
          | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt cut s | MB down | whole s | MB down | cut vs edge-only | cut vs whole |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
-        v["model"].as_str().unwrap_or("?"),
         v["codec"].as_str().unwrap_or("?")
     );
     for r in v["rows"].as_array().into_iter().flatten() {

@@ -18,10 +18,11 @@ use crate::CloudError;
 #[derive(Debug, Clone, Deserialize)]
 pub struct PromptSpec {
     pub id: String,
-    /// The system message; it is rendered with the model's chat template as the system turn.
+    /// The system message; it is rendered with the model's chat template as the system turn
+    /// (a model without one reads it as plain text).
     #[serde(default)]
     pub system: String,
-    /// Or the prompt as plain text, not templated (base models without a chat template).
+    /// Or the prompt as plain text, never templated.
     #[serde(default)]
     pub text: Option<String>,
 }

@@ -51,19 +51,14 @@ impl CloudNode {
         let mut prompts = HashMap::new();
         let mut by_address = HashMap::new();
         for s in specs {
+            // A model without a chat template (a base model) reads a system prompt as text.
             let token_ids = match (&s.text, &model.chat) {
                 (Some(text), _) => model.tokenizer.encode_prompt(text)?,
                 (None, Some(chat)) => {
                     let text = chat.render(&[Message::new("system", &s.system)], false)?;
                     model.tokenizer.encode(&text)?
                 }
-                (None, None) => {
-                    return Err(edgeprompt_engine::EngineError::Unsupported(format!(
-                        "prompt {:?}: the model has no chat template; give the prompt as `text`",
-                        s.id
-                    ))
-                    .into())
-                }
+                (None, None) => model.tokenizer.encode_prompt(&s.system)?,
             };
             let address = content_address(&model.fingerprint, &token_ids);
             by_address.insert(address.clone(), s.id.clone());

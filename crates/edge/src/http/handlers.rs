@@ -108,7 +108,11 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
         .model
         .chat
         .as_ref()
-        .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE",
+            )
+        })?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty"));
     }
