@@ -103,6 +103,7 @@ pub async fn edge(
             peers: Vec::new(),
             security: Default::default(),
             cloud_layers_from: 0,
+            auto_codec: None,
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use edgeprompt_edge::codec_choice::AutoCodec;
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve_until, EdgeServer, ServerConfig};
 use edgeprompt_edge::peer::PeerService;
@@ -25,9 +26,17 @@ pub struct ServeArgs {
     cloud: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// KV codec asked of the cloud: f16, int8, int4, int8ch or int4ch.
+    /// KV codec asked of the cloud: f16, int8, int4, int8ch or int4ch; or auto: per fetch, from
+    /// the link this edge measures, among the codecs whose measured next-token agreement on this
+    /// model (in --codec-table) reaches --min-agreement.
     #[arg(long, default_value = "f16")]
     codec: String,
+    /// The codec quality table `edgeprompt-bench codecs` writes (for --codec auto).
+    #[arg(long, default_value = "docs/results/codecs.json")]
+    codec_table: PathBuf,
+    /// Least teacher-forced next-token agreement a codec needs for --codec auto.
+    #[arg(long, default_value_t = 0.99)]
+    min_agreement: f64,
     /// Refuse system messages that are not registered cloud prompts (default: compute them here).
     #[arg(long)]
     refuse_unknown_system: bool,
@@ -90,8 +99,29 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         a.cloud_layers_from,
         model.cfg.n_layer
     );
-    let codec =
-        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
+    let (codec, auto_codec) = match a.codec.as_str() {
+        "auto" => {
+            let auto = AutoCodec::from_table(&a.codec_table, &model.cfg.name, a.min_agreement)?;
+            let names = |qs: &[edgeprompt_edge::codec_choice::Quality]| {
+                qs.iter()
+                    .map(|q| format!("{} ({:.3})", q.codec.name(), q.agreement))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            eprintln!(
+                "codec auto: f16 or {} by the measured link; refused below agreement {}: {}",
+                names(auto.allowed()),
+                a.min_agreement,
+                names(auto.refused())
+            );
+            (Codec::F16, Some(Arc::new(auto)))
+        }
+        name => (
+            Codec::parse(name)
+                .with_context(|| format!("codec is auto or one of {}", Codec::names()))?,
+            None,
+        ),
+    };
     let security = a.security.load()?;
     let state = EdgeServer::start(
         model.clone(),
@@ -126,6 +156,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             peers: a.peers.clone(),
             security,
             cloud_layers_from: a.cloud_layers_from,
+            auto_codec,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;

@@ -7,6 +7,7 @@
 //! (`scheduler`), every request on a cloud prompt sharing one copy of its KV (`prefixes`).
 
 pub mod client;
+pub mod codec_choice;
 pub mod http;
 pub mod metrics;
 pub mod peer;
@@ -31,6 +32,8 @@ pub enum EdgeError {
     Kv(#[from] edgeprompt_kv::KvError),
     #[error(transparent)]
     Engine(#[from] edgeprompt_engine::EngineError),
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 pub type Result<T> = std::result::Result<T, EdgeError>;

@@ -26,6 +26,12 @@ pub struct SourceLabels {
     pub source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodecLabels {
+    /// The KV codec `--codec auto` chose for a cloud fetch.
+    pub codec: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -44,6 +50,8 @@ pub struct Metrics {
     pub resident_memory_bytes: Gauge,
     pub draining: Gauge,
     pub disk_write_errors: Counter,
+    pub codec_choices: Family<CodecLabels, Counter>,
+    pub link_bytes_per_second: Gauge,
 }
 
 impl Default for Metrics {
@@ -72,8 +80,20 @@ impl Metrics {
             resident_memory_bytes: Gauge::default(),
             draining: Gauge::default(),
             disk_write_errors: Counter::default(),
+            codec_choices: Family::default(),
+            link_bytes_per_second: Gauge::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "codec_choices",
+            "Cloud fetches by the KV codec --codec auto chose",
+            m.codec_choices.clone(),
+        );
+        registry.register(
+            "link_bytes_per_second",
+            "The cloud link's throughput as --codec auto estimates it",
+            m.link_bytes_per_second.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests by endpoint and status",

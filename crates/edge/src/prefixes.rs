@@ -47,6 +47,9 @@ pub struct PrefixConfig {
     /// model's by the cloud's adapters); the layers below it are computed here. 0: all layers
     /// from the cloud, exact.
     pub cloud_layers_from: usize,
+    /// `--codec auto`: the codec per fetch from the measured link and the quality table
+    /// (overrides `codec`).
+    pub auto_codec: Option<Arc<crate::codec_choice::AutoCodec>>,
 }
 
 /// Where a prompt's KV came from.
@@ -419,10 +422,28 @@ impl Prefixes {
             true => self.cfg.cloud_layers_from,
             false => 0,
         };
+        let auto = self.cfg.auto_codec.as_ref();
+        let codec = match auto {
+            Some(a) => {
+                let c = a.choose(ids.map(<[u32]>::len), self.model.cfg.kv_bytes_per_token());
+                tracing::info!(codec = c.codec.name(), "codec auto: {}", c.reason);
+                self.metrics
+                    .codec_choices
+                    .get_or_create(&crate::metrics::CodecLabels {
+                        codec: c.codec.name().into(),
+                    })
+                    .inc();
+                c.codec
+            }
+            None => self.cfg.codec,
+        };
+        let asked = Instant::now();
         let mut client = CloudClient::connect_with(url, &self.cfg.security).await?;
         let (header, mut rx) = client
-            .fetch_from(&self.model, prompt, &[self.cfg.codec], false, first)
+            .fetch_from(&self.model, prompt, &[codec], false, first)
             .await?;
+        let header_at = Instant::now();
+        let mut wire = (0usize, header_at);
         if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
             return Err(EdgeError::Stream(
                 "the cloud's prompt tokens differ from this edge's tokenization".into(),
@@ -440,7 +461,17 @@ impl Prefixes {
                 .map_err(|_| EdgeError::Stream("the cloud stream stalled".into()))?
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
+            wire = (wire.0 + a.wire_bytes, a.at);
             deep.push(Arc::new(a.kv));
+        }
+        if let Some(a) = auto {
+            let secs = wire.1.saturating_duration_since(header_at).as_secs_f64();
+            a.observe(header_at - asked, wire.0, secs);
+            if let Some(l) = a.link() {
+                self.metrics
+                    .link_bytes_per_second
+                    .set(l.bytes_per_sec as i64);
+            }
         }
         let mut layers = shallow
             .await

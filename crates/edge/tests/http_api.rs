@@ -61,6 +61,7 @@ async fn start_server(
             peers: Vec::new(),
             security: Default::default(),
             cloud_layers_from: 0,
+            auto_codec: None,
         },
     )
     .unwrap();

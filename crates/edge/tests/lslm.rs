@@ -24,6 +24,8 @@ use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
 use tokio_stream::wrappers::TcpListenerStream;
 
+mod common;
+
 const SYSTEM: &str = "You are the release assistant of the Tern build system. Tern caches every \
 build step by the hash of its inputs, runs steps in parallel up to the core count, and never \
 uploads source code: only hashes leave the machine. Answer in two sentences and cite the \
@@ -298,6 +300,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
                 peers: Vec::new(),
                 security: Default::default(),
                 cloud_layers_from: split,
+                auto_codec: None,
             },
         )
         .unwrap();
@@ -357,21 +360,9 @@ fn greedy(
 
 /// POST a chat to the server at `addr`; the answer's content.
 fn post(addr: std::net::SocketAddr, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let json = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let (_, v) = common::post_json(addr, "/v1/chat/completions", body);
     v["choices"][0]["message"]["content"]
         .as_str()
-        .unwrap_or_else(|| panic!("{out}"))
+        .unwrap_or_else(|| panic!("{v}"))
         .to_string()
 }

@@ -37,6 +37,7 @@ fn prefixes(
         peers,
         security: Default::default(),
         cloud_layers_from: 0,
+        auto_codec: None,
     };
     Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
 }

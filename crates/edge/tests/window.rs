@@ -15,6 +15,8 @@ use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
 use tokio_stream::wrappers::TcpListenerStream;
 
+mod common;
+
 const CLOUD_TOKENS: usize = 2048;
 
 fn gemma3() -> Arc<Model> {
@@ -144,28 +146,6 @@ async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
     }
 }
 
-/// POST `body` to `path` on `addr`: status and JSON body.
-fn request(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let json = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(json).unwrap_or_default())
-}
-
 /// Greedy text of `n` tokens after `ids`, single node.
 fn single_node_text(m: &Model, ids: &[u32], n: usize) -> String {
     let mut seq = Sequence::new(m);
@@ -208,6 +188,7 @@ async fn gemma_is_served_over_http_completions() {
             peers: Vec::new(),
             security: Default::default(),
             cloud_layers_from: 0,
+            auto_codec: None,
         },
     )
     .unwrap();
@@ -226,9 +207,9 @@ async fn gemma_is_served_over_http_completions() {
     };
     let (m2, q) = (m.clone(), question.to_string());
     let (split, alone, chat, want_split, want_alone) = tokio::task::spawn_blocking(move || {
-        let split = request(addr, "/v1/completions", &body(true));
-        let alone = request(addr, "/v1/completions", &body(false));
-        let chat = request(
+        let split = common::post_json(addr, "/v1/completions", &body(true));
+        let alone = common::post_json(addr, "/v1/completions", &body(false));
+        let chat = common::post_json(
             addr,
             "/v1/chat/completions",
             r#"{"model": "gemma3", "messages": [{"role": "user", "content": "hi"}]}"#,

@@ -68,3 +68,31 @@ pub fn edge_ids(model: &Model, system: &str, user: &str) -> (Vec<u32>, Vec<u32>)
         model.tokenizer.encode(&s.edge).unwrap(),
     )
 }
+
+/// A plain HTTP/1.1 request to `addr` (blocking): status and body.
+pub fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    (status, body)
+}
+
+/// POST JSON: status and the parsed answer (null if it is not JSON).
+pub fn post_json(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, text) = http(addr, "POST", path, body);
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
