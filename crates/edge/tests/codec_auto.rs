@@ -9,7 +9,6 @@ use edgeprompt_edge::codec_choice::AutoCodec;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 
 mod common;
@@ -47,15 +46,9 @@ async fn auto_codec_follows_the_measured_link_within_the_quality_floor() {
         },
         SchedulerConfig::default(),
         PrefixConfig {
-            cloud_url: Some(format!("http://{}", link.addr)),
-            codec: Codec::F16,
             unknown_system: UnknownSystem::Refuse,
-            cache_bytes: 64 << 20,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: Default::default(),
-            cloud_layers_from: 0,
             auto_codec: Some(auto.clone()),
+            ..common::prefix_config(&format!("http://{}", link.addr))
         },
     )
     .unwrap();

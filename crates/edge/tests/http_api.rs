@@ -11,7 +11,6 @@ use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
-use edgeprompt_kv::Codec;
 
 mod common;
 use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
@@ -53,15 +52,8 @@ async fn start_server(
             ..SchedulerConfig::default()
         },
         PrefixConfig {
-            cloud_url: Some(cloud.into()),
-            codec: Codec::F16,
             unknown_system,
-            cache_bytes: 256 << 20,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: Default::default(),
-            cloud_layers_from: 0,
-            auto_codec: None,
+            ..common::prefix_config(cloud)
         },
     )
     .unwrap();

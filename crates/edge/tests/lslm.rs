@@ -5,7 +5,6 @@
 //! (the LLM prefilled on its own, the adapters applied by hand), bit for bit, and the cloud's
 //! refusals are checked. Slow (two real models): run with `--include-ignored`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,26 +31,11 @@ uploads source code: only hashes leave the machine. Answer in two sentences and 
 relevant flag: --jobs sets parallelism, --offline disables the remote cache, --explain prints \
 why a step re-ran, and --keep-going continues after a failed step.";
 
-fn models_dir() -> PathBuf {
-    std::env::var_os("EDGEPROMPT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
-}
-
-fn load(file: &str) -> Arc<Model> {
-    let p = models_dir().join(file);
-    assert!(
-        p.exists(),
-        "{} missing: run python3 scripts/models.py",
-        p.display()
-    );
-    Arc::new(Model::load(p).unwrap())
-}
-
 /// ShareGPT turn texts from the first records (what `edgeprompt align` calibrates on).
 fn sharegpt_text(max_chars: usize) -> String {
-    let bytes = std::fs::read(models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json"))
-        .expect("ShareGPT missing: run python3 scripts/models.py sharegpt");
+    let bytes =
+        std::fs::read(common::models_dir().join("ShareGPT_V3_unfiltered_cleaned_split.json"))
+            .expect("ShareGPT missing: run python3 scripts/models.py sharegpt");
     let start = bytes.iter().position(|&b| b == b'[').unwrap() + 1;
     let mut text = String::new();
     let mut pos = start;
@@ -96,8 +80,8 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build_global();
-    let llm = load("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
-    let slm = load("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let llm = common::load("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let slm = common::load("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
 
     // Calibrate on ShareGPT: 4 sequences of 300 tokens (1200 rows for 257 features).
     let text = sharegpt_text(40_000);
@@ -215,14 +199,14 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         assert_eq!(header.first_layer, split);
         assert_eq!(header.token_ids, cloud_ids);
         let (m, ids) = (slm.clone(), private.clone());
-        let (seq, logits, timeline) = tokio::task::spawn_blocking(move || {
+        let (mut seq, logits, timeline) = tokio::task::spawn_blocking(move || {
             prefill_from_cloud(&m, &header, &mut rx, &ids, Instant::now(), true).unwrap()
         })
         .await
         .unwrap();
         assert_eq!(logits, reference, "network CE-LSLM == in-process reference");
         assert_eq!(seq.len(), cloud_ids.len() + private.len());
-        let one_shot = greedy(&slm, seq, logits, 24);
+        let one_shot = common::greedy_text(&slm, &mut seq, logits, 24);
         // Only the loaded layers crossed the wire, at the small model's size (f16, 2 KV
         // heads x 64 dims x K and V = 512 bytes per token per layer).
         let loaded: Vec<_> = timeline
@@ -253,7 +237,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
             panic!("first layer past the model is refused")
         };
         assert!(e.to_string().contains("InvalidArgument"), "{e}");
-        let other = load("SmolLM2-135M-Instruct.Q4_1.gguf");
+        let other = common::load("SmolLM2-135M-Instruct.Q4_1.gguf");
         let Err(e) = client
             .fetch_from(
                 &other,
@@ -335,27 +319,6 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
             "{got} vs {bytes}"
         );
     });
-}
-
-/// Greedy continuation of `seq` from `logits`: the answer's text, as the one-shot edge
-/// prints it.
-fn greedy(
-    m: &Model,
-    mut seq: edgeprompt_engine::Sequence,
-    mut logits: Vec<f32>,
-    n: usize,
-) -> String {
-    let mut text = edgeprompt_engine::TextStream::new(&[]);
-    for _ in 0..n {
-        let id = edgeprompt_engine::sample::argmax(&logits);
-        let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
-        if stopped || text.ids().len() == n {
-            break;
-        }
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    text.finish();
-    text.text().to_string()
 }
 
 /// POST a chat to the server at `addr`; the answer's content.

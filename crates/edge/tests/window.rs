@@ -20,16 +20,7 @@ mod common;
 const CLOUD_TOKENS: usize = 2048;
 
 fn gemma3() -> Arc<Model> {
-    let dir = std::env::var_os("EDGEPROMPT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let p = dir.join("gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "{} missing: run python3 scripts/models.py gemma3",
-        p.display()
-    );
-    Arc::new(Model::load(p).unwrap())
+    common::load("gemma-3-270m-q4_k_m.gguf")
 }
 
 /// A text that tokenizes (BOS included) to exactly `n` tokens: ShareGPT answers joined.
@@ -149,25 +140,14 @@ async fn sliding_layers_are_cut_on_the_wire_and_the_answer_is_exact() {
 /// Greedy text of `n` tokens after `ids`, single node.
 fn single_node_text(m: &Model, ids: &[u32], n: usize) -> String {
     let mut seq = Sequence::new(m);
-    let mut logits = seq.prefill(m, ids).unwrap();
-    let mut text = edgeprompt_engine::TextStream::new(&[]);
-    for _ in 0..n {
-        let id = argmax(&logits);
-        let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
-        if stopped || text.ids().len() == n {
-            break;
-        }
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    text.finish();
-    text.text().to_string()
+    let logits = seq.prefill(m, ids).unwrap();
+    common::greedy_text(m, &mut seq, logits, n)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "slow: run in CI with --include-ignored"]
 async fn gemma_is_served_over_http_completions() {
     use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
-    use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
     let m = gemma3();
     let text = text_of(&m, 700);
     let cloud = start_cloud(&m, &text).await;
@@ -179,17 +159,7 @@ async fn gemma_is_served_over_http_completions() {
             api_keys: Default::default(),
         },
         Default::default(),
-        PrefixConfig {
-            cloud_url: Some(cloud),
-            codec: Codec::F16,
-            unknown_system: UnknownSystem::ComputeLocally,
-            cache_bytes: 256 << 20,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: Default::default(),
-            cloud_layers_from: 0,
-            auto_codec: None,
-        },
+        common::prefix_config(&cloud),
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -69,43 +69,12 @@ pub unsafe fn exp_neg8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m25
 
 /// `g = silu(g) * u` in place (the gated FFN), with `exp_neg`: the same bits on every path.
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
-    assert_eq!(g.len(), u.len(), "silu_mul lengths");
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 {
-        // SAFETY: AVX2 detected; whole 8-lane chunks only.
-        done = unsafe { silu_mul_avx2(g, u) };
-    }
-    for (x, &y) in g[done..].iter_mut().zip(&u[done..]) {
-        *x = silu1(*x) * y;
-    }
+    gated_mul::<false>(g, u)
 }
 
-#[inline(always)]
-fn silu1(g: f32) -> f32 {
-    // sigmoid from e^-|g| only, so the exponential never overflows.
-    let e = exp_neg(-g.abs());
-    let num = if g >= 0.0 { 1.0 } else { e };
-    g * (num / (1.0 + e))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn silu_mul_avx2(g: &mut [f32], u: &[f32]) -> usize {
-    use std::arch::x86_64::*;
-    let n = g.len() / 8 * 8;
-    let sign = _mm256_set1_ps(-0.0);
-    let one = _mm256_set1_ps(1.0);
-    for i in (0..n).step_by(8) {
-        let x = _mm256_loadu_ps(g.as_ptr().add(i));
-        let e = exp_neg8(_mm256_or_ps(x, sign));
-        let neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
-        let num = _mm256_blendv_ps(one, e, neg);
-        let s = _mm256_div_ps(num, _mm256_add_ps(one, e));
-        let y = _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u.as_ptr().add(i)));
-        _mm256_storeu_ps(g.as_mut_ptr().add(i), y);
-    }
-    n
+/// `g = gelu_tanh(g) * u` in place (Gemma's gated FFN): the same bits on every path.
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul::<true>(g, u)
 }
 
 /// `2 sqrt(2 / pi)` and that times 0.044715: GELU's tanh form as a sigmoid,
@@ -113,23 +82,28 @@ unsafe fn silu_mul_avx2(g: &mut [f32], u: &[f32]) -> usize {
 const GELU_A: f32 = 1.595_769;
 const GELU_B: f32 = 0.071_354_82;
 
-/// `g = gelu_tanh(g) * u` in place (Gemma's gated FFN): the same bits on every path.
-pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
-    assert_eq!(g.len(), u.len(), "gelu_mul lengths");
+/// `g = x * sigmoid(z) * u` with `z = x` (SiLU) or GELU's `z = x (A + B x^2)`.
+fn gated_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "gated activation lengths");
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 {
         // SAFETY: AVX2 detected; whole 8-lane chunks only.
-        done = unsafe { gelu_mul_avx2(g, u) };
+        done = unsafe { gated_mul_avx2::<GELU>(g, u) };
     }
     for (x, &y) in g[done..].iter_mut().zip(&u[done..]) {
-        *x = gelu1(*x) * y;
+        *x = act1::<GELU>(*x) * y;
     }
 }
 
 #[inline(always)]
-fn gelu1(x: f32) -> f32 {
-    let z = x * (GELU_A + GELU_B * (x * x));
+fn act1<const GELU: bool>(x: f32) -> f32 {
+    let z = if GELU {
+        x * (GELU_A + GELU_B * (x * x))
+    } else {
+        x
+    };
+    // sigmoid from e^-|z| only, so the exponential never overflows.
     let e = exp_neg(-z.abs());
     let num = if z >= 0.0 { 1.0 } else { e };
     x * (num / (1.0 + e))
@@ -137,7 +111,7 @@ fn gelu1(x: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn gelu_mul_avx2(g: &mut [f32], u: &[f32]) -> usize {
+unsafe fn gated_mul_avx2<const GELU: bool>(g: &mut [f32], u: &[f32]) -> usize {
     use std::arch::x86_64::*;
     let n = g.len() / 8 * 8;
     let sign = _mm256_set1_ps(-0.0);
@@ -145,7 +119,11 @@ unsafe fn gelu_mul_avx2(g: &mut [f32], u: &[f32]) -> usize {
     let (a, b) = (_mm256_set1_ps(GELU_A), _mm256_set1_ps(GELU_B));
     for i in (0..n).step_by(8) {
         let x = _mm256_loadu_ps(g.as_ptr().add(i));
-        let z = _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(b, _mm256_mul_ps(x, x))));
+        let z = if GELU {
+            _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(b, _mm256_mul_ps(x, x))))
+        } else {
+            x
+        };
         let e = exp_neg8(_mm256_or_ps(z, sign));
         let neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
         let num = _mm256_blendv_ps(one, e, neg);
@@ -186,7 +164,11 @@ mod tests {
                 (*f as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
                 "{x}: {f} vs {want}"
             );
-            assert_eq!(f.to_bits(), (silu1(*x) * y).to_bits(), "{x}: path differs");
+            assert_eq!(
+                f.to_bits(),
+                (act1::<false>(*x) * y).to_bits(),
+                "{x}: path differs"
+            );
         }
     }
 
@@ -204,7 +186,11 @@ mod tests {
                 (*f as f64 - want).abs() <= 2e-6 * want.abs().max(1.0),
                 "{x}: {f} vs {want}"
             );
-            assert_eq!(f.to_bits(), (gelu1(*x) * y).to_bits(), "{x}: path differs");
+            assert_eq!(
+                f.to_bits(),
+                (act1::<true>(*x) * y).to_bits(),
+                "{x}: path differs"
+            );
         }
     }
 

@@ -14,21 +14,48 @@ applies. Seat changes are free. Pets travel free in carriers. Bikes need a reser
 pub const CODING: &str = "You are a senior Rust reviewer. Point out one bug and suggest a fix. \
 Prefer iterators over index loops, never unwrap on user input, and keep functions short.";
 
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("EDGEPROMPT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
+}
+
+/// A model file from `models/`, loaded.
+pub fn load(file: &str) -> Arc<Model> {
+    let p = models_dir().join(file);
+    assert!(
+        p.exists(),
+        "{} missing: run python3 scripts/models.py",
+        p.display()
+    );
+    Arc::new(Model::load(p).unwrap())
+}
+
 pub fn model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| {
-        let dir = std::env::var_os("EDGEPROMPT_MODELS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-        let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(
-            p.exists(),
-            "{} missing: run python3 scripts/models.py",
-            p.display()
-        );
-        Arc::new(Model::load(p).unwrap())
-    })
-    .clone()
+    M.get_or_init(|| load("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .clone()
+}
+
+/// Greedy continuation of `seq` from `logits`: the answer's text (stops at the model's end
+/// tokens), as the one-shot edge prints it.
+pub fn greedy_text(
+    m: &Model,
+    seq: &mut edgeprompt_engine::Sequence,
+    mut logits: Vec<f32>,
+    n: usize,
+) -> String {
+    let mut text = edgeprompt_engine::TextStream::new(&[]);
+    for _ in 0..n {
+        let id = edgeprompt_engine::sample::argmax(&logits);
+        let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
+        if stopped || text.ids().len() == n {
+            break;
+        }
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    text.finish();
+    text.text().to_string()
 }
 
 /// Start a cloud node on an ephemeral loopback port; returns its URL.
@@ -95,4 +122,20 @@ pub fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) ->
 pub fn post_json(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, serde_json::Value) {
     let (status, text) = http(addr, "POST", path, body);
     (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+/// The edge's prompt lookup against `cloud` (f16, prompts not in the cloud computed here, a
+/// 256 MB memory tier, nothing else); tests override what they exercise.
+pub fn prefix_config(cloud: &str) -> edgeprompt_edge::prefixes::PrefixConfig {
+    edgeprompt_edge::prefixes::PrefixConfig {
+        cloud_url: Some(cloud.into()),
+        codec: edgeprompt_kv::Codec::F16,
+        unknown_system: edgeprompt_edge::prefixes::UnknownSystem::ComputeLocally,
+        cache_bytes: 256 << 20,
+        disk_dir: None,
+        peers: Vec::new(),
+        security: Default::default(),
+        cloud_layers_from: 0,
+        auto_codec: None,
+    }
 }
