@@ -11,7 +11,7 @@ use std::time::Instant;
 use edgeprompt_align::{
     collect, compare, fit_adapters, match_layers, AdapterSet, FitOptions, Sampling,
 };
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
@@ -21,7 +21,6 @@ use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
-use tokio_stream::wrappers::TcpListenerStream;
 
 mod common;
 
@@ -176,13 +175,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
                 .with_adapters(vec![set])
                 .unwrap(),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(CloudService::server(node))
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
+        let url = common::serve_cloud(node).await;
 
         // Over the network: layers 16.. from the cloud, 0..16 computed here.
         let mut client = CloudClient::connect(&url).await.unwrap();

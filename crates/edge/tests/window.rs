@@ -7,13 +7,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Model, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
-use tokio_stream::wrappers::TcpListenerStream;
 
 mod common;
 
@@ -62,13 +61,7 @@ async fn start_cloud(m: &Arc<Model>, text: &str) -> String {
         text: Some(text.into()),
     }];
     let node = Arc::new(CloudNode::new(m.clone(), &specs, 256 << 20).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CloudService::server(node))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let url = common::serve_cloud(node).await;
     url
 }
 

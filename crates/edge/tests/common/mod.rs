@@ -72,7 +72,11 @@ pub async fn start_cloud(model: Arc<Model>) -> String {
             text: None,
         },
     ];
-    let node = Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap());
+    serve_cloud(Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap())).await
+}
+
+/// Serve `node` over gRPC on an ephemeral loopback port; returns its URL.
+pub async fn serve_cloud(node: Arc<CloudNode>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
