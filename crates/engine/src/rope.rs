@@ -1,13 +1,20 @@
-//! Rotary position embedding with a precomputed cos/sin table.
+//! Rotary position embedding with a cos/sin table built as far as positions are used: a model
+//! that allows 32k positions but serves 2k-token contexts holds 2k rows, not 32k.
+
+use std::sync::RwLock;
 
 use crate::config::RopeStyle;
+
+/// Positions the table grows by.
+const GROW: usize = 2048;
 
 pub struct Rope {
     style: RopeStyle,
     half: usize,
     max_pos: usize,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    inv_freq: Vec<f32>,
+    /// cos and sin of positions `0..cos.len() / half`.
+    table: RwLock<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Rope {
@@ -16,21 +23,12 @@ impl Rope {
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| (base as f64).powf(-(2.0 * i as f64) / head_dim as f64) as f32)
             .collect();
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
-        for p in 0..max_pos {
-            for f in &inv_freq {
-                let theta = (p as f32 * f) as f64;
-                cos.push(theta.cos() as f32);
-                sin.push(theta.sin() as f32);
-            }
-        }
         Self {
             style,
             half,
             max_pos,
-            cos,
-            sin,
+            inv_freq,
+            table: RwLock::new((Vec::new(), Vec::new())),
         }
     }
 
@@ -49,22 +47,59 @@ impl Rope {
         self.rotate(row, pos, -1.0);
     }
 
+    /// Extend the table past `pos` (each entry is a function of its position alone, so when
+    /// it was built never changes a bit).
+    fn grow_to(&self, pos: usize) {
+        let Ok(mut t) = self.table.write() else {
+            return;
+        };
+        let built = t.0.len() / self.half.max(1);
+        if pos < built {
+            return;
+        }
+        let upto = (pos + 1)
+            .next_multiple_of(GROW)
+            .min(self.max_pos.max(pos + 1));
+        let more = (upto - built) * self.half;
+        t.0.reserve_exact(more);
+        t.1.reserve_exact(more);
+        for p in built..upto {
+            for f in &self.inv_freq {
+                let theta = (p as f32 * f) as f64;
+                t.0.push(theta.cos() as f32);
+                t.1.push(theta.sin() as f32);
+            }
+        }
+    }
+
     fn rotate(&self, row: &mut [f32], pos: usize, sign: f32) {
-        let (cos, sin) = (
-            &self.cos[pos * self.half..(pos + 1) * self.half],
-            &self.sin[pos * self.half..(pos + 1) * self.half],
-        );
-        for head in row.chunks_exact_mut(2 * self.half) {
-            for i in 0..self.half {
+        let h = self.half;
+        let built = |t: &(Vec<f32>, Vec<f32>)| t.0.len() / h.max(1);
+        if self.table.read().map_or(true, |t| pos >= built(&t)) {
+            self.grow_to(pos);
+        }
+        let Ok(t) = self.table.read() else {
+            return;
+        };
+        let (cos, sin) = (&t.0[pos * h..(pos + 1) * h], &t.1[pos * h..(pos + 1) * h]);
+        for head in row.chunks_exact_mut(2 * h) {
+            for i in 0..h {
                 let (a, b) = match self.style {
                     RopeStyle::Adjacent => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + self.half),
+                    RopeStyle::Neox => (i, i + h),
                 };
                 let (x0, x1, sn) = (head[a], head[b], sign * sin[i]);
                 head[a] = x0 * cos[i] - x1 * sn;
                 head[b] = x0 * sn + x1 * cos[i];
             }
         }
+    }
+
+    /// Bytes the table holds now.
+    pub fn bytes(&self) -> usize {
+        self.table
+            .read()
+            .map_or(0, |t| (t.0.capacity() + t.1.capacity()) * 4)
     }
 }
 
@@ -97,6 +132,26 @@ mod tests {
             rope.unapply(&mut y, 517);
             assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-5));
         }
+    }
+
+    /// The table grows as positions are used, and entries built late equal entries built
+    /// early, bit for bit.
+    #[test]
+    fn the_table_grows_on_demand_with_the_same_bits() {
+        let (a, b) = (
+            Rope::new(8, 10_000.0, RopeStyle::Neox, 32_768),
+            Rope::new(8, 10_000.0, RopeStyle::Neox, 32_768),
+        );
+        assert_eq!(a.bytes(), 0);
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.7).cos()).collect();
+        let (mut ya, mut yb) = (x.clone(), x.clone());
+        b.apply(&mut yb, 9_000); // b builds 0..10240 at once
+        a.apply(&mut ya, 5); // a builds 0..2048, then grows
+        a.apply(&mut ya.clone(), 4_100);
+        let mut za = x.clone();
+        a.apply(&mut za, 9_000);
+        assert_eq!(za, yb);
+        assert!(a.bytes() <= 2 * 10_240 * 4 * 4 + 4096, "{}", a.bytes());
     }
 
     #[test]
