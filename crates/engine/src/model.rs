@@ -156,9 +156,7 @@ impl Model {
         if let Some(n) = &w.q_norm {
             q = rms_norm(&q, n, c.rms_eps);
         }
-        for (t, row) in q.chunks_exact_mut(c.q_dim()).enumerate() {
-            self.rope(l).apply(row, pos0 + t);
-        }
+        self.rope(l).apply_rows(&mut q, c.q_dim(), pos0);
         Ok(q)
     }
 
@@ -213,11 +211,8 @@ impl Model {
                 )));
             }
             let r1 = r0 + part.rows;
-            for t in 0..part.rows {
-                let row = r0 + t;
-                rope.apply(&mut q[row * qw..(row + 1) * qw], pos0 + t);
-                rope.apply(&mut k[row * kvw..(row + 1) * kvw], pos0 + t);
-            }
+            rope.apply_rows(&mut q[r0 * qw..r1 * qw], qw, pos0);
+            rope.apply_rows(&mut k[r0 * kvw..r1 * kvw], kvw, pos0);
             part.private
                 .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);
             r0 = r1;

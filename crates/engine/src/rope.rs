@@ -72,16 +72,35 @@ impl Rope {
         }
     }
 
+    /// Rotate consecutive rows of `width` floats, row `t` at position `pos0 + t` (one table
+    /// lookup for the lot: the layer's hot path).
+    pub fn apply_rows(&self, rows: &mut [f32], width: usize, pos0: usize) {
+        let n = rows.len() / width.max(1);
+        self.with_table(pos0 + n.max(1) - 1, |cos, sin| {
+            for (t, row) in rows.chunks_exact_mut(width.max(1)).enumerate() {
+                self.rotate_with(cos, sin, row, pos0 + t, 1.0);
+            }
+        });
+    }
+
     fn rotate(&self, row: &mut [f32], pos: usize, sign: f32) {
-        let h = self.half;
-        let built = |t: &(Vec<f32>, Vec<f32>)| t.0.len() / h.max(1);
-        if self.table.read().map_or(true, |t| pos >= built(&t)) {
-            self.grow_to(pos);
+        self.with_table(pos, |cos, sin| self.rotate_with(cos, sin, row, pos, sign));
+    }
+
+    /// `f(cos, sin)` with the table built at least through `last`.
+    fn with_table(&self, last: usize, f: impl FnOnce(&[f32], &[f32])) {
+        let built = |t: &(Vec<f32>, Vec<f32>)| t.0.len() / self.half.max(1);
+        if self.table.read().map_or(true, |t| last >= built(&t)) {
+            self.grow_to(last);
         }
-        let Ok(t) = self.table.read() else {
-            return;
-        };
-        let (cos, sin) = (&t.0[pos * h..(pos + 1) * h], &t.1[pos * h..(pos + 1) * h]);
+        if let Ok(t) = self.table.read() {
+            f(&t.0, &t.1);
+        }
+    }
+
+    fn rotate_with(&self, cos: &[f32], sin: &[f32], row: &mut [f32], pos: usize, sign: f32) {
+        let h = self.half;
+        let (cos, sin) = (&cos[pos * h..(pos + 1) * h], &sin[pos * h..(pos + 1) * h]);
         for head in row.chunks_exact_mut(2 * h) {
             for i in 0..h {
                 let (a, b) = match self.style {
