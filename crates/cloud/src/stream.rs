@@ -1,6 +1,7 @@
 //! The serving side of the wire, shared by the cloud node and by edges that serve their cached
 //! prompts to peers: fingerprint check, codec negotiation, the header, layer-major chunks.
 
+use edgeprompt_engine::config::window_start;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::{Chunk, Codec};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
@@ -69,10 +70,7 @@ impl Layout {
     /// Per layer, the first position of an `n`-token prompt the stream carries.
     pub fn starts(&self, n: usize) -> Vec<usize> {
         (0..self.n_layers)
-            .map(|l| match self.windows.get(l).copied().flatten() {
-                Some(w) => n.saturating_sub(w - 1),
-                None => 0,
-            })
+            .map(|l| window_start(self.windows.get(l).copied().flatten(), n))
             .collect()
     }
 

@@ -43,6 +43,12 @@ pub struct ModelConfig {
     pub rope_base_local: f32,
 }
 
+/// First position of a `prompt_len`-token prefix a later token still sees through `window`
+/// (a token sees itself and the `window - 1` before it); 0 without a window.
+pub fn window_start(window: Option<usize>, prompt_len: usize) -> usize {
+    window.map_or(0, |w| prompt_len.saturating_sub(w.saturating_sub(1)))
+}
+
 /// Gemma 3's layer pattern: every sixth layer attends globally.
 const GEMMA3_PATTERN: usize = 6;
 
@@ -124,8 +130,7 @@ impl ModelConfig {
     /// First position of a `prompt_len`-token prefix that layer `l` can still show to a token
     /// after it: the window cut (0 on full-attention layers).
     pub fn visible_from(&self, l: usize, prompt_len: usize) -> usize {
-        self.window_of(l)
-            .map_or(0, |w| prompt_len.saturating_sub(w - 1))
+        window_start(self.window_of(l), prompt_len)
     }
 
     /// f16 K+V bytes per token over all layers (before any window cut).
