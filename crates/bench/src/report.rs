@@ -176,8 +176,8 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
     let _ = writeln!(
         md,
         "## TTFT over link profiles (`edgeprompt-bench ttft`)\n\n{}; codec {}\n\n\
-         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | non-pipelined s | planner s | planner error | regime |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | non-pipelined s | planner s | planner error | regime |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         v["codec"].as_str().unwrap_or("?")
     );
@@ -193,13 +193,16 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
         let llama = r["llama_edge_only_s"].as_f64();
         let _ = writeln!(
             md,
-            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {:.2} | {pred:.2} | {:+.1} % | {} |",
+            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {} | {:.2} | {pred:.2} | {:+.1} % | {} |",
             r["profile"].as_str().unwrap_or("?"),
             r["cloud_tokens"],
             r["edge_tokens"],
             llama.map_or("-".into(), |l| format!("{l:.2}")),
             pipe / eo,
             llama.map_or("-".into(), |l| format!("{:.2}x", pipe / l)),
+            r["served_cold_s"]
+                .as_f64()
+                .map_or("-".into(), |t| format!("{t:.2} ({:.2}x)", t / pipe)),
             f(&r["sequential_s"]),
             100.0 * err,
             r["regime"].as_str().unwrap_or("?")

@@ -42,6 +42,9 @@ pub struct Row {
     /// llama.cpp prefilling the same cloud + edge tokens (its TTFT running alone on the edge).
     pub llama_edge_only_s: Option<f64>,
     pub pipelined_s: f64,
+    /// The same request through a fresh `serve` (cold cache, OpenAI chat, first streamed
+    /// token): the scheduler's pipelined cold path. Chat models only.
+    pub served_cold_s: Option<f64>,
     pub sequential_s: f64,
     pub predicted_pipelined_s: f64,
     pub predicted_sequential_s: f64,
@@ -160,6 +163,16 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             for ((c, &eo), &llama) in cases.iter().zip(&edge_only).zip(&llama_edge_only) {
                 let (pipe, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
                 let (seq, _) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, false, 0).await?;
+                let served = match model.chat {
+                    Some(_) => {
+                        let edge = nodes::edge(&model, "bench", Some(url.clone()), s.codec).await?;
+                        let (sample, _) = crate::serve::one(&reqwest::Client::new(), &edge, "bench", &c.system, &user, 1)
+                            .await
+                            .map_err(BenchError::Data)?;
+                        Some(sample.ttft_s)
+                    }
+                    None => None,
+                };
                 let uncut = match &uncut_link {
                     Some(u) => {
                         let url = format!("http://{}", u.addr);
@@ -179,10 +192,11 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     head_secs: (pipe - l.last().map_or(0.0, |x| x.compute_end)).max(0.0),
                 });
                 eprintln!(
-                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | sequential {seq:.3} s | predicted {:.3} s ({:?})",
+                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | served cold {} | sequential {seq:.3} s | predicted {:.3} s ({:?})",
                     c.cloud_ids.len(),
                     c.edge_ids.len(),
                     pipe / eo,
+                    served.map_or("-".into(), |t| format!("{t:.3} s ({:.2}x pipelined)", t / pipe)),
                     pred.pipelined_secs,
                     pred.regime
                 );
@@ -196,6 +210,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     edge_only_s: eo,
                     llama_edge_only_s: llama,
                     pipelined_s: pipe,
+                    served_cold_s: served,
                     sequential_s: seq,
                     predicted_pipelined_s: pred.pipelined_secs,
                     predicted_sequential_s: pred.sequential_secs,

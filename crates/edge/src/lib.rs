@@ -9,6 +9,7 @@
 pub mod client;
 pub mod codec_choice;
 pub mod http;
+pub mod layer_stream;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;
@@ -16,6 +17,7 @@ pub mod prefixes;
 pub mod scheduler;
 
 pub use client::{ClientSecurity, CloudClient, CloudHeader, LayerArrival};
+pub use layer_stream::{LayerStream, PromptKv};
 pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
 
 #[derive(Debug, thiserror::Error)]

@@ -52,6 +52,8 @@ pub struct Metrics {
     pub disk_write_errors: Counter,
     pub codec_choices: Family<CodecLabels, Counter>,
     pub link_bytes_per_second: Gauge,
+    pub cold_prefills: Counter,
+    pub cold_layers_overlapped: Counter,
 }
 
 impl Default for Metrics {
@@ -82,8 +84,20 @@ impl Metrics {
             disk_write_errors: Counter::default(),
             codec_choices: Family::default(),
             link_bytes_per_second: Gauge::default(),
+            cold_prefills: Counter::default(),
+            cold_layers_overlapped: Counter::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "cold_prefills",
+            "Private prompts prefilled layer by layer while their cloud prompt streamed in",
+            m.cold_prefills.clone(),
+        );
+        registry.register(
+            "cold_layers_overlapped",
+            "Private layers of cold prefills that ran before their cloud prompt's last layer landed",
+            m.cold_layers_overlapped.clone(),
+        );
         registry.register(
             "codec_choices",
             "Cloud fetches by the KV codec --codec auto chose",

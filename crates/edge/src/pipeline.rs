@@ -11,7 +11,7 @@ use crate::client::{CloudHeader, LayerArrival};
 use crate::{EdgeError, Result};
 
 /// Seconds since the request started.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LayerTiming {
     pub layer: usize,
     pub arrived: f64,
@@ -20,7 +20,7 @@ pub struct LayerTiming {
     pub wire_bytes: usize,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Timeline {
     pub layers: Vec<LayerTiming>,
 }

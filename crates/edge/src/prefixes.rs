@@ -15,8 +15,13 @@ use edgeprompt_kv::{content_address, Codec, DiskStore};
 use edgeprompt_protocol::PromptRef;
 use tokio::sync::OnceCell;
 
+use crate::layer_stream::{LayerStream, PromptKv};
 use crate::metrics::Metrics;
 use crate::{ClientSecurity, CloudClient, EdgeError};
+
+/// A lookup in flight, joined by every request on its prompt: the stream, once the cloud's
+/// header is in.
+type Slot = tokio::sync::watch::Sender<Option<Arc<LayerStream>>>;
 
 /// Longest wait for the cloud's next layer before the fetch counts as failed.
 const LAYER_STALL: Duration = Duration::from_secs(30);
@@ -103,6 +108,8 @@ pub struct Prefixes {
     metrics: Arc<Metrics>,
     disk: Option<Arc<DiskStore>>,
     entries: Mutex<HashMap<String, Entry>>,
+    /// Lookups that may stream, by key, while they run.
+    streams: Mutex<HashMap<String, Arc<Slot>>>,
     /// Cloud prompt id -> content address, learnt from the cloud's headers.
     ids: Mutex<HashMap<String, String>>,
     clock: AtomicU64,
@@ -128,6 +135,7 @@ impl Prefixes {
             metrics,
             disk,
             entries: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
             writes: Arc::new(AtomicUsize::new(0)),
@@ -231,11 +239,109 @@ impl Prefixes {
         self.lookup(&key, PromptRef::Id(id.into()), None).await
     }
 
+    /// `for_system`, except that a prompt coming from the cloud is answered as soon as its
+    /// header is in, still streaming, so the request's private prefill can follow its layers.
+    pub async fn for_system_streaming(
+        self: &Arc<Self>,
+        ids: &[u32],
+    ) -> Result<PromptKv, LookupError> {
+        let address = content_address(&self.model.fingerprint, ids);
+        let bytes = hex::decode(&address).unwrap_or_default();
+        let key = self.key(&address);
+        self.resolve(key, PromptRef::ContentAddress(bytes), Some(ids.to_vec()))
+            .await
+    }
+
+    /// `for_id`, streaming like `for_system_streaming`.
+    pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
+        if !edgeprompt_protocol::valid_prompt_id(id) {
+            return Err(LookupError::UnknownId(id.into()));
+        }
+        let known = self.ids.lock().ok().and_then(|m| m.get(id).cloned());
+        let key = known.unwrap_or_else(|| format!("id:{id}"));
+        self.resolve(key, PromptRef::Id(id.into()), None).await
+    }
+
+    /// Whole from memory; else the lookup runs in the background (joined by every request on
+    /// the prompt) and this returns its stream once the cloud's header is in, or the prompt
+    /// whole if another tier had it.
+    async fn resolve(
+        self: &Arc<Self>,
+        key: String,
+        prompt: PromptRef,
+        ids: Option<Vec<u32>>,
+    ) -> Result<PromptKv, LookupError> {
+        if self.cell(&key).initialized() {
+            let r = self.lookup(&key, prompt, ids.as_deref()).await?;
+            return Ok(PromptKv::Ready(r.prefix));
+        }
+        let slot = match self.streams.lock() {
+            Ok(mut m) => m
+                .entry(key.clone())
+                .or_insert_with(|| Arc::new(Slot::new(None)))
+                .clone(),
+            Err(_) => Arc::new(Slot::new(None)),
+        };
+        let mut watch = slot.subscribe();
+        let me = self.clone();
+        let task = tokio::spawn(async move {
+            me.lookup_with(&key, prompt, ids.as_deref(), Some(&slot))
+                .await
+        });
+        tokio::select! {
+            // A failed wait (the lookup ended and dropped the slot) leaves the task's answer.
+            Ok(s) = watch.wait_for(Option::is_some) => match s.clone() {
+                Some(s) => Ok(PromptKv::Streaming(s)),
+                None => Err(LookupError::Failed("stream vanished".into())),
+            },
+            r = task => {
+                let r = r.map_err(|e| LookupError::Failed(e.to_string()))??;
+                Ok(PromptKv::Ready(r.prefix))
+            }
+        }
+    }
+
     async fn lookup(
         &self,
         key: &str,
         prompt: PromptRef,
         ids: Option<&[u32]>,
+    ) -> Result<Resolved, LookupError> {
+        self.lookup_with(key, prompt, ids, None).await
+    }
+
+    /// The lookup; with `slot`, a cloud fetch publishes its stream there as layers land, and
+    /// the stream learns the outcome.
+    async fn lookup_with(
+        &self,
+        key: &str,
+        prompt: PromptRef,
+        ids: Option<&[u32]>,
+        slot: Option<&Arc<Slot>>,
+    ) -> Result<Resolved, LookupError> {
+        let got = self.lookup_inner(key, prompt, ids, slot).await;
+        if let Some(slot) = slot {
+            if let Some(stream) = slot.borrow().as_ref() {
+                match &got {
+                    Ok(r) => stream.complete(r.prefix.clone()),
+                    Err(e) => stream.fail(e.to_string()),
+                }
+            }
+            if let Ok(mut m) = self.streams.lock() {
+                if m.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                    m.remove(key);
+                }
+            }
+        }
+        got
+    }
+
+    async fn lookup_inner(
+        &self,
+        key: &str,
+        prompt: PromptRef,
+        ids: Option<&[u32]>,
+        slot: Option<&Arc<Slot>>,
     ) -> Result<Resolved, LookupError> {
         let cell = self.cell(key);
         let id = match &prompt {
@@ -247,7 +353,7 @@ impl Prefixes {
         let prefix = cell
             .get_or_try_init(|| async {
                 let (p, s) = self
-                    .fetch_or_compute(prompt, address.as_deref(), ids)
+                    .fetch_or_compute(prompt, address.as_deref(), ids, slot)
                     .await?;
                 source = s;
                 Ok::<_, LookupError>(Arc::new(p))
@@ -363,6 +469,7 @@ impl Prefixes {
         prompt: PromptRef,
         address: Option<&str>,
         ids: Option<&[u32]>,
+        slot: Option<&Arc<Slot>>,
     ) -> Result<(PrefixKv, Source), LookupError> {
         if let Some(a) = address {
             if let Some(p) = self.read_disk(a).await {
@@ -375,16 +482,19 @@ impl Prefixes {
                 _ => &[],
             };
             for peer in peers {
-                match self.fetch(peer, by_address.clone(), ids).await {
+                match self.fetch(peer, by_address.clone(), ids, None).await {
                     Ok(p) => return Ok((p, Source::Peer)),
                     Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
                 }
             }
         }
         let fetched = match &self.cfg.cloud_url {
-            Some(url) => Some(self.fetch(url, prompt.clone(), ids).await),
+            Some(url) => Some(self.fetch(url, prompt.clone(), ids, slot).await),
             None => None,
         };
+        // A prompt named by id that failed after its header: its tokens are known now.
+        let streamed = slot.and_then(|s| s.borrow().as_ref().map(|s| s.token_ids().to_vec()));
+        let ids = ids.or(streamed.as_deref());
         let by_id = |id: &str| LookupError::UnknownId(id.to_string());
         match (fetched, ids, &prompt) {
             (Some(Ok(p)), _, _) => Ok((p, Source::Cloud)),
@@ -416,6 +526,7 @@ impl Prefixes {
         url: &str,
         prompt: PromptRef,
         ids: Option<&[u32]>,
+        slot: Option<&Arc<Slot>>,
     ) -> Result<PrefixKv, EdgeError> {
         // Only the cloud maps KV for CE-LSLM; peers send all layers.
         let first = match Some(url) == self.cfg.cloud_url.as_deref() {
@@ -449,9 +560,20 @@ impl Prefixes {
                 "the cloud's prompt tokens differ from this edge's tokenization".into(),
             ));
         }
+        // Requests waiting on this prompt follow its layers from here on.
+        let stream = slot.map(|slot| {
+            let s = Arc::new(LayerStream::new(
+                header.token_ids.clone(),
+                self.model.cfg.n_layer,
+            ));
+            slot.send_replace(Some(s.clone()));
+            s
+        });
         // CE-LSLM: the shallow layers computed here while the deep ones arrive.
         let (model, ids) = (self.model.clone(), header.token_ids.clone());
-        let shallow = tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first));
+        let to = stream.clone();
+        let shallow =
+            tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first, to.as_deref()));
         let mut deep = Vec::with_capacity(header.n_layers);
         for _ in first..header.n_layers {
             // A cloud that stalls mid-stream counts as down (the caller falls back), rather
@@ -462,7 +584,11 @@ impl Prefixes {
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
             wire = (wire.0 + a.wire_bytes, a.at);
-            deep.push(Arc::new(a.kv));
+            let kv = Arc::new(a.kv);
+            if let Some(s) = &stream {
+                s.put(a.layer, kv.clone(), a.wire_bytes);
+            }
+            deep.push(kv);
         }
         if let Some(a) = auto {
             let secs = wire.1.saturating_duration_since(header_at).as_secs_f64();
@@ -501,18 +627,26 @@ impl Prefixes {
     }
 }
 
-/// Layers `0..n` of the prompt `ids`, computed here (CE-LSLM's shallow layers).
+/// Layers `0..n` of the prompt `ids`, computed here (CE-LSLM's shallow layers), each put on
+/// `stream` as it is done.
 fn shallow_layers(
     model: &Model,
     ids: &[u32],
     n: usize,
+    stream: Option<&LayerStream>,
 ) -> edgeprompt_engine::Result<Vec<Arc<edgeprompt_engine::LayerKv>>> {
     if n == 0 {
         return Ok(Vec::new());
     }
     let mut pass = edgeprompt_engine::sequence::PrefillPass::new(model, ids, 0)?;
-    for _ in 0..n {
+    let mut layers = Vec::with_capacity(n);
+    for l in 0..n {
         pass.run_layer(model, None)?;
+        let kv = Arc::new(pass.layer_kv(l).clone());
+        if let Some(s) = stream {
+            s.put(l, kv.clone(), 0);
+        }
+        layers.push(kv);
     }
-    Ok((0..n).map(|l| Arc::new(pass.layer_kv(l).clone())).collect())
+    Ok(layers)
 }

@@ -11,12 +11,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{
     logprobs, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream, TokenLogprobs,
 };
 use tokio::sync::mpsc;
 
+use crate::layer_stream::LayerStream;
 use crate::metrics::Metrics;
+use crate::pipeline::{LayerTiming, Timeline};
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -55,9 +58,12 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
 }
 
-/// What a request may ask beyond its tokens.
+/// What a request may ask or bring beyond its tokens.
 #[derive(Default)]
 pub struct Extras {
+    /// A cloud prompt still arriving (then `Job::prefix` is `None`): the private prompt is
+    /// prefilled layer by layer inside the running batch as the prompt's layers land.
+    pub cold: Option<Arc<LayerStream>>,
     /// Log-probabilities of every sampled token and of this many alternatives each.
     pub logprobs: Option<usize>,
     /// Further answers to the same prompt, each on its own channel: the prompt is prefilled
@@ -83,6 +89,9 @@ pub struct Done {
     pub token_ids: Vec<u32>,
     /// One per token id when the request asked for log-probabilities.
     pub logprobs: Vec<TokenLogprobs>,
+    /// For a request on a cold cloud prompt: when each layer landed and when this request's
+    /// private layer ran (seconds since admission).
+    pub timeline: Option<Timeline>,
 }
 
 /// Why a request ended unfinished when the server stopped (`Event::Failed`).
@@ -145,7 +154,73 @@ struct Running {
     token_logprobs: Vec<TokenLogprobs>,
     /// Answers still to fork off once the prompt is in, each with its reservation.
     forks: Vec<(mpsc::UnboundedSender<Event>, Reservation)>,
+    /// The private prefill against a cloud prompt still streaming; `seq` is empty until done.
+    cold: Option<Cold>,
+    timeline: Option<Timeline>,
     _reservation: Reservation,
+}
+
+/// A private prompt prefilled one layer at a time as a cold cloud prompt's layers land.
+struct Cold {
+    stream: Arc<LayerStream>,
+    pass: Option<PrefillPass>,
+    rows: usize,
+    timeline: Timeline,
+}
+
+impl Cold {
+    /// Run the layers that have landed, each costing `rows / n_layer` of the step's prefill
+    /// budget (one layer at least, so a cold prompt always moves). The sequence and its first
+    /// logits once the last layer ran and the prompt is resolved.
+    fn run(
+        &mut self,
+        model: &Model,
+        budget: &mut usize,
+        since: Instant,
+    ) -> Result<Option<(Sequence, Vec<f32>)>, String> {
+        let Some(pass) = self.pass.as_mut() else {
+            return Err("cold prefill already finished".into());
+        };
+        let n = model.cfg.n_layer;
+        let cost = self.rows.div_ceil(n).max(1);
+        let secs = |t: Instant| t.saturating_duration_since(since).as_secs_f64();
+        let mut ran = 0;
+        while pass.next_layer() < n && (ran == 0 || *budget >= cost) {
+            let l = pass.next_layer();
+            let Some(landed) = self.stream.layer(l) else {
+                break;
+            };
+            let t0 = Instant::now();
+            pass.run_layer(model, Some(&landed.kv))
+                .map_err(|e| e.to_string())?;
+            *budget = budget.saturating_sub(cost);
+            ran += 1;
+            self.timeline.layers.push(LayerTiming {
+                layer: l,
+                arrived: secs(landed.at),
+                compute_start: secs(t0),
+                compute_end: secs(Instant::now()),
+                wire_bytes: landed.wire_bytes,
+            });
+        }
+        match self.stream.outcome() {
+            Some(Err(e)) => Err(format!("could not get the cloud prompt: {e}")),
+            Some(Ok(prefix)) if pass.next_layer() == n => {
+                let pass = self.pass.take().ok_or("cold prefill already finished")?;
+                pass.finish(model, prefix)
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Private layers that ran before the prompt's last layer landed.
+    fn overlapped(&self) -> usize {
+        let t = &self.timeline.layers;
+        let last = t.iter().map(|l| l.arrived).fold(0.0, f64::max);
+        t.iter().filter(|l| l.compute_start < last).count()
+    }
 }
 
 impl Running {
@@ -177,6 +252,8 @@ impl Running {
                     logprobs: self.logprobs,
                     token_logprobs: Vec::new(),
                     forks: Vec::new(),
+                    cold: None,
+                    timeline: None,
                     _reservation: reservation,
                 }
             })
@@ -215,19 +292,30 @@ impl Batcher {
         self.waiting.is_empty() && self.active.is_empty()
     }
 
+    /// Whether a running request waits for a cold cloud prompt's next layer.
+    pub fn waits_for_layers(&self) -> bool {
+        self.active.iter().any(|r| r.cold.is_some())
+    }
+
+    /// `admit` with extras (a cold cloud prompt, log-probabilities, further answers).
+    pub fn admit_with(&mut self, job: Job, extras: Extras) -> Result<(), Refusal> {
+        let r = admission(&self.model, &self.cfg, &self.held, job, extras)?;
+        self.waiting.push_back(r);
+        self.metrics.queue_depth.set(self.waiting.len() as i64);
+        Ok(())
+    }
+
     pub fn usage(&self) -> KvUsage {
         self.usage.lock().map(|u| *u).unwrap_or_default()
     }
 
     /// Check a job and reserve its KV; the job then waits for a batch slot.
     pub fn admit(&mut self, job: Job) -> Result<(), Refusal> {
-        let r = admission(&self.model, &self.cfg, &self.held, job, Extras::default())?;
-        self.waiting.push_back(r);
-        self.metrics.queue_depth.set(self.waiting.len() as i64);
-        Ok(())
+        self.admit_with(job, Extras::default())
     }
 
-    /// One forward pass for the whole batch. Returns the token rows it ran.
+    /// One forward pass for the whole batch, after the private layers of cold prompts whose
+    /// cloud layers have landed. Returns the token rows of the forward pass.
     pub fn step(&mut self) -> usize {
         self.reap();
         while self.active.len() < self.cfg.max_batch {
@@ -237,9 +325,12 @@ impl Batcher {
             }
         }
         let mut budget = self.cfg.prefill_chunk.max(1);
+        self.run_cold(&mut budget);
         let mut feeds: Vec<Option<Vec<u32>>> = Vec::with_capacity(self.active.len());
         for r in &self.active {
-            let feed = if r.fed < r.job.prompt.len() {
+            let feed = if r.cold.is_some() {
+                None
+            } else if r.fed < r.job.prompt.len() {
                 let n = budget.min(r.job.prompt.len() - r.fed);
                 budget -= n;
                 (n > 0).then(|| r.job.prompt[r.fed..r.fed + n].to_vec())
@@ -295,6 +386,48 @@ impl Batcher {
         });
         self.publish();
         rows
+    }
+
+    /// Advance the cold prompts' private prefills by the layers that have landed; a finished
+    /// one samples its first token here and decodes with the batch from this step on.
+    fn run_cold(&mut self, budget: &mut usize) {
+        let mut outcomes = Vec::new();
+        for (i, r) in self.active.iter_mut().enumerate() {
+            let Some(c) = r.cold.as_mut() else { continue };
+            match c.run(&self.model, budget, r.admitted) {
+                Ok(None) => {}
+                Ok(Some((seq, logits))) => {
+                    self.metrics.cold_prefills.inc();
+                    self.metrics
+                        .cold_layers_overlapped
+                        .inc_by(c.overlapped() as u64);
+                    r.timeline = Some(std::mem::take(&mut c.timeline));
+                    r.cold = None;
+                    r.seq = seq;
+                    outcomes.push((i, Ok(logits)));
+                }
+                Err(e) => outcomes.push((i, Err(e))),
+            }
+        }
+        let mut ended = vec![false; self.active.len()];
+        for (i, o) in outcomes {
+            ended[i] = match o {
+                Ok(logits) => {
+                    let rows = self.active[i].job.prompt.len();
+                    self.advance(i, rows, &logits)
+                }
+                Err(e) => {
+                    let _ = self.active[i].job.events.send(Event::Failed(e));
+                    self.metrics.finished("error");
+                    true
+                }
+            };
+        }
+        let mut i = 0;
+        self.active.retain(|_| {
+            i += 1;
+            !ended[i - 1]
+        });
     }
 
     /// Take one step's logits for active sequence `i`; true when its answer is over.
@@ -416,6 +549,7 @@ fn emit(r: &mut Running, logits: &[f32], model: &Model, metrics: &Metrics) -> bo
             completion_tokens: r.text.ids().len(),
             token_ids: r.text.ids().to_vec(),
             logprobs: std::mem::take(&mut r.token_logprobs),
+            timeline: r.timeline.clone(),
         }));
         metrics.finished(reason);
         return true;
@@ -437,7 +571,16 @@ fn admission(
     mut job: Job,
     extras: Extras,
 ) -> Result<Running, Refusal> {
-    let prefix_len = job.prefix.as_ref().map_or(0, |p| p.n_tokens());
+    let prefix_len = match (&job.prefix, &extras.cold) {
+        (Some(_), Some(_)) => {
+            return Err(Refusal::Invalid(
+                "a job has one cloud prompt, whole or streaming".into(),
+            ))
+        }
+        (Some(p), None) => p.n_tokens(),
+        (None, Some(s)) => s.token_ids().len(),
+        (None, None) => 0,
+    };
     if job.prompt.is_empty() {
         return Err(Refusal::Invalid("the prompt has no tokens".into()));
     }
@@ -454,6 +597,18 @@ fn admission(
             Sequence::with_prefix(model, p.clone()).map_err(|e| Refusal::Invalid(e.to_string()))?
         }
         None => Sequence::new(model),
+    };
+    let cold = match extras.cold {
+        Some(stream) => Some(Cold {
+            pass: Some(
+                PrefillPass::new(model, &job.prompt, prefix_len)
+                    .map_err(|e| Refusal::Invalid(e.to_string()))?,
+            ),
+            rows: job.prompt.len(),
+            stream,
+            timeline: Timeline::default(),
+        }),
+        None => None,
     };
     // Every answer (n of them) holds its own copy of the private KV and a place in the queue.
     let answers = 1 + extras.forks.len();
@@ -520,6 +675,8 @@ fn admission(
         logprobs: extras.logprobs,
         token_logprobs: Vec::new(),
         forks: extras.forks.into_iter().zip(reservations).collect(),
+        cold,
+        timeline: None,
         _reservation: reservation,
     })
 }
@@ -560,7 +717,13 @@ impl Scheduler {
                 while let Ok(r) = rx.try_recv() {
                     batcher.waiting.push_back(r);
                 }
-                batcher.step();
+                let rows = batcher.step();
+                // Waiting for a cloud layer and nothing else to run: nap, open to new jobs.
+                if rows == 0 && batcher.waits_for_layers() {
+                    if let Ok(r) = rx.recv_timeout(Duration::from_millis(1)) {
+                        batcher.waiting.push_back(r);
+                    }
+                }
             })?;
         Ok(Self {
             model,

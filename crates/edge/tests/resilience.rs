@@ -6,10 +6,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use edgeprompt_edge::layer_stream::PromptKv;
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source, UnknownSystem};
-use edgeprompt_edge::scheduler::{Batcher, Event, Job, SchedulerConfig};
+use edgeprompt_edge::scheduler::{Batcher, Event, Extras, Job, SchedulerConfig};
 use edgeprompt_engine::{Model, PrefixKv, SamplingParams};
 use edgeprompt_kv::Codec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -242,4 +243,84 @@ fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
         assert_eq!(got.source, Source::Disk);
         assert!(same_kv(&got.prefix, &fetched.prefix));
     });
+}
+
+/// A request on a cold prompt follows the cloud's stream inside the batch; when the connection
+/// dies mid-stream the rest of the prompt is computed here and the request goes on from the
+/// layers it has: the same tokens as the no-fault answer, at every cut.
+#[test]
+fn a_streaming_cold_prompt_cut_mid_way_still_gives_the_same_answer() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
+    let (upstream, want, total) = rt.block_on(async {
+        let cloud = start_cloud(m.clone()).await;
+        let upstream: SocketAddr = cloud.trim_start_matches("http://").parse().unwrap();
+        let seen = Arc::new(AtomicU64::new(0));
+        let url = cutting_proxy(upstream, u64::MAX, seen.clone()).await;
+        let reference = prefixes(&m, Some(url), vec![], None)
+            .for_system(&cloud_ids)
+            .await
+            .unwrap();
+        let want = answer(&m, reference.prefix, &prompt);
+        (upstream, want, seen.load(Ordering::Relaxed))
+    });
+    let mut streamed = 0;
+    for k in [1u64, 3, 5] {
+        let cut = total * k / 6;
+        let p = rt.block_on(async {
+            let url = cutting_proxy(upstream, cut, Arc::new(AtomicU64::new(0))).await;
+            Arc::new(prefixes(&m, Some(url), vec![], None))
+                .for_system_streaming(&cloud_ids)
+                .await
+                .unwrap()
+        });
+        let PromptKv::Streaming(stream) = p else {
+            // The cut came before the header: the prompt was computed here, whole.
+            continue;
+        };
+        streamed += 1;
+        let mut b = Batcher::new(
+            m.clone(),
+            SchedulerConfig::default(),
+            Arc::new(Metrics::new()),
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let job = Job {
+            prefix: None,
+            prompt: prompt.clone(),
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            events: tx,
+        };
+        let cold = Extras {
+            cold: Some(stream),
+            ..Extras::default()
+        };
+        b.admit_with(job, cold).unwrap();
+        // The runtime's threads fetch (and recompute) while this thread steps the batch.
+        while !b.is_idle() {
+            if b.step() == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let mut got = None;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                Event::Done(d) => got = Some(d.token_ids),
+                Event::Failed(e) => panic!("cut after {cut} of {total}: {e}"),
+                Event::Text(_) => {}
+            }
+        }
+        assert_eq!(
+            got.as_ref(),
+            Some(&want),
+            "cut after {cut} of {total} bytes"
+        );
+    }
+    assert!(
+        streamed >= 2,
+        "the cuts past the header streamed ({streamed})"
+    );
 }

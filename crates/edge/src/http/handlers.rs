@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use edgeprompt_engine::{Message, PrefixKv, SamplingParams};
+use edgeprompt_engine::{Message, SamplingParams};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::{ApiError, EdgeServer};
+use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
 use crate::scheduler::{Done, Event, Extras, Job, Refusal, STOPPED};
 
@@ -140,8 +141,12 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
     };
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
         (Some(id), ids) => {
-            let p = s.prefixes.for_id(id).await.map_err(lookup_error)?.prefix;
-            if ids.as_ref().is_some_and(|ids| *ids != p.token_ids) {
+            let p = s
+                .prefixes
+                .for_id_streaming(id)
+                .await
+                .map_err(lookup_error)?;
+            if ids.as_ref().is_some_and(|ids| ids != p.token_ids()) {
                 return Err(ApiError::bad_request(format!(
                     "the system message is not the text of cloud prompt {id:?}; send one or the other"
                 )));
@@ -150,10 +155,9 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
         }
         (None, Some(ids)) => Some(
             s.prefixes
-                .for_system(ids)
+                .for_system_streaming(ids)
                 .await
-                .map_err(lookup_error)?
-                .prefix,
+                .map_err(lookup_error)?,
         ),
         (None, None) => None,
     };
@@ -184,7 +188,12 @@ async fn completions_inner(
         PromptText::Batch(_) => return Err(ApiError::bad_request("send one prompt per request")),
     };
     let prefix = match &req.common.cloud_prompt {
-        Some(id) => Some(s.prefixes.for_id(id).await.map_err(lookup_error)?.prefix),
+        Some(id) => Some(
+            s.prefixes
+                .for_id_streaming(id)
+                .await
+                .map_err(lookup_error)?,
+        ),
         None => None,
     };
     // A prompt of its own starts with BOS where the model wants one; after a cloud prompt it
@@ -284,9 +293,14 @@ async fn run(
     kind: Kind,
     request: &RequestId,
     r: Sampling,
-    prefix: Option<Arc<PrefixKv>>,
+    prefix: Option<PromptKv>,
     prompt: Vec<u32>,
 ) -> Result<Response, ApiError> {
+    let (prefix, cold) = match prefix {
+        Some(PromptKv::Ready(p)) => (Some(p), None),
+        Some(PromptKv::Streaming(s)) => (None, Some(s)),
+        None => (None, None),
+    };
     let logprobs = logprobs_asked(kind, &r)?;
     let n = r.n.unwrap_or(1);
     let (mut txs, mut rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
@@ -309,6 +323,7 @@ async fn run(
         events: tx,
     };
     let extras = Extras {
+        cold,
         logprobs,
         forks: txs,
     };

@@ -1,0 +1,147 @@
+//! A cloud prompt's KV while it arrives: layers land one by one (the cloud's stream, or the
+//! shallow layers computed here for CE-LSLM), and every request waiting on the prompt prefills
+//! its private layer `l` as soon as layer `l` is here, inside the running batch.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use edgeprompt_engine::{LayerKv, PrefixKv};
+
+/// One layer that landed: its KV, when, and its size on the wire (0 when computed here).
+#[derive(Clone)]
+pub struct Landed {
+    pub kv: Arc<LayerKv>,
+    pub at: Instant,
+    pub wire_bytes: usize,
+}
+
+#[derive(Default)]
+struct State {
+    layers: Vec<Option<Landed>>,
+    /// The whole prompt once resolved (the layers as streamed, or a local recomputation after
+    /// the cloud failed), or why it could not be.
+    outcome: Option<Result<Arc<PrefixKv>, String>>,
+}
+
+pub struct LayerStream {
+    token_ids: Vec<u32>,
+    state: Mutex<State>,
+}
+
+impl LayerStream {
+    pub fn new(token_ids: Vec<u32>, n_layer: usize) -> Self {
+        Self {
+            token_ids,
+            state: Mutex::new(State {
+                layers: vec![None; n_layer],
+                outcome: None,
+            }),
+        }
+    }
+
+    /// The prompt's tokens (from the cloud's header): known before any layer.
+    pub fn token_ids(&self) -> &[u32] {
+        &self.token_ids
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn put(&self, layer: usize, kv: Arc<LayerKv>, wire_bytes: usize) {
+        let mut s = self.state();
+        if let Some(slot) = s.layers.get_mut(layer) {
+            *slot = Some(Landed {
+                kv,
+                at: Instant::now(),
+                wire_bytes,
+            });
+        }
+    }
+
+    /// The prompt is resolved: layers that never landed (the cloud died mid-stream and the
+    /// prompt was computed here) are taken from `prefix`, bit for bit what the cloud sends.
+    pub fn complete(&self, prefix: Arc<PrefixKv>) {
+        let mut s = self.state();
+        for (l, slot) in s.layers.iter_mut().enumerate() {
+            if slot.is_none() {
+                if let Some(kv) = prefix.layers.get(l) {
+                    *slot = Some(Landed {
+                        kv: kv.clone(),
+                        at: Instant::now(),
+                        wire_bytes: 0,
+                    });
+                }
+            }
+        }
+        s.outcome = Some(Ok(prefix));
+    }
+
+    pub fn fail(&self, why: String) {
+        let mut s = self.state();
+        if s.outcome.is_none() {
+            s.outcome = Some(Err(why));
+        }
+    }
+
+    /// Layer `l`, if it has landed.
+    pub fn layer(&self, l: usize) -> Option<Landed> {
+        self.state().layers.get(l).cloned().flatten()
+    }
+
+    /// The whole prompt once resolved; `Some(Err)` when it cannot be.
+    pub fn outcome(&self) -> Option<Result<Arc<PrefixKv>, String>> {
+        self.state().outcome.clone()
+    }
+}
+
+/// A request's cloud prompt: whole, or still streaming.
+#[derive(Clone)]
+pub enum PromptKv {
+    Ready(Arc<PrefixKv>),
+    Streaming(Arc<LayerStream>),
+}
+
+impl PromptKv {
+    pub fn token_ids(&self) -> &[u32] {
+        match self {
+            PromptKv::Ready(p) => &p.token_ids,
+            PromptKv::Streaming(s) => s.token_ids(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(v: f32) -> Arc<LayerKv> {
+        let mut kv = LayerKv::new(1, 2);
+        kv.append(&[v, v], &[v, v], 1);
+        Arc::new(kv)
+    }
+
+    #[test]
+    fn layers_land_in_any_order_and_completion_fills_the_gaps() {
+        let s = LayerStream::new(vec![1], 3);
+        s.put(1, layer(1.0), 10);
+        assert!(s.layer(0).is_none());
+        assert_eq!(s.layer(1).map(|l| l.wire_bytes), Some(10));
+        let prefix = Arc::new(PrefixKv {
+            fingerprint: "f".into(),
+            token_ids: vec![1],
+            layers: vec![layer(7.0), layer(8.0), layer(9.0)],
+        });
+        s.complete(prefix.clone());
+        // The landed layer stays what it was; the others come from the prefix.
+        assert!(Arc::ptr_eq(&s.layer(0).expect("0").kv, &prefix.layers[0]));
+        assert!(!Arc::ptr_eq(&s.layer(1).expect("1").kv, &prefix.layers[1]));
+        assert!(Arc::ptr_eq(&s.layer(2).expect("2").kv, &prefix.layers[2]));
+        assert!(matches!(s.outcome(), Some(Ok(_))));
+        s.fail("late".into());
+        assert!(
+            matches!(s.outcome(), Some(Ok(_))),
+            "a resolved prompt stays resolved"
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! A cold cloud prompt inside the server: the first requests on it join the batch at once and
+//! prefill their private layer `l` as cloud layer `l` lands, over a real shaped link; they
+//! share one fetch, a decoding batch keeps producing tokens meanwhile, and every answer equals
+//! the warm path's and the single node's.
+
+use std::sync::Arc;
+
+use edgeprompt_cloud::{CloudNode, PromptSpec};
+use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+use edgeprompt_edge::layer_stream::LayerStream;
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
+use edgeprompt_edge::scheduler::{Batcher, Done, Event, Extras, Job, SchedulerConfig};
+use edgeprompt_engine::{Model, PrefixKv, SamplingParams, Sequence};
+use edgeprompt_link::{Link, Profile};
+use tokio::sync::mpsc;
+
+mod common;
+use common::{edge_ids, greedy_text, model, serve_cloud, CODING, SUPPORT};
+
+const USERS: [&str; 3] = [
+    "My train was cancelled. What do I get back?",
+    "Can I take my bike on the 8:15?",
+    "Review: for i in 0..v.len() { sum += v[i]; }",
+];
+
+/// A cloud prompt of ~450 tokens: ~10 MB of f16 KV, 1.7 s on a 4g link.
+fn long_system() -> String {
+    [SUPPORT, CODING].repeat(2).join(" ")
+}
+
+fn kv_bytes(m: &Model, tokens: usize) -> u64 {
+    let c = &m.cfg;
+    (tokens * c.n_layer * c.n_kv_head * c.head_dim * 2 * 2) as u64
+}
+
+/// The single node: cloud prompt and private prompt prefilled here, greedy.
+fn single_node(m: &Arc<Model>, system: &str, user: &str, n: usize) -> String {
+    let (cloud, edge) = edge_ids(m, system, user);
+    let mut seq = Sequence::new(m);
+    seq.prefill_chunked(m, &cloud, 256).unwrap();
+    let logits = seq.prefill(m, &edge).unwrap();
+    greedy_text(m, &mut seq, logits, n)
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_warm() {
+    let m = model();
+    let system = long_system();
+    let specs = vec![PromptSpec {
+        id: "long".into(),
+        system: system.clone(),
+        text: None,
+    }];
+    let node = Arc::new(CloudNode::new(m.clone(), &specs, 256 << 20).unwrap());
+    let cloud = serve_cloud(node).await;
+    let upstream = cloud.trim_start_matches("http://").to_string();
+    let link = Link::start("127.0.0.1:0", upstream, Profile::named("4g").unwrap())
+        .await
+        .unwrap();
+    let state = EdgeServer::start(
+        m.clone(),
+        ServerConfig {
+            model_id: "smollm2".into(),
+            default_max_tokens: 8,
+            api_keys: Default::default(),
+        },
+        SchedulerConfig::default(),
+        PrefixConfig {
+            unknown_system: UnknownSystem::Refuse,
+            ..common::prefix_config(&format!("http://{}", link.addr))
+        },
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, state));
+
+    let ask = move |system: String, user: &'static str| {
+        let body = serde_json::json!({
+            "model": "smollm2", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        });
+        let (status, v) = common::post_json(addr, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    // Three first requests at once on the cold prompt.
+    let cold: Vec<serde_json::Value> = {
+        let handles: Vec<_> = USERS
+            .iter()
+            .map(|&u| {
+                let s = system.clone();
+                tokio::task::spawn_blocking(move || ask(s, u))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    };
+    let down = link.counters.down();
+    let n_tokens = edge_ids(&m, &system, USERS[0]).0.len();
+    let one = kv_bytes(&m, n_tokens);
+    assert!(
+        down >= one && down < one + one / 2,
+        "one fetch of {one} bytes expected, {down} came down"
+    );
+    let n_layer = m.cfg.n_layer;
+    for (v, user) in cold.iter().zip(USERS) {
+        let t = v["edgeprompt_timeline"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a cold request reports its timeline: {v}"));
+        assert_eq!(t.len(), n_layer);
+        let f = |l: &serde_json::Value, k: &str| l[k].as_f64().unwrap();
+        let last = t.iter().map(|l| f(l, "arrived")).fold(0.0, f64::max);
+        let early = t.iter().filter(|l| f(l, "compute_start") < last).count();
+        eprintln!("{user:?}: {early} of {n_layer} private layers ran before the last cloud layer landed ({last:.2} s)");
+        assert!(
+            early >= n_layer / 2,
+            "the private prefill waited for the stream: {early} early layers"
+        );
+        for (l, x) in t.iter().enumerate() {
+            assert_eq!(x["layer"].as_u64(), Some(l as u64));
+            assert!(
+                f(x, "compute_start") >= f(x, "arrived"),
+                "layer {l} ran before it landed"
+            );
+        }
+    }
+    // Warm now: same answers, no timeline, nothing more on the link; and the single node's.
+    for (c, user) in cold.iter().zip(USERS) {
+        let s = system.clone();
+        let w = tokio::task::spawn_blocking(move || ask(s, user))
+            .await
+            .unwrap();
+        assert!(w.get("edgeprompt_timeline").is_none());
+        let text = |v: &serde_json::Value| v["choices"][0]["message"]["content"].clone();
+        assert_eq!(text(c), text(&w), "{user:?}: cold and warm answers differ");
+        let want = single_node(&m, &system, user, 8);
+        assert_eq!(text(&w).as_str(), Some(want.as_str()), "{user:?}");
+    }
+    assert_eq!(link.counters.down(), down);
+    let metrics = tokio::task::spawn_blocking(move || common::http(addr, "GET", "/metrics", "").1)
+        .await
+        .unwrap();
+    assert_eq!(metric(&metrics, "edgeprompt_cold_prefills_total"), 3.0);
+    assert!(
+        metric(&metrics, "edgeprompt_cold_layers_overlapped_total") >= (3 * n_layer / 2) as f64
+    );
+}
+
+fn job(
+    prefix: Option<Arc<PrefixKv>>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Job, mpsc::UnboundedReceiver<Event>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let j = Job {
+        prefix,
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        events: tx,
+    };
+    (j, rx)
+}
+
+fn done(rx: &mut mpsc::UnboundedReceiver<Event>) -> Done {
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            Event::Done(d) => return d,
+            Event::Failed(e) => panic!("failed: {e}"),
+            Event::Text(_) => {}
+        }
+    }
+    panic!("no answer")
+}
+
+/// `prompt` after `prefix`, alone in a batcher.
+fn alone(m: &Arc<Model>, prefix: &Arc<PrefixKv>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut b = Batcher::new(
+        m.clone(),
+        SchedulerConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let (j, mut rx) = job(Some(prefix.clone()), prompt.to_vec(), n);
+    b.admit(j).unwrap();
+    while !b.is_idle() {
+        b.step();
+    }
+    done(&mut rx).token_ids
+}
+
+#[test]
+fn a_decoding_batch_keeps_producing_tokens_while_a_cold_prompt_streams() {
+    let m = model();
+    let system = long_system();
+    let (cloud_ids, a_prompt) = edge_ids(&m, &system, USERS[0]);
+    let b_prompt = edge_ids(&m, &system, USERS[1]).1;
+    let mut seq = Sequence::new(&m);
+    seq.prefill_chunked(&m, &cloud_ids, 256).unwrap();
+    let prefix = Arc::new(seq.export_prefix(&m).unwrap());
+    let n_layer = m.cfg.n_layer;
+
+    let mut b = Batcher::new(
+        m.clone(),
+        SchedulerConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let (a, mut a_rx) = job(Some(prefix.clone()), a_prompt.clone(), 3 * n_layer);
+    b.admit(a).unwrap();
+    assert_eq!(b.step(), a_prompt.len(), "A's prompt in one step");
+    // B's cloud prompt streams in, one layer between steps (the cloud's pace).
+    let stream = Arc::new(LayerStream::new(cloud_ids.clone(), n_layer));
+    let (bj, mut b_rx) = job(None, b_prompt.clone(), 8);
+    b.admit_with(
+        bj,
+        Extras {
+            cold: Some(stream.clone()),
+            ..Extras::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(b.step(), 1, "no layer yet: A decodes, B waits");
+    assert!(b.waits_for_layers());
+    for l in 0..n_layer {
+        stream.put(l, prefix.layers[l].clone(), 0);
+        assert_eq!(b.step(), 1, "layer {l}: A decodes while B's layer runs");
+    }
+    // Every layer is in; B starts decoding once the prompt is resolved.
+    assert!(b.waits_for_layers());
+    stream.complete(prefix.clone());
+    assert_eq!(b.step(), 2, "B's first token sampled, both decode");
+    assert!(!b.waits_for_layers());
+    while !b.is_idle() {
+        b.step();
+    }
+    let (a_done, b_done) = (done(&mut a_rx), done(&mut b_rx));
+    assert_eq!(a_done.token_ids, alone(&m, &prefix, &a_prompt, 3 * n_layer));
+    assert_eq!(b_done.token_ids, alone(&m, &prefix, &b_prompt, 8));
+    assert!(a_done.timeline.is_none());
+    let t = b_done.timeline.expect("B followed the stream");
+    assert_eq!(t.layers.len(), n_layer);
+    assert_eq!(b_done.prompt_tokens, cloud_ids.len() + b_prompt.len());
+}
+
+#[test]
+fn a_cold_prompt_that_fails_ends_its_request_and_not_the_batch() {
+    let m = model();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USERS[0]);
+    let mut b = Batcher::new(
+        m.clone(),
+        SchedulerConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let stream = Arc::new(LayerStream::new(cloud_ids, m.cfg.n_layer));
+    let (j, mut rx) = job(None, prompt, 4);
+    let cold = Extras {
+        cold: Some(stream.clone()),
+        ..Extras::default()
+    };
+    b.admit_with(j, cold).unwrap();
+    b.step();
+    stream.fail("the cloud went away".into());
+    b.step();
+    assert!(b.is_idle());
+    match rx.try_recv() {
+        Ok(Event::Failed(e)) => assert!(e.contains("the cloud went away"), "{e}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
