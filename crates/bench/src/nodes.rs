@@ -104,6 +104,7 @@ pub async fn edge(
             security: Default::default(),
             cloud_layers_from: 0,
             auto_codec: None,
+            auto_split: None,
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -30,7 +30,7 @@ enum Command {
     /// Edge node, one chat turn: fetch the cloud prompt's KV, compute the private prompt here.
     Edge(nodes::EdgeArgs),
     /// Edge node as an OpenAI-compatible HTTP server with continuous batching.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Shaping TCP proxy (bandwidth, RTT) with named profiles.
     Link(nodes::LinkArgs),
     /// Cloud, link and edge on loopback answering a chat with a private prompt.
@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Info(a) => models::info(a),
         Command::Cloud(a) => nodes::cloud(a),
         Command::Edge(a) => nodes::edge(a),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),
         Command::Align(a) => align::run(a),

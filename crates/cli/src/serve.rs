@@ -11,6 +11,7 @@ use edgeprompt_edge::http::{serve_until, EdgeServer, ServerConfig};
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_edge::split_choice::AutoSplit;
 use edgeprompt_kv::Codec;
 
 #[derive(clap::Args)]
@@ -58,9 +59,17 @@ pub struct ServeArgs {
     drain_secs: u64,
     /// CE-LSLM: take layers from this one on from the cloud (a larger model's KV mapped to
     /// this model's by the cloud's adapters, `edgeprompt align`) and compute the layers below
-    /// it here. 0: every layer from the cloud, exact.
-    #[arg(long, default_value_t = 0)]
-    cloud_layers_from: usize,
+    /// it here. 0: every layer from the cloud, exact. auto: per cloud prompt, the split the
+    /// planner predicts fastest on the measured link, never below the quality floor
+    /// (--lslm-table, --split-min-agreement).
+    #[arg(long, default_value = "0")]
+    cloud_layers_from: String,
+    /// The CE-LSLM quality table `edgeprompt-bench lslm` writes (for --cloud-layers-from auto).
+    #[arg(long, default_value = "docs/results/lslm.json")]
+    lslm_table: PathBuf,
+    /// Least next-token agreement with this model alone a split needs (--cloud-layers-from auto).
+    #[arg(long, default_value_t = 0.9)]
+    split_min_agreement: f64,
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
@@ -93,12 +102,35 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         &a.model,
         a.chat_template.as_deref(),
     )?);
-    anyhow::ensure!(
-        a.cloud_layers_from < model.cfg.n_layer,
-        "--cloud-layers-from {} is past the model's {} layers",
-        a.cloud_layers_from,
-        model.cfg.n_layer
-    );
+    let n_layer = model.cfg.n_layer;
+    let (cloud_layers_from, auto_split) = match a.cloud_layers_from.as_str() {
+        "auto" => {
+            let floor = AutoSplit::floor_from_table(
+                &a.lslm_table,
+                &model.cfg.name,
+                n_layer,
+                a.split_min_agreement,
+            )?;
+            let per = AutoSplit::measure(&model)?;
+            eprintln!(
+                "cloud layers from auto: layers {floor}.. may come from the cloud (agreement >= {} in {}); prefill here {:.1} us per token per layer",
+                a.split_min_agreement,
+                a.lslm_table.display(),
+                per * 1e6
+            );
+            (0, Some(Arc::new(AutoSplit::new(&model, floor, per))))
+        }
+        n => {
+            let n: usize = n.parse().with_context(|| {
+                format!("--cloud-layers-from is a layer number or auto, not {n:?}")
+            })?;
+            anyhow::ensure!(
+                n < n_layer,
+                "--cloud-layers-from {n} is past the model's {n_layer} layers"
+            );
+            (n, None)
+        }
+    };
     let (codec, auto_codec) = match a.codec.as_str() {
         "auto" => {
             let auto = AutoCodec::from_table(&a.codec_table, &model.cfg.name, a.min_agreement)?;
@@ -155,8 +187,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             disk_dir: a.cache_dir.clone(),
             peers: a.peers.clone(),
             security,
-            cloud_layers_from: a.cloud_layers_from,
+            cloud_layers_from,
             auto_codec,
+            auto_split,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;

@@ -5,7 +5,6 @@
 //! transfer term, EdgePrompt eq. 6), otherwise f16, which is exact.
 
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use edgeprompt_kv::Codec;
@@ -21,13 +20,7 @@ pub struct Quality {
     pub agreement: f64,
 }
 
-/// What the edge has measured of its link to the cloud: the fastest of the last few fetches
-/// (a cold prompt's stream is paced by the cloud's prefill, not by the link).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkEstimate {
-    pub rtt: Duration,
-    pub bytes_per_sec: f64,
-}
+pub use crate::link_meter::{LinkEstimate, LinkMeter};
 
 /// A choice and why, for the log and `/metrics`.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,12 +41,8 @@ pub struct AutoCodec {
     /// Codecs refused on this model, with their agreement.
     refused: Vec<Quality>,
     pub min_agreement: f64,
-    /// The last fetches, newest last.
-    seen: Mutex<Vec<LinkEstimate>>,
+    meter: LinkMeter,
 }
-
-/// Fetches the link estimate looks back over.
-const WINDOW: usize = 8;
 
 impl AutoCodec {
     /// The policy for the model named `model` (GGUF `general.name`) from a codecs table.
@@ -88,7 +77,7 @@ impl AutoCodec {
             allowed,
             refused,
             min_agreement,
-            seen: Mutex::new(Vec::new()),
+            meter: LinkMeter::default(),
         }
     }
 
@@ -101,25 +90,12 @@ impl AutoCodec {
     }
 
     pub fn link(&self) -> Option<LinkEstimate> {
-        let g = self.seen.lock().ok()?;
-        g.iter()
-            .copied()
-            .max_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec))
+        self.meter.link()
     }
 
     /// A fetch of `bytes` on the wire took `secs` after the header came `rtt` after the request.
     pub fn observe(&self, rtt: Duration, bytes: usize, secs: f64) {
-        if bytes == 0 || secs <= 0.0 {
-            return;
-        }
-        if let Ok(mut g) = self.seen.lock() {
-            g.push(LinkEstimate {
-                rtt,
-                bytes_per_sec: bytes as f64 / secs,
-            });
-            let extra = g.len().saturating_sub(WINDOW);
-            g.drain(..extra);
-        }
+        self.meter.observe(rtt, bytes, secs)
     }
 
     /// The codec for a prompt of `tokens` (None: named by id, length unknown) whose f16 KV is

@@ -10,11 +10,13 @@ pub mod client;
 pub mod codec_choice;
 pub mod http;
 pub mod layer_stream;
+pub mod link_meter;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;
 pub mod prefixes;
 pub mod scheduler;
+pub mod split_choice;
 
 pub use client::{ClientSecurity, CloudClient, CloudHeader, LayerArrival};
 pub use layer_stream::{LayerStream, PromptKv};

@@ -54,6 +54,7 @@ pub struct Metrics {
     pub link_bytes_per_second: Gauge,
     pub cold_prefills: Counter,
     pub cold_layers_overlapped: Counter,
+    pub cloud_layers_from: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,6 +87,7 @@ impl Metrics {
             link_bytes_per_second: Gauge::default(),
             cold_prefills: Counter::default(),
             cold_layers_overlapped: Counter::default(),
+            cloud_layers_from: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -97,6 +99,11 @@ impl Metrics {
             "cold_layers_overlapped",
             "Private layers of cold prefills that ran before their cloud prompt's last layer landed",
             m.cold_layers_overlapped.clone(),
+        );
+        registry.register(
+            "cloud_layers_from",
+            "CE-LSLM: the first layer taken from the cloud in the last fetch (--cloud-layers-from auto)",
+            m.cloud_layers_from.clone(),
         );
         registry.register(
             "codec_choices",

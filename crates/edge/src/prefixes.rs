@@ -55,6 +55,9 @@ pub struct PrefixConfig {
     /// `--codec auto`: the codec per fetch from the measured link and the quality table
     /// (overrides `codec`).
     pub auto_codec: Option<Arc<crate::codec_choice::AutoCodec>>,
+    /// `--cloud-layers-from auto`: the CE-LSLM split per fetch from the measured link, the
+    /// engine's per-layer compute and a quality floor (overrides `cloud_layers_from`).
+    pub auto_split: Option<Arc<crate::split_choice::AutoSplit>>,
 }
 
 /// Where a prompt's KV came from.
@@ -211,10 +214,27 @@ impl Prefixes {
     /// Where this edge keeps a prompt's KV: its content address, marked when the deep layers
     /// are CE-LSLM's mapped ones (not the exact KV that address names to other edges).
     fn key(&self, address: &str) -> String {
-        match self.cfg.cloud_layers_from {
-            0 => address.to_string(),
-            n => format!("{address}-lslm{n}"),
+        match (self.cfg.cloud_layers_from, &self.cfg.auto_split) {
+            (_, Some(_)) => format!("{address}-lslm-auto"),
+            (0, None) => address.to_string(),
+            (n, None) => format!("{address}-lslm{n}"),
         }
+    }
+
+    /// Whether the deep layers come mapped from a larger cloud model (CE-LSLM).
+    fn lslm(&self) -> bool {
+        self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.is_some()
+    }
+
+    /// The first layer to take from the cloud for a prompt of `tokens` (None: length unknown).
+    fn cloud_first_layer(&self, tokens: Option<usize>) -> usize {
+        let Some(auto) = &self.cfg.auto_split else {
+            return self.cfg.cloud_layers_from;
+        };
+        let c = auto.choose(tokens);
+        tracing::info!(split = c.split, "cloud layers from auto: {}", c.reason);
+        self.metrics.cloud_layers_from.set(c.split as i64);
+        c.split
     }
 
     /// The KV of a rendered system turn (`ids`), by content address.
@@ -369,7 +389,7 @@ impl Prefixes {
             );
             // A CE-LSLM edge keeps no exact fallback on disk: after a restart it asks the
             // cloud again for the mix its peers serve.
-            let exact_fallback = source == Source::Local && self.cfg.cloud_layers_from > 0;
+            let exact_fallback = source == Source::Local && self.lslm();
             if matches!(source, Source::Peer | Source::Cloud | Source::Local) && !exact_fallback {
                 self.write_disk(&prefix);
             }
@@ -477,20 +497,28 @@ impl Prefixes {
             }
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
             // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
-            let peers = match self.cfg.cloud_layers_from {
-                0 => self.cfg.peers.as_slice(),
-                _ => &[],
+            let peers = match self.lslm() {
+                false => self.cfg.peers.as_slice(),
+                true => &[],
             };
             for peer in peers {
-                match self.fetch(peer, by_address.clone(), ids, None).await {
+                match self.fetch(peer, by_address.clone(), ids, None, 0).await {
                     Ok(p) => return Ok((p, Source::Peer)),
                     Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
                 }
             }
         }
-        let fetched = match &self.cfg.cloud_url {
-            Some(url) => Some(self.fetch(url, prompt.clone(), ids, slot).await),
-            None => None,
+        let first = self.cloud_first_layer(ids.map(<[u32]>::len));
+        let fetched = match (&self.cfg.cloud_url, ids) {
+            // The planner computes every layer here: the cloud has nothing to add.
+            (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
+                return Ok((self.compute(ids).await?, Source::Local));
+            }
+            (Some(url), _) => {
+                let first = first.min(self.model.cfg.n_layer - 1);
+                Some(self.fetch(url, prompt.clone(), ids, slot, first).await)
+            }
+            (None, _) => None,
         };
         // A prompt named by id that failed after its header: its tokens are known now.
         let streamed = slot.and_then(|s| s.borrow().as_ref().map(|s| s.token_ids().to_vec()));
@@ -527,12 +555,8 @@ impl Prefixes {
         prompt: PromptRef,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
+        first: usize,
     ) -> Result<PrefixKv, EdgeError> {
-        // Only the cloud maps KV for CE-LSLM; peers send all layers.
-        let first = match Some(url) == self.cfg.cloud_url.as_deref() {
-            true => self.cfg.cloud_layers_from,
-            false => 0,
-        };
         let auto = self.cfg.auto_codec.as_ref();
         let codec = match auto {
             Some(a) => {
@@ -590,8 +614,11 @@ impl Prefixes {
             }
             deep.push(kv);
         }
+        let secs = wire.1.saturating_duration_since(header_at).as_secs_f64();
+        if let Some(s) = &self.cfg.auto_split {
+            s.observe(header_at - asked, wire.0, secs);
+        }
         if let Some(a) = auto {
-            let secs = wire.1.saturating_duration_since(header_at).as_secs_f64();
             a.observe(header_at - asked, wire.0, secs);
             if let Some(l) = a.link() {
                 self.metrics

@@ -16,6 +16,7 @@ use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_edge::split_choice::AutoSplit;
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
@@ -278,6 +279,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
                 security: Default::default(),
                 cloud_layers_from: split,
                 auto_codec: None,
+                auto_split: None,
             },
         )
         .unwrap();
@@ -311,6 +313,59 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
             got >= bytes as f64 && got < (bytes + 64 * 1024) as f64,
             "{got} vs {bytes}"
         );
+
+        // --cloud-layers-from auto, with a quality table whose 0.9 floor is layer 16: nothing
+        // measured yet, the first fetch loads every allowed layer, so the answer is split 16's.
+        let table = dir.path().join("lslm.json");
+        let row = |split: usize, agree: f64| {
+            serde_json::json!({"split": split, "single_layer": null, "agree_slm": agree,
+                               "adapters": "a.safetensors"})
+        };
+        let rows = [row(23, 0.98), row(20, 0.95), row(16, 0.92), row(12, 0.5)];
+        let v = serde_json::json!({"slm": slm.cfg.name, "adapters": ["a.safetensors"],
+                                   "quality": {"configs": rows}});
+        std::fs::write(&table, v.to_string()).unwrap();
+        let floor = AutoSplit::floor_from_table(&table, &slm.cfg.name, ns, 0.9).unwrap();
+        assert_eq!(floor, split);
+        let auto = Arc::new(AutoSplit::new(
+            &slm,
+            floor,
+            AutoSplit::measure(&slm).unwrap(),
+        ));
+        let state = EdgeServer::start(
+            slm.clone(),
+            ServerConfig {
+                model_id: "qwen05".into(),
+                default_max_tokens: 24,
+                api_keys: ApiKeys::default(),
+            },
+            SchedulerConfig::default(),
+            PrefixConfig {
+                auto_split: Some(auto.clone()),
+                ..common::prefix_config(&url)
+            },
+        )
+        .unwrap();
+        let metrics = state.metrics.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, state));
+        let b = serde_json::json!({
+            "model": "qwen05",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+            "max_tokens": 24,
+            "temperature": 0,
+        })
+        .to_string();
+        let auto_answer = tokio::task::spawn_blocking(move || post(addr, &b))
+            .await
+            .unwrap();
+        assert_eq!(auto_answer, one_shot, "auto split == one-shot at the floor");
+        let m = metrics.render();
+        assert!(m.contains("edgeprompt_cloud_layers_from 16"), "{m}");
+        // The fetch measured the loopback: loading stays the faster choice, at the floor.
+        assert!(auto.link().is_some());
+        assert_eq!(auto.choose(Some(cloud_ids.len())).split, split);
     });
 }
 

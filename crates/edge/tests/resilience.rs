@@ -39,6 +39,7 @@ fn prefixes(
         security: Default::default(),
         cloud_layers_from: 0,
         auto_codec: None,
+        auto_split: None,
     };
     Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
 }

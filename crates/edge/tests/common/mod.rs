@@ -141,5 +141,6 @@ pub fn prefix_config(cloud: &str) -> edgeprompt_edge::prefixes::PrefixConfig {
         security: Default::default(),
         cloud_layers_from: 0,
         auto_codec: None,
+        auto_split: None,
     }
 }
