@@ -371,16 +371,23 @@ fn decode_section(dir: &Path, md: &mut String) {
 }
 
 fn serve_section(dir: &Path, md: &mut String) {
-    let Some(v) = load(dir, "serve.json") else {
+    for model in ["smollm2", "qwen05", "qwen15"] {
+        serve_model_section(dir, md, &crate::serve::file_tag(model));
+    }
+}
+
+fn serve_model_section(dir: &Path, md: &mut String, tag: &str) {
+    let Some(v) = load(dir, &format!("serve{tag}.json")) else {
         return;
     };
     let w = &v["workload"];
     let _ = writeln!(
         md,
-        "## Serving under Poisson load (`edgeprompt-bench serve`)\n\n{}; {} cloud prompts of {} tokens × {} \
+        "## Serving under Poisson load (`edgeprompt-bench serve`): {}\n\n{}; {} cloud prompts of {} tokens × {} \
          requests each, private prompts of {} tokens, max_tokens {}, seed {}{}\n\n\
          | server | offered req/s | done req/s | output tok/s | s / token | TTFT p50 s | TTFT p99 s | failed |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |",
+        v["model"].as_str().unwrap_or("?"),
         machine_line(&v),
         w["groups"],
         w["cloud_len"],
@@ -409,7 +416,7 @@ fn serve_section(dir: &Path, md: &mut String) {
     }
     let _ = writeln!(
         md,
-        "\n![latency](results/serve-latency.svg) ![ttft](results/serve-ttft.svg) ![throughput](results/serve-throughput.svg)\n"
+        "\n![latency](results/serve{tag}-latency.svg) ![ttft](results/serve{tag}-ttft.svg) ![throughput](results/serve{tag}-throughput.svg)\n"
     );
 }
 

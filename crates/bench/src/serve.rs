@@ -255,8 +255,18 @@ pub async fn one(
     Ok((sample, text))
 }
 
+/// Files of a model's run: `serve.json` etc. for SmolLM2 (the default workload), else
+/// `serve-<model>.json` etc., so one results folder holds several models.
+pub fn file_tag(model_id: &str) -> String {
+    match model_id {
+        "smollm2" => String::new(),
+        m => format!("-{m}"),
+    }
+}
+
 fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
-    crate::write_json(&s.out, "serve.json", r)?;
+    let tag = file_tag(&s.model_id);
+    crate::write_json(&s.out, &format!("serve{tag}.json"), r)?;
     let servers: Vec<&str> = {
         let mut v: Vec<&str> = r.points.iter().map(|p| p.server.as_str()).collect();
         v.dedup();
@@ -284,7 +294,7 @@ fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
         )
     };
     std::fs::write(
-        s.out.join("serve-latency.svg"),
+        s.out.join(format!("serve{tag}-latency.svg")),
         line_chart(
             &title("normalised latency"),
             "requests/s",
@@ -295,11 +305,11 @@ fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
     let mut ttft = series(&|p| p.ttft_p50_s, false, " p50");
     ttft.extend(series(&|p| p.ttft_p99_s, true, " p99"));
     std::fs::write(
-        s.out.join("serve-ttft.svg"),
+        s.out.join(format!("serve{tag}-ttft.svg")),
         line_chart(&title("TTFT"), "requests/s", "seconds", &ttft),
     )?;
     std::fs::write(
-        s.out.join("serve-throughput.svg"),
+        s.out.join(format!("serve{tag}-throughput.svg")),
         line_chart(
             &title("throughput"),
             "requests/s offered",
