@@ -476,8 +476,9 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 out: a.out.clone(),
             };
             let r = edgeprompt_bench::serve::run(&s)?;
+            let tag = edgeprompt_bench::serve::file_tag(&s.model_id);
             eprintln!(
-                "wrote {} points to {}/serve.json and serve-*.svg",
+                "wrote {} points to {}/serve{tag}.json and serve{tag}-*.svg",
                 r.points.len(),
                 a.out.display()
             );
