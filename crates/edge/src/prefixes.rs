@@ -237,25 +237,31 @@ impl Prefixes {
         c.split
     }
 
-    /// The KV of a rendered system turn (`ids`), by content address.
-    pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
+    /// Where a rendered system turn's KV is kept, and how the cloud is asked for it.
+    fn system_ref(&self, ids: &[u32]) -> (String, PromptRef) {
         let address = content_address(&self.model.fingerprint, ids);
         let bytes = hex::decode(&address).unwrap_or_default();
-        self.lookup(
-            &self.key(&address),
-            PromptRef::ContentAddress(bytes),
-            Some(ids),
-        )
-        .await
+        (self.key(&address), PromptRef::ContentAddress(bytes))
     }
 
-    /// The KV of a cloud prompt named by its id.
-    pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
+    /// Where a cloud prompt named by id is kept: under its address once a header told it.
+    fn id_key(&self, id: &str) -> Result<String, LookupError> {
         if !edgeprompt_protocol::valid_prompt_id(id) {
             return Err(LookupError::UnknownId(id.into()));
         }
         let known = self.ids.lock().ok().and_then(|m| m.get(id).cloned());
-        let key = known.unwrap_or_else(|| format!("id:{id}"));
+        Ok(known.unwrap_or_else(|| format!("id:{id}")))
+    }
+
+    /// The KV of a rendered system turn (`ids`), by content address.
+    pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
+        let (key, prompt) = self.system_ref(ids);
+        self.lookup(&key, prompt, Some(ids)).await
+    }
+
+    /// The KV of a cloud prompt named by its id.
+    pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
+        let key = self.id_key(id)?;
         self.lookup(&key, PromptRef::Id(id.into()), None).await
     }
 
@@ -265,20 +271,13 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<PromptKv, LookupError> {
-        let address = content_address(&self.model.fingerprint, ids);
-        let bytes = hex::decode(&address).unwrap_or_default();
-        let key = self.key(&address);
-        self.resolve(key, PromptRef::ContentAddress(bytes), Some(ids.to_vec()))
-            .await
+        let (key, prompt) = self.system_ref(ids);
+        self.resolve(key, prompt, Some(ids.to_vec())).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
-        if !edgeprompt_protocol::valid_prompt_id(id) {
-            return Err(LookupError::UnknownId(id.into()));
-        }
-        let known = self.ids.lock().ok().and_then(|m| m.get(id).cloned());
-        let key = known.unwrap_or_else(|| format!("id:{id}"));
+        let key = self.id_key(id)?;
         self.resolve(key, PromptRef::Id(id.into()), None).await
     }
 

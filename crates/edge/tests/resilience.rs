@@ -46,27 +46,42 @@ fn prefixes(
 
 /// 16 greedy tokens of the private prompt after `prefix`, through the server's batcher.
 fn answer(m: &Arc<Model>, prefix: Arc<PrefixKv>, prompt: &[u32]) -> Vec<u32> {
+    answer_with(m, Some(prefix), Extras::default(), prompt)
+}
+
+/// `answer` for a prompt whole (`prefix`) or streaming (`extras.cold`); the batch is stepped
+/// while the runtime's threads may still be bringing (or recomputing) the stream's layers.
+fn answer_with(
+    m: &Arc<Model>,
+    prefix: Option<Arc<PrefixKv>>,
+    extras: Extras,
+    prompt: &[u32],
+) -> Vec<u32> {
     let mut b = Batcher::new(
         m.clone(),
         SchedulerConfig::default(),
         Arc::new(Metrics::new()),
     );
     let (tx, mut rx) = mpsc::unbounded_channel();
-    b.admit(Job {
-        prefix: Some(prefix),
+    let job = Job {
+        prefix,
         prompt: prompt.to_vec(),
         max_tokens: 16,
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         events: tx,
-    })
-    .unwrap();
+    };
+    b.admit_with(job, extras).unwrap();
     while !b.is_idle() {
-        b.step();
+        if b.step() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
     while let Ok(ev) = rx.try_recv() {
-        if let Event::Done(d) = ev {
-            return d.token_ids;
+        match ev {
+            Event::Done(d) => return d.token_ids,
+            Event::Failed(e) => panic!("failed: {e}"),
+            Event::Text(_) => {}
         }
     }
     panic!("no answer")
@@ -281,44 +296,12 @@ fn a_streaming_cold_prompt_cut_mid_way_still_gives_the_same_answer() {
             continue;
         };
         streamed += 1;
-        let mut b = Batcher::new(
-            m.clone(),
-            SchedulerConfig::default(),
-            Arc::new(Metrics::new()),
-        );
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let job = Job {
-            prefix: None,
-            prompt: prompt.clone(),
-            max_tokens: 16,
-            sampling: SamplingParams::default(),
-            stop: Vec::new(),
-            events: tx,
-        };
         let cold = Extras {
             cold: Some(stream),
             ..Extras::default()
         };
-        b.admit_with(job, cold).unwrap();
-        // The runtime's threads fetch (and recompute) while this thread steps the batch.
-        while !b.is_idle() {
-            if b.step() == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        }
-        let mut got = None;
-        while let Ok(ev) = rx.try_recv() {
-            match ev {
-                Event::Done(d) => got = Some(d.token_ids),
-                Event::Failed(e) => panic!("cut after {cut} of {total}: {e}"),
-                Event::Text(_) => {}
-            }
-        }
-        assert_eq!(
-            got.as_ref(),
-            Some(&want),
-            "cut after {cut} of {total} bytes"
-        );
+        let got = answer_with(&m, None, cold, &prompt);
+        assert_eq!(got, want, "cut after {cut} of {total} bytes");
     }
     assert!(
         streamed >= 2,
