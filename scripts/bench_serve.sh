@@ -47,6 +47,10 @@ for _ in $(seq 120); do
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
   sleep 1
 done
+if ! curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || ! kill -0 "$PID" 2>/dev/null; then
+  echo "llama-server did not come up on port $PORT (see bench-out/llama-server.log)" >&2
+  exit 1
+fi
 ./target/release/edgeprompt-bench serve --model "$MODEL" --threads 2 \
   --llama-server "http://127.0.0.1:$PORT/v1" \
   --llama-server-args "llama-server (llama.cpp 0c1e570, vendored by llama-cpp-python 0.3.36) $ARGS" "$@"
