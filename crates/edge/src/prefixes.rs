@@ -256,13 +256,14 @@ impl Prefixes {
     /// The KV of a rendered system turn (`ids`), by content address.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let (key, prompt) = self.system_ref(ids);
-        self.lookup(&key, prompt, Some(ids)).await
+        self.lookup(&key, prompt, Some(ids), None).await
     }
 
     /// The KV of a cloud prompt named by its id.
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         let key = self.id_key(id)?;
-        self.lookup(&key, PromptRef::Id(id.into()), None).await
+        self.lookup(&key, PromptRef::Id(id.into()), None, None)
+            .await
     }
 
     /// `for_system`, except that a prompt coming from the cloud is answered as soon as its
@@ -291,7 +292,7 @@ impl Prefixes {
         ids: Option<Vec<u32>>,
     ) -> Result<PromptKv, LookupError> {
         if self.cell(&key).initialized() {
-            let r = self.lookup(&key, prompt, ids.as_deref()).await?;
+            let r = self.lookup(&key, prompt, ids.as_deref(), None).await?;
             return Ok(PromptKv::Ready(r.prefix));
         }
         let slot = match self.streams.lock() {
@@ -304,8 +305,9 @@ impl Prefixes {
         let mut watch = slot.subscribe();
         let me = self.clone();
         let task = tokio::spawn(async move {
-            me.lookup_with(&key, prompt, ids.as_deref(), Some(&slot))
-                .await
+            let got = me.lookup(&key, prompt, ids.as_deref(), Some(&slot)).await;
+            me.settle(&key, &slot, &got);
+            got
         });
         tokio::select! {
             // A failed wait (the lookup ended and dropped the slot) leaves the task's answer.
@@ -320,42 +322,23 @@ impl Prefixes {
         }
     }
 
-    async fn lookup(
-        &self,
-        key: &str,
-        prompt: PromptRef,
-        ids: Option<&[u32]>,
-    ) -> Result<Resolved, LookupError> {
-        self.lookup_with(key, prompt, ids, None).await
-    }
-
-    /// The lookup; with `slot`, a cloud fetch publishes its stream there as layers land, and
-    /// the stream learns the outcome.
-    async fn lookup_with(
-        &self,
-        key: &str,
-        prompt: PromptRef,
-        ids: Option<&[u32]>,
-        slot: Option<&Arc<Slot>>,
-    ) -> Result<Resolved, LookupError> {
-        let got = self.lookup_inner(key, prompt, ids, slot).await;
-        if let Some(slot) = slot {
-            if let Some(stream) = slot.borrow().as_ref() {
-                match &got {
-                    Ok(r) => stream.complete(r.prefix.clone()),
-                    Err(e) => stream.fail(e.to_string()),
-                }
-            }
-            if let Ok(mut m) = self.streams.lock() {
-                if m.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-                    m.remove(key);
-                }
+    /// The stream in `slot` learns the lookup's outcome, and the slot leaves the map.
+    fn settle(&self, key: &str, slot: &Arc<Slot>, got: &Result<Resolved, LookupError>) {
+        if let Some(stream) = slot.borrow().as_ref() {
+            match got {
+                Ok(r) => stream.complete(r.prefix.clone()),
+                Err(e) => stream.fail(e.to_string()),
             }
         }
-        got
+        if let Ok(mut m) = self.streams.lock() {
+            if m.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                m.remove(key);
+            }
+        }
     }
 
-    async fn lookup_inner(
+    /// The lookup; with `slot`, a cloud fetch publishes its stream there as layers land.
+    async fn lookup(
         &self,
         key: &str,
         prompt: PromptRef,

@@ -261,14 +261,8 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
 
         // Served: an edge server on the small model with --cloud-layers-from 16 answers the
         // same chat exactly as the one-shot path above.
-        let state = EdgeServer::start(
-            slm.clone(),
-            ServerConfig {
-                model_id: "qwen05".into(),
-                default_max_tokens: 24,
-                api_keys: ApiKeys::default(),
-            },
-            SchedulerConfig::default(),
+        let (addr, metrics) = serve_slm(
+            &slm,
             PrefixConfig {
                 cloud_url: Some(url.clone()),
                 codec: Codec::F16,
@@ -282,18 +276,9 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
                 auto_split: None,
             },
         )
-        .unwrap();
-        let metrics = state.metrics.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, state));
-        let body = serde_json::json!({
-            "model": "qwen05",
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-            "max_tokens": 24,
-            "temperature": 0,
-        });
-        let answer = tokio::task::spawn_blocking(move || post(addr, &body.to_string()))
+        .await;
+        let body = chat_body(user);
+        let answer = tokio::task::spawn_blocking(move || post(addr, &body))
             .await
             .unwrap();
         assert_eq!(answer, one_shot, "served CE-LSLM == one-shot CE-LSLM");
@@ -332,31 +317,15 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
             floor,
             AutoSplit::measure(&slm).unwrap(),
         ));
-        let state = EdgeServer::start(
-            slm.clone(),
-            ServerConfig {
-                model_id: "qwen05".into(),
-                default_max_tokens: 24,
-                api_keys: ApiKeys::default(),
-            },
-            SchedulerConfig::default(),
+        let (addr, metrics) = serve_slm(
+            &slm,
             PrefixConfig {
                 auto_split: Some(auto.clone()),
                 ..common::prefix_config(&url)
             },
         )
-        .unwrap();
-        let metrics = state.metrics.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, state));
-        let b = serde_json::json!({
-            "model": "qwen05",
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-            "max_tokens": 24,
-            "temperature": 0,
-        })
-        .to_string();
+        .await;
+        let b = chat_body(user);
         let auto_answer = tokio::task::spawn_blocking(move || post(addr, &b))
             .await
             .unwrap();
@@ -367,6 +336,41 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         assert!(auto.link().is_some());
         assert_eq!(auto.choose(Some(cloud_ids.len())).split, split);
     });
+}
+
+/// An edge server on the small model with `prefixes`, on an ephemeral port: its address and
+/// metrics.
+async fn serve_slm(
+    slm: &Arc<Model>,
+    prefixes: PrefixConfig,
+) -> (std::net::SocketAddr, Arc<edgeprompt_edge::metrics::Metrics>) {
+    let state = EdgeServer::start(
+        slm.clone(),
+        ServerConfig {
+            model_id: "qwen05".into(),
+            default_max_tokens: 24,
+            api_keys: ApiKeys::default(),
+        },
+        SchedulerConfig::default(),
+        prefixes,
+    )
+    .unwrap();
+    let metrics = state.metrics.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, state));
+    (addr, metrics)
+}
+
+/// The test's chat, greedy, 24 tokens.
+fn chat_body(user: &str) -> String {
+    serde_json::json!({
+        "model": "qwen05",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        "max_tokens": 24,
+        "temperature": 0,
+    })
+    .to_string()
 }
 
 /// POST a chat to the server at `addr`; the answer's content.
