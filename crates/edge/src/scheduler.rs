@@ -66,6 +66,9 @@ pub struct Extras {
     pub cold: Option<Arc<LayerStream>>,
     /// Log-probabilities of every sampled token and of this many alternatives each.
     pub logprobs: Option<usize>,
+    /// The prompt is answered too (completions' `echo`): with `logprobs`, each of its tokens
+    /// scored; `max_tokens` may then be 0.
+    pub echo: bool,
     /// Further answers to the same prompt, each on its own channel: the prompt is prefilled
     /// once, then answer `k` (1, 2, ...) samples on its own with seed `seed + k`.
     pub forks: Vec<mpsc::UnboundedSender<Event>>,
@@ -89,6 +92,9 @@ pub struct Done {
     pub token_ids: Vec<u32>,
     /// One per token id when the request asked for log-probabilities.
     pub logprobs: Vec<TokenLogprobs>,
+    /// One per private prompt token when the request asked to score the prompt; `None` where
+    /// nothing comes before the token (the first, without a cloud prompt).
+    pub prompt_logprobs: Vec<Option<TokenLogprobs>>,
     /// For a request on a cold cloud prompt: when each layer landed and when this request's
     /// private layer ran (seconds since admission).
     pub timeline: Option<Timeline>,
@@ -152,6 +158,9 @@ struct Running {
     last_token: Option<Instant>,
     logprobs: Option<usize>,
     token_logprobs: Vec<TokenLogprobs>,
+    /// The prompt's scores so far (tokens 1.. in order; token 0 once the prompt is in), when
+    /// asked for.
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     /// Answers still to fork off once the prompt is in, each with its reservation.
     forks: Vec<(mpsc::UnboundedSender<Event>, Reservation)>,
     /// The private prefill against a cloud prompt still streaming; `seq` is empty until done.
@@ -159,6 +168,9 @@ struct Running {
     timeline: Option<Timeline>,
     _reservation: Reservation,
 }
+
+/// A finished cold prefill: the sequence, its last-row logits, the prompt's row scores.
+type Finished = (Sequence, Vec<f32>, Vec<TokenLogprobs>);
 
 /// A private prompt prefilled one layer at a time as a cold cloud prompt's layers land.
 struct Cold {
@@ -177,7 +189,8 @@ impl Cold {
         model: &Model,
         budget: &mut usize,
         since: Instant,
-    ) -> Result<Option<(Sequence, Vec<f32>)>, String> {
+        score: Option<(usize, &[u32])>,
+    ) -> Result<Option<Finished>, String> {
         let Some(pass) = self.pass.as_mut() else {
             return Err("cold prefill already finished".into());
         };
@@ -207,9 +220,18 @@ impl Cold {
             Some(Err(e)) => Err(format!("could not get the cloud prompt: {e}")),
             Some(Ok(prefix)) if pass.next_layer() == n => {
                 let pass = self.pass.take().ok_or("cold prefill already finished")?;
-                pass.finish(model, prefix)
-                    .map(Some)
-                    .map_err(|e| e.to_string())
+                let scores = match score {
+                    Some((top, ids)) => {
+                        let x = pass.hidden();
+                        let rows = &x[..x.len() - model.cfg.n_embd];
+                        model
+                            .score_rows(rows, &ids[1..], top)
+                            .map_err(|e| e.to_string())?
+                    }
+                    None => Vec::new(),
+                };
+                let (seq, logits) = pass.finish(model, prefix).map_err(|e| e.to_string())?;
+                Ok(Some((seq, logits, scores)))
             }
             _ => Ok(None),
         }
@@ -224,6 +246,42 @@ impl Cold {
 }
 
 impl Running {
+    /// Alternatives per scored prompt row, while the prompt is still being scored.
+    fn scoring(&self) -> Option<usize> {
+        let asked = self.prompt_logprobs.is_some() && self.fed < self.job.prompt.len();
+        asked.then(|| self.logprobs.unwrap_or(0))
+    }
+
+    /// Add a prefill step's prompt scores (`fed` already counts its rows): the rows' own, then
+    /// the next token's from the last row's `logits`; once the prompt is in, its first token's
+    /// from the cloud prompt's last row.
+    fn score_prompt(
+        &mut self,
+        model: &Model,
+        logits: &[f32],
+        rows: Vec<TokenLogprobs>,
+    ) -> Result<(), String> {
+        let top = self.logprobs.unwrap_or(0);
+        let prompt = &self.job.prompt;
+        let Some(scores) = self.prompt_logprobs.as_mut() else {
+            return Ok(());
+        };
+        scores.extend(rows.into_iter().map(Some));
+        if let Some(&next) = prompt.get(self.fed) {
+            scores.push(Some(logprobs(logits, next, top)));
+            return Ok(());
+        }
+        let first = match self.seq.prefix() {
+            Some(p) => model
+                .prefix_logits(p)
+                .map_err(|e| e.to_string())?
+                .map(|l| logprobs(&l, prompt[0], top)),
+            None => None,
+        };
+        scores.insert(0, first);
+        Ok(())
+    }
+
     /// The further answers, each a copy of this sequence (the prompt's KV) and its own sampler.
     fn fork(&mut self) -> Vec<Running> {
         let forks = std::mem::take(&mut self.forks);
@@ -251,6 +309,7 @@ impl Running {
                     last_token: None,
                     logprobs: self.logprobs,
                     token_logprobs: Vec::new(),
+                    prompt_logprobs: self.prompt_logprobs.clone(),
                     forks: Vec::new(),
                     cold: None,
                     timeline: None,
@@ -344,13 +403,20 @@ impl Batcher {
             self.publish();
             return 0;
         }
+        let score: Vec<Option<usize>> = self
+            .active
+            .iter()
+            .zip(&feeds)
+            .filter(|(_, f)| f.is_some())
+            .map(|(r, _)| r.scoring())
+            .collect();
         let mut batch: Vec<(&mut Sequence, &[u32])> = self
             .active
             .iter_mut()
             .zip(&feeds)
             .filter_map(|(r, f)| f.as_deref().map(|f| (&mut r.seq, f)))
             .collect();
-        let result = self.model.forward(&mut batch);
+        let result = self.model.forward_scoring(&mut batch, &score);
         drop(batch);
         self.metrics.batch_rows.observe(rows as f64);
         let mut logits = match result {
@@ -376,8 +442,8 @@ impl Batcher {
         let mut ended = vec![false; self.active.len()];
         for (i, f) in feeds.iter().enumerate() {
             let Some(f) = f else { continue };
-            let l = logits.next().unwrap_or_default();
-            ended[i] = self.advance(i, f.len(), &l);
+            let (l, scores) = logits.next().unwrap_or_default();
+            ended[i] = self.advance(i, f.len(), &l, scores);
         }
         let mut i = 0;
         self.active.retain(|_| {
@@ -393,10 +459,11 @@ impl Batcher {
     fn run_cold(&mut self, budget: &mut usize) {
         let mut outcomes = Vec::new();
         for (i, r) in self.active.iter_mut().enumerate() {
+            let score = r.scoring().map(|top| (top, &r.job.prompt[..]));
             let Some(c) = r.cold.as_mut() else { continue };
-            match c.run(&self.model, budget, r.admitted) {
+            match c.run(&self.model, budget, r.admitted, score) {
                 Ok(None) => {}
-                Ok(Some((seq, logits))) => {
+                Ok(Some((seq, logits, scores))) => {
                     self.metrics.cold_prefills.inc();
                     self.metrics
                         .cold_layers_overlapped
@@ -404,7 +471,7 @@ impl Batcher {
                     r.timeline = Some(std::mem::take(&mut c.timeline));
                     r.cold = None;
                     r.seq = seq;
-                    outcomes.push((i, Ok(logits)));
+                    outcomes.push((i, Ok((logits, scores))));
                 }
                 Err(e) => outcomes.push((i, Err(e))),
             }
@@ -412,9 +479,9 @@ impl Batcher {
         let mut ended = vec![false; self.active.len()];
         for (i, o) in outcomes {
             ended[i] = match o {
-                Ok(logits) => {
+                Ok((logits, scores)) => {
                     let rows = self.active[i].job.prompt.len();
-                    self.advance(i, rows, &logits)
+                    self.advance(i, rows, &logits, scores)
                 }
                 Err(e) => {
                     let _ = self.active[i].job.events.send(Event::Failed(e));
@@ -430,11 +497,23 @@ impl Batcher {
         });
     }
 
-    /// Take one step's logits for active sequence `i`; true when its answer is over.
-    fn advance(&mut self, i: usize, fed: usize, logits: &[f32]) -> bool {
+    /// Take one step's logits (and the prompt rows' scores, when asked) for active sequence
+    /// `i`; true when its answer is over.
+    fn advance(
+        &mut self,
+        i: usize,
+        fed: usize,
+        logits: &[f32],
+        scores: Vec<TokenLogprobs>,
+    ) -> bool {
         let r = &mut self.active[i];
         if r.fed < r.job.prompt.len() {
             r.fed += fed;
+            if let Err(e) = r.score_prompt(&self.model, logits, scores) {
+                let _ = r.job.events.send(Event::Failed(e));
+                self.metrics.finished("error");
+                return true;
+            }
             if r.fed < r.job.prompt.len() {
                 return false;
             }
@@ -512,6 +591,11 @@ impl Batcher {
 /// Sample `r`'s next token from `logits` and send what it makes final; true when the answer
 /// is over.
 fn emit(r: &mut Running, logits: &[f32], model: &Model, metrics: &Metrics) -> bool {
+    if r.job.max_tokens == 0 {
+        // Only the prompt was asked for (scored).
+        finish(r, "length", metrics);
+        return true;
+    }
     let id = r.sampler.sample(logits);
     if let Some(top) = r.logprobs {
         r.token_logprobs.push(logprobs(logits, id, top));
@@ -542,20 +626,24 @@ fn emit(r: &mut Running, logits: &[f32], model: &Model, metrics: &Metrics) -> bo
         if !rest.is_empty() {
             let _ = r.job.events.send(Event::Text(rest));
         }
-        let reason = if stopped { "stop" } else { "length" };
-        let _ = r.job.events.send(Event::Done(Done {
-            finish_reason: reason,
-            prompt_tokens: r.seq.prefix_len() + r.job.prompt.len(),
-            completion_tokens: r.text.ids().len(),
-            token_ids: r.text.ids().to_vec(),
-            logprobs: std::mem::take(&mut r.token_logprobs),
-            timeline: r.timeline.clone(),
-        }));
-        metrics.finished(reason);
+        finish(r, if stopped { "stop" } else { "length" }, metrics);
         return true;
     }
     r.next = Some(id);
     false
+}
+
+fn finish(r: &mut Running, reason: &'static str, metrics: &Metrics) {
+    let _ = r.job.events.send(Event::Done(Done {
+        finish_reason: reason,
+        prompt_tokens: r.seq.prefix_len() + r.job.prompt.len(),
+        completion_tokens: r.text.ids().len(),
+        token_ids: r.text.ids().to_vec(),
+        logprobs: std::mem::take(&mut r.token_logprobs),
+        prompt_logprobs: r.prompt_logprobs.take().unwrap_or_default(),
+        timeline: r.timeline.clone(),
+    }));
+    metrics.finished(reason);
 }
 
 /// KV bytes one token takes in every layer.
@@ -591,7 +679,13 @@ fn admission(
             "the prompt has {used} tokens ({prefix_len} of them the cloud prompt); this model's context is {context}"
         )));
     }
-    job.max_tokens = job.max_tokens.clamp(1, context - used);
+    // Zero new tokens is a request to score the prompt only.
+    job.max_tokens = job.max_tokens.min(context - used);
+    if job.max_tokens == 0 && !extras.echo {
+        return Err(Refusal::Invalid(
+            "max_tokens must be at least 1 (0 only with echo, to score the prompt)".into(),
+        ));
+    }
     let seq = match &job.prefix {
         Some(p) => {
             Sequence::with_prefix(model, p.clone()).map_err(|e| Refusal::Invalid(e.to_string()))?
@@ -672,6 +766,7 @@ fn admission(
         next: None,
         admitted: Instant::now(),
         last_token: None,
+        prompt_logprobs: (extras.echo && extras.logprobs.is_some()).then(Vec::new),
         logprobs: extras.logprobs,
         token_logprobs: Vec::new(),
         forks: extras.forks.into_iter().zip(reservations).collect(),

@@ -280,3 +280,48 @@ fn a_cold_prompt_that_fails_ends_its_request_and_not_the_batch() {
         other => panic!("expected a failure, got {other:?}"),
     }
 }
+
+/// Echo with logprobs: a cold prompt's layer-by-layer pass scores the private prompt as the
+/// warm path does in prefill chunks (7 tokens here, so chunk boundaries are crossed), every
+/// token including the first (scored from the cloud prompt's last position).
+#[test]
+fn a_cold_prompt_scores_its_private_prompt_as_the_warm_path_does() {
+    let m = model();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USERS[0]);
+    let mut seq = Sequence::new(&m);
+    seq.prefill_chunked(&m, &cloud_ids, 256).unwrap();
+    let prefix = Arc::new(seq.export_prefix(&m).unwrap());
+    let scored = |max_tokens: usize, cold: bool| {
+        let cfg = SchedulerConfig {
+            prefill_chunk: 7,
+            ..SchedulerConfig::default()
+        };
+        let mut b = Batcher::new(m.clone(), cfg, Arc::new(Metrics::new()));
+        let stream = Arc::new(LayerStream::new(cloud_ids.clone(), m.cfg.n_layer));
+        let (j, mut rx) = job((!cold).then(|| prefix.clone()), prompt.clone(), max_tokens);
+        let extras = Extras {
+            cold: cold.then(|| stream.clone()),
+            logprobs: Some(2),
+            echo: true,
+            ..Extras::default()
+        };
+        b.admit_with(j, extras).unwrap();
+        for (l, kv) in prefix.layers.iter().enumerate() {
+            stream.put(l, kv.clone(), 0);
+        }
+        stream.complete(prefix.clone());
+        while !b.is_idle() {
+            b.step();
+        }
+        done(&mut rx)
+    };
+    let (warm, cold) = (scored(4, false), scored(4, true));
+    assert_eq!(warm.prompt_logprobs.len(), prompt.len());
+    assert!(warm.prompt_logprobs.iter().all(|l| l.is_some()));
+    assert_eq!(cold.prompt_logprobs, warm.prompt_logprobs);
+    assert_eq!(cold.logprobs, warm.logprobs);
+    assert_eq!(cold.token_ids, warm.token_ids);
+    let only = scored(0, true);
+    assert_eq!(only.prompt_logprobs, warm.prompt_logprobs);
+    assert_eq!((only.completion_tokens, only.finish_reason), (0, "length"));
+}

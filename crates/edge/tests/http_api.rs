@@ -16,6 +16,7 @@ mod common;
 use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
 
 const USER: &str = "I booked a train for tomorrow at 9am. Can I still get my money back?";
+const ECHO_TEXT: &str = "Refunds are possible up to 24 hours before departure.";
 
 /// Python with the `openai` package: $EDGEPROMPT_PYTHON, or the venv scripts/test.sh makes.
 fn python() -> PathBuf {
@@ -96,6 +97,13 @@ fn openai_client_against_the_edge_server() {
     });
     let (cloud_ids, private_ids) = edge_ids(&m, SUPPORT, USER);
     let logprobs = reference_logprobs(&m, &cloud_ids, &private_ids, 8, 3);
+    // Echo: a continuation of cloud prompt "support" (its ids: the system turn), and a prompt
+    // of its own (BOS first, which nothing scores).
+    let support_ids = edge_ids(&m, SUPPORT, USER).0;
+    let echo_ids = m.tokenizer.encode(ECHO_TEXT).unwrap();
+    let echo_ref = reference_scores(&m, &support_ids, &echo_ids, 2);
+    let plain_ids = m.tokenizer.encode_prompt(ECHO_TEXT).unwrap();
+    let echo_plain_ref = reference_scores(&m, &[], &plain_ids, 2);
     let cfg = dir.path().join("config.json");
     let json = serde_json::json!({
         "base": base,
@@ -110,6 +118,9 @@ fn openai_client_against_the_edge_server() {
         "user": USER,
         "prompt_tokens": cloud_ids.len() + private_ids.len(),
         "logprobs_ref": logprobs,
+        "echo_text": ECHO_TEXT,
+        "echo_ref": echo_ref,
+        "echo_plain_ref": echo_plain_ref,
     });
     std::fs::write(&cfg, json.to_string()).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_api.py");
@@ -120,6 +131,45 @@ fn openai_client_against_the_edge_server() {
         .unwrap();
     assert!(status.success(), "openai client checks failed: {status}");
     drop(rt);
+}
+
+/// Each of `ids`' log-probabilities after `before` and the ids before it, on one node fed one
+/// token at a time, with a plain f64 log-softmax: `{text, logprob, top: [[text, logprob]]}`, or
+/// `null` for a first token with nothing before it.
+fn reference_scores(m: &Model, before: &[u32], ids: &[u32], top: usize) -> serde_json::Value {
+    let mut seq = edgeprompt_engine::Sequence::new(m);
+    let mut logits = (!before.is_empty()).then(|| seq.prefill(m, before).unwrap());
+    let mut out = Vec::new();
+    for &id in ids {
+        out.push(match &logits {
+            Some(l) => {
+                let (lp, order) = log_softmax(l);
+                let text = |i: usize| m.tokenizer.decode(&[i as u32]).unwrap();
+                serde_json::json!({
+                    "text": text(id as usize),
+                    "logprob": lp[id as usize],
+                    "top": order[..top].iter().map(|&i| serde_json::json!([text(i), lp[i]])).collect::<Vec<_>>(),
+                })
+            }
+            None => serde_json::Value::Null,
+        });
+        logits = Some(seq.prefill(m, &[id]).unwrap());
+    }
+    serde_json::Value::Array(out)
+}
+
+/// Log-softmax in f64 and the ids by falling logit (the lower id first on a tie).
+fn log_softmax(logits: &[f32]) -> (Vec<f64>, Vec<usize>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    (logits.iter().map(|&x| x as f64 - lse).collect(), order)
 }
 
 /// The greedy answer's log-probabilities computed here, on one node, from the engine's raw
@@ -137,17 +187,9 @@ fn reference_logprobs(
     let mut logits = seq.prefill(m, &ids).unwrap();
     let mut out = Vec::new();
     for _ in 0..tokens {
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max
-            + logits
-                .iter()
-                .map(|&x| (x as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let (lps, order) = log_softmax(&logits);
         let id = order[0] as u32;
-        let lp = |i: usize| logits[i] as f64 - lse;
+        let lp = |i: usize| lps[i];
         out.push(serde_json::json!({
             "id": id,
             "text": m.tokenizer.decode(&[id]).unwrap(),

@@ -242,9 +242,59 @@ check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp
       f"completions logprobs: {lp.tokens}")
 check(all(len(t) <= 2 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs),
       "completions top_logprobs and values")
+
+# echo: the prompt's tokens scored, as evaluation harnesses ask (max_tokens 0, logprobs 1+).
+# After cloud prompt "support" its first token is scored from the cloud prompt's last position;
+# every value equals the engine's on one node fed one token at a time (to 1e-5).
+def check_scores(lp, ref, what):
+    check(len(lp.tokens) >= len(ref), f"{what}: {len(lp.tokens)} tokens for {len(ref)}")
+    bad = []
+    for i, want in enumerate(ref):
+        got, tops = lp.token_logprobs[i], lp.top_logprobs[i]
+        if want is None:
+            if got is not None or tops is not None:
+                bad.append((i, "nothing scores a first token", got))
+        elif lp.tokens[i] != want["text"] or abs(got - want["logprob"]) >= 1e-5:
+            bad.append((i, lp.tokens[i], got, want["logprob"]))
+        elif len(tops) != 2 or any(abs(tops[t] - v) >= 1e-5 for t, v in want["top"]):
+            bad.append((i, tops, want["top"]))
+    check(not bad, f"{what}: {len(ref)} tokens and top 2 == the engine's on one node: {bad}")
+    check(lp.text_offset[0] == 0 and all(a < b for a, b in zip(lp.text_offset, lp.text_offset[1:])),
+          f"{what}: text offsets rise")
+
+support = {"cloud_prompt": cfg["cloud_prompt_a"]}
+e = client.completions.create(model=MODEL, prompt=cfg["echo_text"], max_tokens=0, echo=True,
+                              logprobs=2, extra_body=support)
+check(e.choices[0].text == cfg["echo_text"] and e.choices[0].finish_reason == "length"
+      and e.usage.completion_tokens == 0, f"echo, max_tokens 0: the prompt only: {e}")
+check(len(e.choices[0].logprobs.tokens) == len(cfg["echo_ref"]), "one entry per prompt token")
+check_scores(e.choices[0].logprobs, cfg["echo_ref"], "echo after a cloud prompt")
+plain = client.completions.create(model=MODEL, prompt=cfg["echo_text"], max_tokens=0, echo=True,
+                                  logprobs=2)
+check_scores(plain.choices[0].logprobs, cfg["echo_plain_ref"], "echo of a prompt of its own")
+# echo with an answer: the prompt, then the same answer and values as without echo
+gen = dict(model=MODEL, prompt=cfg["echo_text"], max_tokens=4, temperature=0, logprobs=2,
+           extra_body=support)
+both = client.completions.create(echo=True, **gen)
+alone = client.completions.create(**gen)
+n = len(cfg["echo_ref"])
+check(both.choices[0].text == cfg["echo_text"] + alone.choices[0].text,
+      f"echo text = prompt + answer: {both.choices[0].text!r}")
+check(both.choices[0].logprobs.token_logprobs[n:] == alone.choices[0].logprobs.token_logprobs,
+      "the answer's logprobs are the same with echo")
+check_scores(both.choices[0].logprobs, cfg["echo_ref"], "echo with an answer")
+streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, echo=True, **gen)
+                   if c.choices)
+check(streamed == both.choices[0].text, f"streamed echo == whole: {streamed!r}")
+check(client.completions.create(model=MODEL, prompt="hi", max_tokens=0, echo=True)
+      .choices[0].text == "hi", "echo without logprobs returns the prompt")
 status, body = raw_post(cfg["base"], "/completions", json.dumps(
-    {"model": MODEL, "prompt": "hi", "echo": True, "max_tokens": 2}).encode())
-check(status == 400 and "echo" in json.loads(body)["error"]["message"], f"echo -> 400: {body}")
+    {"model": MODEL, "prompt": "hi", "max_tokens": 0}).encode())
+check(status == 400 and "max_tokens" in json.loads(body)["error"]["message"],
+      f"max_tokens 0 without echo -> 400: {body}")
+status, body = raw_post(cfg["base"], "/chat/completions", json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "echo": True}).encode())
+check(status == 400 and "echo" in json.loads(body)["error"]["message"], f"chat echo -> 400: {body}")
 status, body = raw_post(cfg["base"], "/chat/completions", json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
      "top_logprobs": 21}).encode())

@@ -1,6 +1,7 @@
 //! The model: GGUF weights and a forward pass the project owns, one layer at a time.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file::Content;
@@ -9,8 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::attention::{attend_batch, KvView};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, Arch, ModelConfig};
-use crate::kv::LayerKv;
+use crate::kv::{LayerKv, PrefixKv};
 use crate::rope::Rope;
+use crate::sample::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Linear, Weights};
@@ -260,6 +262,24 @@ impl Model {
     /// Run new tokens through the whole model for a batch of sequences; returns each
     /// sequence's last-row logits.
     pub fn forward(&self, batch: &mut [(&mut Sequence, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        let none = vec![None; batch.len()];
+        Ok(self
+            .forward_scoring(batch, &none)?
+            .into_iter()
+            .map(|(logits, _)| logits)
+            .collect())
+    }
+
+    /// `forward`, and for each sequence with `score[i] = Some(top)` the log-probability of
+    /// every fed token after the first, from the row before it, with `top` alternatives (the
+    /// rows of a prompt a client asked to score). Logits are per row, so scoring leaves every
+    /// last-row logit as `forward` gives it.
+    #[allow(clippy::type_complexity)]
+    pub fn forward_scoring(
+        &self,
+        batch: &mut [(&mut Sequence, &[u32])],
+        score: &[Option<usize>],
+    ) -> Result<Vec<(Vec<f32>, Vec<TokenLogprobs>)>> {
         let ids: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         if ids.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::Input("no tokens to run".into()));
@@ -284,8 +304,14 @@ impl Model {
         }
         let d = self.cfg.n_embd;
         let mut last = Vec::with_capacity(batch.len() * d);
+        let mut scores = Vec::with_capacity(batch.len());
         let mut r = 0;
-        for (seq, t) in batch.iter_mut() {
+        for (i, (seq, t)) in batch.iter_mut().enumerate() {
+            let rows = &x[r * d..(r + t.len()) * d];
+            scores.push(match score.get(i).copied().flatten() {
+                Some(top) => self.score_rows(&rows[..rows.len() - d], &t[1..], top)?,
+                None => Vec::new(),
+            });
             r += t.len();
             last.extend_from_slice(&x[(r - 1) * d..r * d]);
             seq.push_tokens(t);
@@ -294,7 +320,69 @@ impl Model {
         Ok(logits
             .chunks_exact(self.cfg.vocab_size)
             .map(|c| c.to_vec())
+            .zip(scores)
             .collect())
+    }
+
+    /// Log-probability of `next[j]` after hidden row `j` of `x` (`[next.len(), n_embd]`, before
+    /// the output norm), with `top` alternatives. Logits are made a few rows at a time: a long
+    /// prompt's rows times a 150k vocabulary would not fit.
+    pub fn score_rows(&self, x: &[f32], next: &[u32], top: usize) -> Result<Vec<TokenLogprobs>> {
+        const ROWS: usize = 16;
+        let d = self.cfg.n_embd;
+        if x.len() != next.len() * d {
+            return Err(EngineError::Input(format!(
+                "{} hidden values for {} tokens of width {d}",
+                x.len(),
+                next.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(next.len());
+        for (rows, ids) in x.chunks(ROWS * d).zip(next.chunks(ROWS)) {
+            let logits = self.logits(rows)?;
+            for (l, &id) in logits.chunks_exact(self.cfg.vocab_size).zip(ids) {
+                out.push(logprobs(l, id, top));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The logits a single node has after the prompt `prefix` holds: its last token run again
+    /// on the KV of the others (row arithmetic does not depend on the chunking, so this is the
+    /// row the cloud computed). `None` when a sliding window already cut a position that
+    /// token needs.
+    pub fn prefix_logits(&self, prefix: &PrefixKv) -> Result<Option<Vec<f32>>> {
+        let Some((&last, before)) = prefix.token_ids.split_last() else {
+            return Ok(None);
+        };
+        let n = before.len();
+        let cut = PrefixKv {
+            fingerprint: prefix.fingerprint.clone(),
+            token_ids: before.to_vec(),
+            layers: prefix
+                .layers
+                .iter()
+                .map(|l| {
+                    let mut l = (**l).clone();
+                    l.truncate(n.saturating_sub(l.start()));
+                    Arc::new(l)
+                })
+                .collect(),
+        };
+        let fits = cut
+            .layers
+            .iter()
+            .enumerate()
+            .all(|(l, kv)| kv.start() <= self.cfg.visible_from(l, n));
+        if !fits {
+            return Ok(None);
+        }
+        let mut seq = if n == 0 {
+            Sequence::new(self)
+        } else {
+            Sequence::with_prefix(self, Arc::new(cut))?
+        };
+        seq.prefill(self, &[last]).map(Some)
     }
 }
 

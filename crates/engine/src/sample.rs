@@ -96,6 +96,13 @@ pub fn logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprobs {
     let sum: f64 = logits.iter().map(|&x| f64::from(x - max).exp()).sum();
     let lse = f64::from(max) + sum.ln();
     let lp = |i: u32| (f64::from(logits[i as usize]) - lse) as f32;
+    if top == 0 {
+        return TokenLogprobs {
+            id,
+            logprob: lp(id),
+            top: Vec::new(),
+        };
+    }
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let order = |a: &u32, b: &u32| {
         logits[*b as usize]

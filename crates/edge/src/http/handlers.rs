@@ -105,6 +105,11 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
     let req: ChatRequest = parse(body)?;
     check_model(s, &req.common)?;
     logprobs_asked(Kind::Chat, &req.common)?;
+    if req.common.echo == Some(true) {
+        return Err(ApiError::bad_request(
+            "echo is a completions option (/v1/completions)",
+        ));
+    }
     let chat = s
         .model
         .chat
@@ -171,7 +176,7 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
         None => chat.render(&messages, true).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
-    run(s, Kind::Chat, id, req.common, prefix, prompt).await
+    run(s, Kind::Chat, id, req.common, prefix, prompt, None).await
 }
 
 async fn completions_inner(
@@ -206,7 +211,9 @@ async fn completions_inner(
             .encode_prompt(&text)
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
     };
-    run(s, Kind::Completion, id, req.common, prefix, prompt).await
+    // Echo answers the prompt as sent (after a cloud prompt: this request's part of it).
+    let echo = (req.common.echo == Some(true)).then_some(text);
+    run(s, Kind::Completion, id, req.common, prefix, prompt, echo).await
 }
 
 fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
@@ -223,11 +230,6 @@ fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
         return Err(ApiError::bad_request(format!(
             "n must be between 1 and {MAX_N}"
         )));
-    }
-    if r.echo == Some(true) {
-        return Err(ApiError::bad_request(
-            "echo is not supported: this edge has no logits for a cloud prompt's tokens",
-        ));
     }
     if r.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err(ApiError::bad_request("temperature must be in [0, 2]"));
@@ -287,7 +289,7 @@ fn lookup_error(e: LookupError) -> ApiError {
     }
 }
 
-/// Queue the job and answer, streamed or whole.
+/// Queue the job and answer, streamed or whole; `echo`: the prompt text to answer first.
 async fn run(
     s: &EdgeServer,
     kind: Kind,
@@ -295,6 +297,7 @@ async fn run(
     r: Sampling,
     prefix: Option<PromptKv>,
     prompt: Vec<u32>,
+    echo: Option<String>,
 ) -> Result<Response, ApiError> {
     let (prefix, cold) = match prefix {
         Some(PromptKv::Ready(p)) => (Some(p), None),
@@ -306,6 +309,10 @@ async fn run(
     let (mut txs, mut rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
     let tx = txs.remove(0);
     let seed = r.seed.unwrap_or_else(rand::random);
+    let echo = echo.map(|text| openai::Echo {
+        text,
+        ids: prompt.clone(),
+    });
     let job = Job {
         prefix,
         prompt,
@@ -325,6 +332,7 @@ async fn run(
     let extras = Extras {
         cold,
         logprobs,
+        echo: echo.is_some(),
         forks: txs,
     };
     s.scheduler.submit_with(job, extras).map_err(|e| match e {
@@ -365,6 +373,7 @@ async fn run(
             created,
             model,
             include_usage: usage,
+            echo,
         };
         return Ok(stream(meta, rxs, text_of));
     }
@@ -372,12 +381,19 @@ async fn run(
     for rx in &mut rxs {
         answers.push(whole(rx).await?);
     }
+    let answers: Vec<(String, &Done)> = answers
+        .iter()
+        .map(|(text, d)| match &echo {
+            Some(e) => (format!("{}{text}", e.text), d),
+            None => (text.clone(), d),
+        })
+        .collect();
     let answers: Vec<openai::Answer> = answers
         .iter()
         .map(|(text, d)| openai::Answer {
             text,
             done: d,
-            logprobs: openai::logprobs_json(kind, &d.logprobs, &*text_of),
+            logprobs: openai::logprobs_json(kind, echo.as_ref(), d, &*text_of),
         })
         .collect();
     Ok(Json(openai::response(kind, &id, created, &model, &answers)).into_response())
@@ -419,6 +435,7 @@ struct StreamMeta {
     created: u64,
     model: String,
     include_usage: bool,
+    echo: Option<openai::Echo>,
 }
 
 /// Server-sent events, the answers' chunks interleaved by `index`. A client that goes away
@@ -452,6 +469,14 @@ fn stream(
                 }
             }
         }
+        if let Some(e) = &m.echo {
+            for i in 0..n {
+                let piece = openai::Piece::new(i, Some(&e.text), false, None, Value::Null);
+                if out.send(chunk(piece)).await.is_err() {
+                    return;
+                }
+            }
+        }
         let mut merged = tokio_stream::StreamMap::new();
         for (i, rx) in rxs.into_iter().enumerate() {
             merged.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
@@ -467,7 +492,7 @@ fn stream(
                     chunk(openai::Piece::new(i, Some(&t), false, None, Value::Null))
                 }
                 Some((i, Event::Done(d))) => {
-                    let lp = openai::logprobs_json(m.kind, &d.logprobs, &*text_of);
+                    let lp = openai::logprobs_json(m.kind, m.echo.as_ref(), &d, &*text_of);
                     let msg = chunk(openai::Piece::new(
                         i,
                         None,

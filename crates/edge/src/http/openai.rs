@@ -98,8 +98,9 @@ pub struct Sampling {
     /// Chat: alternatives per token (0-20) when `logprobs` is true.
     #[serde(default)]
     pub top_logprobs: Option<usize>,
-    /// Completions: return the prompt too (not supported: a prompt after a cloud prompt has
-    /// no logits for the cloud part on this edge).
+    /// Completions: answer the prompt too (with `logprobs`, each prompt token scored;
+    /// `max_tokens` 0 then scores the prompt only). After a cloud prompt, the prompt is this
+    /// request's part: its first token is scored from the cloud prompt's last position.
     #[serde(default)]
     pub echo: Option<bool>,
     /// EdgePrompt's extension: a registered cloud prompt by id.
@@ -139,11 +140,33 @@ pub fn usage(done: &[&Done]) -> Value {
     })
 }
 
+/// The prompt a completion echoes: its text and its tokens.
+pub struct Echo {
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
 /// OpenAI's `logprobs` object of a choice (`null` when none were asked for): chat's
-/// `{"content": [{token, logprob, bytes, top_logprobs}]}` or completions' parallel lists.
+/// `{"content": [{token, logprob, bytes, top_logprobs}]}` or completions' parallel lists,
+/// which start with the echoed prompt's tokens (`null` where a token has nothing before it).
 /// `text` gives a token id's text.
-pub fn logprobs_json(kind: Kind, lps: &[TokenLogprobs], text: &dyn Fn(u32) -> String) -> Value {
-    if lps.is_empty() {
+pub fn logprobs_json(
+    kind: Kind,
+    echo: Option<&Echo>,
+    done: &Done,
+    text: &dyn Fn(u32) -> String,
+) -> Value {
+    let lps = &done.logprobs;
+    let prompt: Vec<(u32, Option<&TokenLogprobs>)> = match echo {
+        Some(e) if done.prompt_logprobs.len() == e.ids.len() => e
+            .ids
+            .iter()
+            .zip(&done.prompt_logprobs)
+            .map(|(&id, l)| (id, l.as_ref()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if lps.is_empty() && prompt.is_empty() {
         return Value::Null;
     }
     match kind {
@@ -163,7 +186,11 @@ pub fn logprobs_json(kind: Kind, lps: &[TokenLogprobs], text: &dyn Fn(u32) -> St
             json!({ "content": content })
         }
         Kind::Completion => {
-            let tokens: Vec<String> = lps.iter().map(|l| text(l.id)).collect();
+            let all: Vec<(u32, Option<&TokenLogprobs>)> = prompt
+                .into_iter()
+                .chain(lps.iter().map(|l| (l.id, Some(l))))
+                .collect();
+            let tokens: Vec<String> = all.iter().map(|&(id, _)| text(id)).collect();
             let mut offset = 0;
             let offsets: Vec<usize> = tokens
                 .iter()
@@ -173,17 +200,21 @@ pub fn logprobs_json(kind: Kind, lps: &[TokenLogprobs], text: &dyn Fn(u32) -> St
                     at
                 })
                 .collect();
-            let top: Vec<Value> = lps
+            let top: Vec<Value> = all
                 .iter()
-                .map(|l| {
-                    let m: serde_json::Map<String, Value> =
-                        l.top.iter().map(|&(i, lp)| (text(i), lp.into())).collect();
-                    Value::Object(m)
+                .map(|(_, l)| match l {
+                    Some(l) => {
+                        let m: serde_json::Map<String, Value> =
+                            l.top.iter().map(|&(i, lp)| (text(i), lp.into())).collect();
+                        Value::Object(m)
+                    }
+                    None => Value::Null,
                 })
                 .collect();
+            let values: Vec<Option<f32>> = all.iter().map(|(_, l)| l.map(|l| l.logprob)).collect();
             json!({
                 "tokens": tokens,
-                "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "token_logprobs": values,
                 "top_logprobs": top,
                 "text_offset": offsets,
             })
