@@ -9,6 +9,11 @@
 //!   token) the same?
 //! - the largest |Δlogit| at the first answer position;
 //! - bytes against f16 (raw and zstd-3), encode and decode MB/s of f16 KV.
+//!
+//! And a reference row, `ULP`: the f16 KV with every value but the first token's moved by at
+//! most one unit in its last place (two in three of them moved). A codec at 4 or 8 bits moves
+//! most values by far more; how often this tiny change already flips a greedy answer says how
+//! much of a codec's "identical answers" shortfall is the model's near-ties, not the codec.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,12 +24,16 @@ use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Message, Model, PrefixKv, Sequence};
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::Codec;
+use half::f16;
 use serde::Serialize;
 
 use crate::machine::Machine;
 use crate::plot::{line_chart, Series};
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
+
+/// The reference row's name.
+pub const ULP: &str = "f16 ±1 ulp";
 
 pub struct Settings {
     pub models: Vec<PathBuf>,
@@ -123,18 +132,28 @@ fn model_rows(s: &Settings, path: &std::path::Path) -> Result<Vec<Row>, BenchErr
             seed: 11,
         },
     )?;
-    let mut tallies: Vec<Tally> = s.codecs.iter().map(|_| Tally::default()).collect();
+    // One tally per codec, then the reference's.
+    let mut tallies: Vec<Tally> = (0..=s.codecs.len()).map(|_| Tally::default()).collect();
     let mut f16_bytes = (0, 0);
     for (i, r) in work.requests.iter().enumerate() {
         let (cloud_ids, edge_ids) = split_ids(&model, &work.cloud[r.cloud], &r.user)?;
         let mut cloud = Sequence::new(&model);
         cloud.prefill_chunked(&model, &cloud_ids, 512)?;
         let exact = cloud.export_prefix(&model)?;
-        let (_, f16) = transcode(&exact, Codec::F16)?;
-        f16_bytes = (f16_bytes.0 + f16.bytes, f16_bytes.1 + f16.zbytes);
+        let (_, plain) = transcode(&exact, Codec::F16)?;
+        f16_bytes = (f16_bytes.0 + plain.bytes, f16_bytes.1 + plain.zbytes);
+        // The reference is f16 on the wire, with no codec to time.
+        let reference = WireStats {
+            enc_s: 0.0,
+            dec_s: 0.0,
+            ..plain
+        };
         let (want_first, want) = greedy(&model, Arc::new(exact.clone()), &edge_ids, s)?;
-        for (codec, t) in s.codecs.iter().zip(&mut tallies) {
-            let (prefix, stats) = transcode(&exact, *codec)?;
+        for (k, t) in tallies.iter_mut().enumerate() {
+            let (prefix, stats) = match s.codecs.get(k) {
+                Some(codec) => transcode(&exact, *codec)?,
+                None => (nudge(&exact)?, reference),
+            };
             t.bytes += stats.bytes;
             t.zbytes += stats.zbytes;
             t.enc_s += stats.enc_s;
@@ -153,20 +172,19 @@ fn model_rows(s: &Settings, path: &std::path::Path) -> Result<Vec<Row>, BenchErr
     }
     let n = work.requests.len();
     let f16_mb = f16_bytes.0 as f64 / 1e6;
-    let rows: Vec<Row> = s
-        .codecs
-        .iter()
+    let names = s.codecs.iter().map(|c| c.name()).chain([ULP]);
+    let rows: Vec<Row> = names
         .zip(&tallies)
         .map(|(c, t)| Row {
             model: name.clone(),
-            codec: c.name().to_string(),
+            codec: c.to_string(),
             ratio_vs_f16: f16_bytes.0 as f64 / t.bytes.max(1) as f64,
             ratio_vs_f16_zstd: f16_bytes.1 as f64 / t.zbytes.max(1) as f64,
             next_token_agreement: t.agree as f64 / t.positions.max(1) as f64,
             identical_64: t.identical as f64 / n.max(1) as f64,
             max_abs_dlogit: t.dlogit as f64,
-            encode_mb_s: f16_mb / t.enc_s.max(1e-9),
-            decode_mb_s: f16_mb / t.dec_s.max(1e-9),
+            encode_mb_s: speed(f16_mb, t.enc_s),
+            decode_mb_s: speed(f16_mb, t.dec_s),
             pairs: n,
         })
         .collect();
@@ -248,6 +266,51 @@ fn teacher_forced(
     Ok((agree, dl))
 }
 
+/// MB/s, or 0 for nothing timed (the reference row).
+fn speed(mb: f64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        mb / secs
+    } else {
+        0.0
+    }
+}
+
+/// `prefix` with every value after each layer's first token moved by -1, 0 or +1 in its last
+/// bit (a fixed hash picks which).
+fn nudge(prefix: &PrefixKv) -> Result<PrefixKv, BenchError> {
+    let step = |(i, x): (usize, &f16), salt: usize| {
+        let h = ((i ^ salt.wrapping_mul(0x9E37_79B9)) as u32).wrapping_mul(0x85EB_CA6B) >> 16;
+        f16::from_bits(x.to_bits().wrapping_add((h % 3) as u16).wrapping_sub(1))
+    };
+    let mut layers = Vec::with_capacity(prefix.layers.len());
+    for (l, layer) in prefix.layers.iter().enumerate() {
+        let d = layer.head_dim;
+        let heads = |key: bool, salt: usize| -> Vec<Vec<f16>> {
+            (0..layer.n_kv_head)
+                .map(|h| {
+                    let rows = if key { layer.keys(h) } else { layer.values(h) };
+                    let (first, rest) = rows.split_at(d.min(rows.len()));
+                    let salt = salt + 2 * h + 64 * l;
+                    first
+                        .iter()
+                        .copied()
+                        .chain(rest.iter().enumerate().map(|p| step(p, salt)))
+                        .collect()
+                })
+                .collect()
+        };
+        let (k, v) = (heads(true, 0), heads(false, 1));
+        let kv = edgeprompt_engine::LayerKv::from_heads(d, k, v)?.starting_at(layer.start());
+        layers.push(Arc::new(kv));
+    }
+    Ok(PrefixKv {
+        fingerprint: prefix.fingerprint.clone(),
+        token_ids: prefix.token_ids.clone(),
+        layers,
+    })
+}
+
+#[derive(Clone, Copy)]
 struct WireStats {
     bytes: usize,
     zbytes: usize,

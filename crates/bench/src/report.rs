@@ -536,7 +536,7 @@ fn codecs_section(dir: &Path, md: &mut String) {
     for r in v["rows"].as_array().cloned().unwrap_or_default() {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2}x ({:.2}x) | {:.1} % | {:.0} % | {:.2} | {:.0} / {:.0} | {} |",
+            "| {} | {} | {:.2}x ({:.2}x) | {:.1} % | {:.0} % | {:.2} | {} | {} |",
             r["model"].as_str().unwrap_or("?"),
             r["codec"].as_str().unwrap_or("?"),
             f(&r["ratio_vs_f16"]),
@@ -544,8 +544,10 @@ fn codecs_section(dir: &Path, md: &mut String) {
             100.0 * f(&r["next_token_agreement"]),
             100.0 * f(&r["identical_64"]),
             f(&r["max_abs_dlogit"]),
-            f(&r["encode_mb_s"]),
-            f(&r["decode_mb_s"]),
+            match (f(&r["encode_mb_s"]), f(&r["decode_mb_s"])) {
+                (e, d) if e > 0.0 => format!("{e:.0} / {d:.0}"),
+                _ => "-".into(),
+            },
             r["pairs"]
         );
     }
