@@ -524,7 +524,12 @@ fn codecs_section(dir: &Path, md: &mut String) {
          {} private tokens; the cloud KV goes through the codec in wire chunks of {} tokens. Against the f16 \
          answer (bitwise the single-node one): teacher-forced next-token agreement over the answer's positions, \
          free-running greedy answers of up to {} tokens identical, the largest |Δlogit| at the first answer \
-         position; encode/decode speed in MB of f16 KV per second.\n\n| model | codec | x smaller than f16 \
+         position; encode/decode speed in MB of f16 KV per second. The row `f16 ±1 ulp` is no codec but a \
+         sensitivity reference: every value after the first token moved by at most one unit in its last place (a \
+         relative change of at most 0.1 %). The answers so small a change flips sit on the model's near-ties: a \
+         64-token greedy answer passes some top-2 gap almost any change crosses. It is not a bound: the channel \
+         codecs' error is absolute, and tiny on channels that vary little around a large value, where one ulp is \
+         not (20 pairs: ± ~10 points on identical answers).\n\n| model | codec | x smaller than f16 \
          (zstd-3 on both) | next-token agreement | identical answers | max abs Δlogit | encode / decode MB/s | \
          pairs |\n| --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&head),
