@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use edgeprompt_edge::metrics::Metrics;
-use edgeprompt_edge::scheduler::{Batcher, Done, Event, Job, SchedulerConfig};
-use edgeprompt_engine::{Model, PrefixKv, SamplingParams, Sequence};
-use tokio::sync::mpsc;
+use edgeprompt_edge::scheduler::{Batcher, Done, SchedulerConfig};
+use edgeprompt_engine::{Model, PrefixKv, Sequence};
 
 mod common;
-use common::{edge_ids, model, CODING, SUPPORT};
+use common::{done, edge_ids, job, model, CODING, SUPPORT};
 
 const QUESTIONS: [&str; 8] = [
     "How do I get a refund?",
@@ -28,34 +27,6 @@ fn prefix(model: &Model, system: &str) -> Arc<PrefixKv> {
     let mut seq = Sequence::new(model);
     seq.prefill(model, &cloud).unwrap();
     Arc::new(seq.export_prefix(model).unwrap())
-}
-
-fn job(
-    prefix: &Arc<PrefixKv>,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> (Job, mpsc::UnboundedReceiver<Event>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let j = Job {
-        prefix: Some(prefix.clone()),
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        events: tx,
-    };
-    (j, rx)
-}
-
-fn done(rx: &mut mpsc::UnboundedReceiver<Event>) -> Done {
-    while let Ok(ev) = rx.try_recv() {
-        match ev {
-            Event::Done(d) => return d,
-            Event::Failed(m) => panic!("request failed: {m}"),
-            Event::Text(_) => {}
-        }
-    }
-    panic!("no Done event")
 }
 
 fn batcher(model: &Arc<Model>, prefill_chunk: usize) -> Batcher {
@@ -80,7 +51,7 @@ fn sixteen_requests_joining_a_running_batch_get_their_tokens_alone() {
         .iter()
         .map(|(p, ids)| {
             let mut b = batcher(&m, 512);
-            let (j, mut rx) = job(&prefixes[*p], ids.clone(), 24);
+            let (j, mut rx) = job(Some(prefixes[*p].clone()), ids.clone(), 24);
             b.admit(j).unwrap();
             while !b.is_idle() {
                 b.step();
@@ -94,7 +65,7 @@ fn sixteen_requests_joining_a_running_batch_get_their_tokens_alone() {
     let mut rxs = Vec::new();
     let mut steps = 0;
     for (i, (p, ids)) in requests.iter().enumerate() {
-        let (j, rx) = job(&prefixes[*p], ids.clone(), 24);
+        let (j, rx) = job(Some(prefixes[*p].clone()), ids.clone(), 24);
         b.admit(j).unwrap();
         rxs.push(rx);
         if i % 3 == 2 {
@@ -127,7 +98,7 @@ fn usage_with(
     let mut b = batcher(m, 4096);
     let mut rxs = Vec::new();
     for p in prefixes {
-        let (j, rx) = job(p, prompt.to_vec(), 8);
+        let (j, rx) = job(Some(p.clone()), prompt.to_vec(), 8);
         b.admit(j).unwrap();
         rxs.push(rx);
     }

@@ -10,13 +10,12 @@ use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::layer_stream::LayerStream;
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
-use edgeprompt_edge::scheduler::{Batcher, Done, Event, Extras, Job, SchedulerConfig};
-use edgeprompt_engine::{Model, PrefixKv, SamplingParams, Sequence};
+use edgeprompt_edge::scheduler::{Batcher, Event, Extras, SchedulerConfig};
+use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use edgeprompt_link::{Link, Profile};
-use tokio::sync::mpsc;
 
 mod common;
-use common::{edge_ids, greedy_text, model, serve_cloud, CODING, SUPPORT};
+use common::{done, edge_ids, greedy_text, job, model, serve_cloud, CODING, SUPPORT};
 
 const USERS: [&str; 3] = [
     "My train was cancelled. What do I get back?",
@@ -157,34 +156,6 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
     assert!(
         metric(&metrics, "edgeprompt_cold_layers_overlapped_total") >= (3 * n_layer / 2) as f64
     );
-}
-
-fn job(
-    prefix: Option<Arc<PrefixKv>>,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> (Job, mpsc::UnboundedReceiver<Event>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let j = Job {
-        prefix,
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        events: tx,
-    };
-    (j, rx)
-}
-
-fn done(rx: &mut mpsc::UnboundedReceiver<Event>) -> Done {
-    while let Ok(ev) = rx.try_recv() {
-        match ev {
-            Event::Done(d) => return d,
-            Event::Failed(e) => panic!("failed: {e}"),
-            Event::Text(_) => {}
-        }
-    }
-    panic!("no answer")
 }
 
 /// `prompt` after `prefix`, alone in a batcher.

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
-use edgeprompt_engine::{Message, Model};
+use edgeprompt_edge::scheduler::{Done, Event, Job};
+use edgeprompt_engine::{Message, Model, PrefixKv, SamplingParams};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub const SUPPORT: &str = "You are the support assistant of Acme Rail. Answer in two sentences. \
@@ -143,4 +145,34 @@ pub fn prefix_config(cloud: &str) -> edgeprompt_edge::prefixes::PrefixConfig {
         auto_codec: None,
         auto_split: None,
     }
+}
+
+/// A greedy job for a batcher: `prompt` after an optional prefix, and its events.
+pub fn job(
+    prefix: Option<Arc<PrefixKv>>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Job, mpsc::UnboundedReceiver<Event>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let j = Job {
+        prefix,
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+        events: tx,
+    };
+    (j, rx)
+}
+
+/// The job's answer from the events it has sent.
+pub fn done(rx: &mut mpsc::UnboundedReceiver<Event>) -> Done {
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            Event::Done(d) => return d,
+            Event::Failed(e) => panic!("request failed: {e}"),
+            Event::Text(_) => {}
+        }
+    }
+    panic!("no answer")
 }
