@@ -264,16 +264,9 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         let (addr, metrics) = serve_slm(
             &slm,
             PrefixConfig {
-                cloud_url: Some(url.clone()),
-                codec: Codec::F16,
                 unknown_system: UnknownSystem::Refuse,
-                cache_bytes: 256 << 20,
-                disk_dir: None,
-                peers: Vec::new(),
-                security: Default::default(),
                 cloud_layers_from: split,
-                auto_codec: None,
-                auto_split: None,
+                ..common::prefix_config(&url)
             },
         )
         .await;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use edgeprompt_edge::layer_stream::PromptKv;
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::PeerService;
-use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source, UnknownSystem};
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Resolved, Source, UnknownSystem};
 use edgeprompt_edge::scheduler::{Batcher, Event, Extras, Job, SchedulerConfig};
 use edgeprompt_engine::{Model, PrefixKv, SamplingParams};
 use edgeprompt_kv::Codec;
@@ -125,6 +125,24 @@ async fn cutting_proxy(upstream: SocketAddr, cut_after: u64, seen: Arc<AtomicU64
     format!("http://{addr}")
 }
 
+/// The no-fault run, through a proxy that cuts nothing: the prompt as resolved, the answer on
+/// it, and the stream's size in bytes.
+async fn no_fault(
+    m: &Arc<Model>,
+    upstream: SocketAddr,
+    cloud_ids: &[u32],
+    prompt: &[u32],
+) -> (Resolved, Vec<u32>, u64) {
+    let seen = Arc::new(AtomicU64::new(0));
+    let url = cutting_proxy(upstream, u64::MAX, seen.clone()).await;
+    let reference = prefixes(m, Some(url), vec![], None)
+        .for_system(cloud_ids)
+        .await
+        .unwrap();
+    let want = answer(m, reference.prefix.clone(), prompt);
+    (reference, want, seen.load(Ordering::Relaxed))
+}
+
 fn same_kv(a: &PrefixKv, b: &PrefixKv) -> bool {
     a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
 }
@@ -137,16 +155,8 @@ fn cloud_faults_before_during_and_after_the_stream_never_change_the_answer() {
     rt.block_on(async {
         let cloud = start_cloud(m.clone()).await;
         let upstream: SocketAddr = cloud.trim_start_matches("http://").parse().unwrap();
-        // The no-fault run, through a proxy that cuts nothing: the reference and the stream size.
-        let seen = Arc::new(AtomicU64::new(0));
-        let url = cutting_proxy(upstream, u64::MAX, seen.clone()).await;
-        let reference = prefixes(&m, Some(url), vec![], None)
-            .for_system(&cloud_ids)
-            .await
-            .unwrap();
+        let (reference, want, total) = no_fault(&m, upstream, &cloud_ids, &prompt).await;
         assert_eq!(reference.source, Source::Cloud);
-        let total = seen.load(Ordering::Relaxed);
-        let want = answer(&m, reference.prefix.clone(), &prompt);
 
         // Before: nothing listens where the cloud should be.
         let dead = TcpListener::bind("127.0.0.1:0")
@@ -272,14 +282,8 @@ fn a_streaming_cold_prompt_cut_mid_way_still_gives_the_same_answer() {
     let (upstream, want, total) = rt.block_on(async {
         let cloud = start_cloud(m.clone()).await;
         let upstream: SocketAddr = cloud.trim_start_matches("http://").parse().unwrap();
-        let seen = Arc::new(AtomicU64::new(0));
-        let url = cutting_proxy(upstream, u64::MAX, seen.clone()).await;
-        let reference = prefixes(&m, Some(url), vec![], None)
-            .for_system(&cloud_ids)
-            .await
-            .unwrap();
-        let want = answer(&m, reference.prefix, &prompt);
-        (upstream, want, seen.load(Ordering::Relaxed))
+        let (_, want, total) = no_fault(&m, upstream, &cloud_ids, &prompt).await;
+        (upstream, want, total)
     });
     let mut streamed = 0;
     for k in [1u64, 3, 5] {
