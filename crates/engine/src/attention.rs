@@ -212,8 +212,23 @@ mod simd {
         };
         #[cfg(target_arch = "x86_64")]
         if fast(&states[0]) {
+            assert!(kv.len() >= n * d, "attention keys shorter than {n} rows");
             let mut at = 0;
             while at < states.len() {
+                if let (Kv::F32(k, v), 8..) = (kv, states.len() - at) {
+                    let (st, r) = (&mut states[at..at + 8], &rows[at * d..(at + 8) * d]);
+                    let (k, v) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
+                    // SAFETY: as below; eight states and rows.
+                    unsafe {
+                        match d {
+                            64 => attend8::<64>(st, r, k, v, n),
+                            128 => attend8::<128>(st, r, k, v, n),
+                            _ => attend8::<0>(st, r, k, v, n),
+                        }
+                    }
+                    at += 8;
+                    continue;
+                }
                 let q = match states.len() - at {
                     4.. => 4,
                     2..=3 => 2,
@@ -234,7 +249,6 @@ mod simd {
                         }
                     };
                 }
-                assert!(kv.len() >= n * d, "attention keys shorter than {n} rows");
                 match (q, kv) {
                     (4, Kv::F16(k, v)) => go!(4, true, k, v),
                     (2, Kv::F16(k, v)) => go!(2, true, k, v),
@@ -359,24 +373,20 @@ mod simd {
         (before, after)
     }
 
-    /// Keys `j0..j0 + nb` (`nb` <= 8) for every query: scores, softmax bookkeeping, values.
+    /// The scores of keys `j0..j0 + nb` (`nb` <= 8) for `Q` queries, one vector per query
+    /// (lane = key; lanes past `nb` are not scores): the scalar `dot` lane by lane.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    // Key, query and output-vector indices are the layout; index loops say it most plainly.
-    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-    unsafe fn block<const D: usize, const Q: usize, const H: bool>(
-        states: &mut [State],
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn scores<const D: usize, const Q: usize, const H: bool>(
         qp: &[*const f32; Q],
         keys: *const u8,
-        values: *const u8,
         j0: usize,
         nb: usize,
         d: usize,
-    ) {
+    ) -> [std::arch::x86_64::__m256; Q] {
         use std::arch::x86_64::*;
         let chunks = d / 16;
-        // Output vectors per query updated per pass over the block: 8 registers in all.
-        let ob = 8 / Q;
         let mut x = [[_mm256_setzero_ps(); 8]; Q];
         for jj in 0..nb {
             let kr = (j0 + jj) * d;
@@ -395,6 +405,171 @@ mod simd {
                 x[i][jj] = _mm256_add_ps(a0[i], a1[i]);
             }
         }
+        // A loop, not `from_fn`: a closure would not inherit the caller's target features.
+        let mut r = [_mm256_setzero_ps(); Q];
+        for i in 0..Q {
+            r[i] = reduce8(&x[i]);
+        }
+        r
+    }
+
+    /// Eight vectors of eight to their transpose: row `i` lane `j` to row `j` lane `i`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+        use std::arch::x86_64::*;
+        let (t0, t1) = (
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+        );
+        let (t2, t3) = (
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+        );
+        let (t4, t5) = (
+            _mm256_unpacklo_ps(r[4], r[5]),
+            _mm256_unpackhi_ps(r[4], r[5]),
+        );
+        let (t6, t7) = (
+            _mm256_unpacklo_ps(r[6], r[7]),
+            _mm256_unpackhi_ps(r[6], r[7]),
+        );
+        let (u0, u1) = (
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xEE>(t0, t2),
+        );
+        let (u2, u3) = (
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xEE>(t1, t3),
+        );
+        let (w0, w1) = (
+            _mm256_shuffle_ps::<0x44>(t4, t6),
+            _mm256_shuffle_ps::<0xEE>(t4, t6),
+        );
+        let (w2, w3) = (
+            _mm256_shuffle_ps::<0x44>(t5, t7),
+            _mm256_shuffle_ps::<0xEE>(t5, t7),
+        );
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, w0),
+            _mm256_permute2f128_ps::<0x20>(u1, w1),
+            _mm256_permute2f128_ps::<0x20>(u2, w2),
+            _mm256_permute2f128_ps::<0x20>(u3, w3),
+            _mm256_permute2f128_ps::<0x31>(u0, w0),
+            _mm256_permute2f128_ps::<0x31>(u1, w1),
+            _mm256_permute2f128_ps::<0x31>(u2, w2),
+            _mm256_permute2f128_ps::<0x31>(u3, w3),
+        ]
+    }
+
+    /// Eight queries on the same f32 keys. Their softmax bookkeeping runs across queries (lane
+    /// = query), key by key in position order: each lane does the scalar loop's operations
+    /// (`if s > m { l *= c; acc *= c; m = s }`, `l += p`), with no scan over keys and no
+    /// chain of eight scalar adds per block. Lanes that do not grow multiply `l` by exactly 1.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn attend8<const D: usize>(
+        states: &mut [State],
+        rows: &[f32],
+        keys: *const u8,
+        values: *const u8,
+        n: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let d = if D == 0 { states[0].dim } else { D };
+        let qp: [*const f32; 8] = std::array::from_fn(|i| rows.as_ptr().add(i * d));
+        let (q0, q1): ([*const f32; 4], [*const f32; 4]) = (
+            std::array::from_fn(|i| qp[i]),
+            std::array::from_fn(|i| qp[4 + i]),
+        );
+        let mut m = _mm256_loadu_ps(std::array::from_fn::<f32, 8, _>(|i| states[i].m).as_ptr());
+        let mut l = _mm256_loadu_ps(std::array::from_fn::<f32, 8, _>(|i| states[i].l).as_ptr());
+        let one = _mm256_set1_ps(1.0);
+        let mut j0 = 0;
+        while j0 < n {
+            let nb = 8.min(n - j0);
+            let (a, b) = (
+                scores::<D, 4, false>(&q0, keys, j0, nb, d),
+                scores::<D, 4, false>(&q1, keys, j0, nb, d),
+            );
+            let t = transpose8([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]);
+            // p[key][query], c[key][query]; grew[key]: the queries whose max key `key` raised.
+            let mut p = [[0f32; 8]; 8];
+            let mut c = [[1f32; 8]; 8];
+            let mut grew = [0u32; 8];
+            for jj in 0..nb {
+                let s = t[jj];
+                let up = _mm256_cmp_ps::<_CMP_GT_OQ>(s, m);
+                grew[jj] = _mm256_movemask_ps(up) as u32;
+                if grew[jj] != 0 {
+                    let cj = _mm256_blendv_ps(one, exp_neg8(_mm256_sub_ps(m, s)), up);
+                    l = _mm256_mul_ps(l, cj);
+                    m = _mm256_blendv_ps(m, s, up);
+                    _mm256_storeu_ps(c[jj].as_mut_ptr(), cj);
+                }
+                let pj = exp_neg8(_mm256_sub_ps(s, m));
+                l = _mm256_add_ps(l, pj);
+                _mm256_storeu_ps(p[jj].as_mut_ptr(), pj);
+            }
+            // Values, query by query: up to 8 output vectors in registers, each value row
+            // read from memory (L1) in the multiply.
+            for i in 0..8 {
+                let acc = states[i].acc.as_mut_ptr();
+                for o0 in (0..d / 8).step_by(8) {
+                    let w = 8.min(d / 8 - o0);
+                    let mut v = [_mm256_setzero_ps(); 8];
+                    for u in 0..w {
+                        v[u] = _mm256_loadu_ps(acc.add(8 * (o0 + u)));
+                    }
+                    for jj in 0..nb {
+                        let vr = (j0 + jj) * d + 8 * o0;
+                        if grew[jj] >> i & 1 != 0 {
+                            let cv = _mm256_set1_ps(c[jj][i]);
+                            for u in 0..w {
+                                v[u] = _mm256_mul_ps(v[u], cv);
+                            }
+                        }
+                        let pv = _mm256_set1_ps(p[jj][i]);
+                        for u in 0..w {
+                            let x = load::<false>(values, vr + 8 * u);
+                            v[u] = _mm256_add_ps(v[u], _mm256_mul_ps(pv, x));
+                        }
+                    }
+                    for u in 0..w {
+                        _mm256_storeu_ps(acc.add(8 * (o0 + u)), v[u]);
+                    }
+                }
+            }
+            j0 += nb;
+        }
+        let (mut ms, mut ls) = ([0f32; 8], [0f32; 8]);
+        _mm256_storeu_ps(ms.as_mut_ptr(), m);
+        _mm256_storeu_ps(ls.as_mut_ptr(), l);
+        for (st, (m, l)) in states.iter_mut().zip(ms.into_iter().zip(ls)) {
+            st.m = m;
+            st.l = l;
+        }
+    }
+
+    /// Keys `j0..j0 + nb` (`nb` <= 8) for every query: scores, softmax bookkeeping, values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    // Key, query and output-vector indices are the layout; index loops say it most plainly.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    unsafe fn block<const D: usize, const Q: usize, const H: bool>(
+        states: &mut [State],
+        qp: &[*const f32; Q],
+        keys: *const u8,
+        values: *const u8,
+        j0: usize,
+        nb: usize,
+        d: usize,
+    ) {
+        use std::arch::x86_64::*;
+        // Output vectors per query updated per pass over the block: 8 registers in all.
+        let ob = 8 / Q;
+        let sc = scores::<D, Q, H>(qp, keys, j0, nb, d);
         // Lanes past the block never raise the max.
         let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
             _mm256_set1_epi32(nb as i32),
@@ -404,7 +579,7 @@ mod simd {
         let mut c = [[0f32; 8]; Q];
         let mut grew = [0u32; Q];
         for (i, st) in states.iter_mut().enumerate() {
-            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), reduce8(&x[i]), valid);
+            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), sc[i], valid);
             // NaN scores never raise the scalar max (`s > m` is false): -inf in the scan.
             let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s);
             let clean = _mm256_blendv_ps(s, _mm256_set1_ps(f32::NEG_INFINITY), nan);
@@ -561,14 +736,19 @@ pub fn attend_batch(
     let total: usize = groups.iter().map(|(_, qs)| qs.len()).sum();
     // Enough tasks to balance two threads (a batch of 32 on SmolLM2 made nine equal tasks:
     // one thread idle for a ninth of the call), at least two queries each so that a lone
-    // sequence's heads still read their keys in lockstep; each group cut in equal chunks.
+    // sequence's heads still read their keys in lockstep; each group cut in equal chunks,
+    // of whole eights once they are longer than four.
     let per_task = total
         .div_ceil(8 * rayon::current_num_threads())
         .clamp(2, 32);
     let tasks: Vec<(usize, &[Query])> = groups
         .iter()
         .flat_map(|((_, g), qs)| {
-            let size = qs.len().div_ceil(qs.len().div_ceil(per_task));
+            let mut size = qs.len().div_ceil(qs.len().div_ceil(per_task));
+            if size > 4 {
+                // Whole eights run the across-queries kernel (`attend8`).
+                size = size.next_multiple_of(8);
+            }
             qs.chunks(size.max(1)).map(move |c| (*g, c))
         })
         .collect();
@@ -870,6 +1050,57 @@ mod tests {
                     alone.finish(),
                     "f16, head size {d}, query {i}"
                 );
+            }
+        }
+    }
+
+    /// Eight queries at a time on f32 keys (softmax across queries) give each query's scalar
+    /// bits, also when the running max keeps growing (scores rising with position) and with
+    /// scores of -inf and NaN.
+    #[test]
+    fn eight_queries_across_lanes_match_each_alone_bitwise() {
+        for (n, d, rising) in [
+            (45, 128, false),
+            (70, 64, true),
+            (19, 48, true),
+            (8, 64, false),
+        ] {
+            let (_, mut k, v) = setup(n, d);
+            if rising {
+                for (j, row) in k.chunks_exact_mut(d).enumerate() {
+                    for x in row.iter_mut() {
+                        *x = f16::from_f32(x.to_f32() * (1.0 + j as f32 * 0.3));
+                    }
+                }
+            }
+            let mut seed = 5;
+            let mut rows: Vec<f32> = (0..19 * d).map(|_| lcg(&mut seed) * 0.5).collect();
+            // Query 9 scores NaN on every key, query 10 -inf.
+            rows[9 * d] = f32::NAN;
+            rows[10 * d] = f32::INFINITY;
+            let (mut kf, mut vf) = (vec![0f32; n * d], vec![0f32; n * d]);
+            k.convert_to_f32_slice(&mut kf);
+            v.convert_to_f32_slice(&mut vf);
+            let mut many: Vec<State> = (0..19).map(|_| State::new(d)).collect();
+            // In two calls, so that states carry over between them.
+            let half = n / 2;
+            simd::attend_many(&mut many, &rows, simd::Kv::F32(&kf, &vf), half);
+            simd::attend_many(
+                &mut many,
+                &rows,
+                simd::Kv::F32(&kf[half * d..], &vf[half * d..]),
+                n - half,
+            );
+            for (i, st) in many.iter().enumerate() {
+                let mut alone = State::new(d);
+                attend_impl(&mut alone, &rows[i * d..(i + 1) * d], &k, &v, n);
+                let (a, b) = (st.finish(), alone.finish());
+                let bits = |p: &Partial| {
+                    let mut v: Vec<u32> = p.out.iter().map(|x| x.to_bits()).collect();
+                    v.push(p.lse.to_bits());
+                    v
+                };
+                assert_eq!(bits(&a), bits(&b), "n {n}, head size {d}, query {i}");
             }
         }
     }
