@@ -166,7 +166,7 @@ mod simd {
     /// f16 to f32 (exact either way); `half`'s slice conversion costs a call per 8 values.
     pub fn widen(src: &[f16], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 {
+        if crate::kernels::LEVEL.avx2() {
             // SAFETY: F16C present (part of the AVX2 level).
             return unsafe { widen_f16c(src, dst) };
         }
@@ -189,7 +189,7 @@ mod simd {
     /// Whether this state takes the AVX2 path.
     pub fn fast(st: &State) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 && st.dim.is_multiple_of(16) {
+        if crate::kernels::LEVEL.avx2() && st.dim.is_multiple_of(16) {
             return true;
         }
         let _ = st;

@@ -87,7 +87,7 @@ fn gated_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
     assert_eq!(g.len(), u.len(), "gated activation lengths");
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if *crate::kernels::LEVEL == crate::kernels::Level::Avx2 {
+    if crate::kernels::LEVEL.avx2() {
         // SAFETY: AVX2 detected; whole 8-lane chunks only.
         done = unsafe { gated_mul_avx2::<GELU>(g, u) };
     }

@@ -2,11 +2,12 @@
 //! few decode steps in-process (the SIMD path this CPU picks), then runs itself again in a
 //! child process with `EDGEPROMPT_PORTABLE=1` (the scalar reference path: GGUF rows unpacked
 //! one by one, scalar block dots, scalar attention and SiLU) and compares every logit bit for
-//! bit. Both models cover
-//! q4_1, q5_0, q8_0, q4_K and q6_K.
+//! bit; on an AVX-512 VNNI machine once more with `EDGEPROMPT_AVX2=1` (the AVX2 dots). Both
+//! models cover q4_1, q5_0, q8_0, q4_K and q6_K.
 
 mod common;
 
+use edgeprompt_engine::kernels::{Level, LEVEL};
 use edgeprompt_engine::{Model, Sequence};
 
 const CHILD: &str = "EDGEPROMPT_KERNEL_PATHS_OUT";
@@ -36,31 +37,42 @@ fn check(name: &str, model: &Model) {
         std::fs::write(out, bytes).unwrap();
         return;
     }
+    let mut forced = vec!["EDGEPROMPT_PORTABLE"];
+    if *LEVEL == Level::Avx512Vnni {
+        forced.push("EDGEPROMPT_AVX2");
+    }
+    for var in forced {
+        let other = child_bits(name, var);
+        assert_eq!(other.len(), bits.len(), "{var}: logit counts differ");
+        let differ = bits.iter().zip(&other).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{var}: {differ} of {} logits differ", bits.len());
+    }
+}
+
+/// The logit bits of this test run again in a child process with `var` set.
+fn child_bits(name: &str, var: &str) -> Vec<u32> {
     let out = std::env::temp_dir().join(format!(
-        "edgeprompt-kernel-paths-{name}-{}",
+        "edgeprompt-kernel-paths-{name}-{var}-{}",
         std::process::id()
     ));
     let run = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--include-ignored", "--test-threads", "1"])
-        .env("EDGEPROMPT_PORTABLE", "1")
+        .env(var, "1")
         .env(CHILD, &out)
         .output()
         .unwrap();
     assert!(
         run.status.success(),
-        "portable child run failed:\n{}{}",
+        "{var} child run failed:\n{}{}",
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
     let child = std::fs::read(&out).unwrap();
     let _ = std::fs::remove_file(&out);
-    let portable: Vec<u32> = child
+    child
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    assert_eq!(portable.len(), bits.len(), "logit counts differ");
-    let differ = bits.iter().zip(&portable).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 0, "{differ} of {} logits differ", bits.len());
+        .collect()
 }
 
 #[test]

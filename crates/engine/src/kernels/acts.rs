@@ -46,11 +46,7 @@ impl Acts {
         self.bsum.resize(m * nb, 0);
         self.hpair.resize(m * nb, 0);
         self.bpair.resize(m * nb.div_ceil(2), 0);
-        assert_eq!(
-            *super::LEVEL,
-            super::Level::Avx2,
-            "Acts is the AVX2 GEMM's input"
-        );
+        assert!(super::LEVEL.avx2(), "Acts is the AVX2 GEMM's input");
         for sb in 0..m * self.ns {
             let xs = &x[sb * width..(sb + 1) * width];
             // SAFETY: AVX2 was detected (asserted above); every slice is whole 32-blocks.

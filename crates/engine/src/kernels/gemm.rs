@@ -1,7 +1,7 @@
-//! The AVX2 GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
+//! The GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
 //! activation rows. Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
-//! unpacked once in registers and multiplied (`maddubs`) against every activation row's 4
-//! broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
+//! unpacked once in registers and multiplied (AVX2 `maddubs`, or AVX-512 VNNI `vpdpbusd`:
+//! `Dots`) against every activation row's 4 broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
 //! horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
 //! corrected exactly by the activation block sums. The K formats multiply in their integer
 //! sub-block scales and mins and sum a whole 256-value super block in integers (activations
@@ -62,14 +62,49 @@ fn code(f: Format) -> u8 {
 }
 
 /// Output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one group, written to `out` (row
-/// stride `ldo`, `cols` valid columns from column 0).
+/// stride `ldo`, `cols` valid columns from column 0), by the AVX2 (`maddubs`) integer dots.
 ///
 /// # Safety
 /// AVX2 and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
 /// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
 #[target_feature(enable = "avx2,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
+pub(super) unsafe fn tile_avx2(
+    f: Format,
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    mt: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    tile::<Avx2>(f, group, acts, i0, mt, out, ldo, cols)
+}
+
+/// As `tile_avx2`, the integer dots by AVX-512 VNNI (`vpdpbusd` on 256-bit vectors): the same
+/// exact i32 sums, so the same bits.
+///
+/// # Safety
+/// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_vnni(
+    f: Format,
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    mt: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    tile::<Vnni>(f, group, acts, i0, mt, out, ldo, cols)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<D: Dots>(
     f: Format,
     group: &[u8],
     acts: &Acts,
@@ -83,10 +118,10 @@ pub(super) unsafe fn tile(
     macro_rules! go {
         ($kernel:ident, $c:expr) => {
             match mt {
-                1 => $kernel::<$c, 1>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<$c, 2>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<$c, 4>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<$c, 8>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<D, $c, 1>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<D, $c, 2>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<D, $c, 4>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<D, $c, 8>(group, acts, i0, out, ldo, cols),
             }
         };
     }
@@ -166,36 +201,168 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
     v
 }
 
-/// Sum of 16-bit products of `v[j]` and the activation bytes `a[4j..4j + 4]`, for `j` in
-/// `from..to`, as 8 i32 lanes. Callers keep the i16 sums in range: at most 8 q4, 4 q5 or 2
-/// q6 terms (|a| <= 127).
+/// The exact integer dot of one 32-block for the 8 weight rows of `v` (`weights`) and one
+/// activation row `a`, as 8 i32 lanes, per instruction set. Weight values are unsigned except
+/// q8_0's (`va` holds their absolute values there).
+trait Dots {
+    /// q4_0, q4_1 (values 0..=15).
+    unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i;
+    /// q5_0 (0..=31).
+    unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i;
+    /// q8_0 (-128..=127).
+    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i;
+    /// q4_K: the dot times `sc` (i32 lanes, 0..=63).
+    unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
+    /// q6_K (0..=63): `s0` times the first half's dot plus `s1` times the second's (i32
+    /// lanes, -128..=127).
+    unsafe fn q6k(v: &[__m256i; 8], a: *const i8, s0: __m256i, s1: __m256i) -> __m256i;
+}
+
+/// `maddubs` into i16 pair sums, widened by `madd`.
+struct Avx2;
+
+/// `vpdpbusd`: four products summed straight into i32.
+struct Vnni;
+
+/// The i16 sums of `maddubs(v[j], a[4j..4j + 4])` for `j` in `from..to`. Callers keep them in
+/// range: at most 8 q4, 4 q5 or 2 q6 terms (|a| <= 127).
 #[inline(always)]
-unsafe fn dot16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m256i {
+unsafe fn sum16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m256i {
     let mut s = _mm256_maddubs_epi16(v[from], bcast(a.add(4 * from)));
     for j in from + 1..to {
         s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], bcast(a.add(4 * j))));
     }
-    _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    s
 }
 
-/// As `dot16`, the i16 pair sums multiplied by `scale`'s i16 lanes instead of by one.
-#[inline(always)]
-unsafe fn dot16_by(
-    v: &[__m256i; 8],
-    a: *const i8,
-    from: usize,
-    to: usize,
-    scale: __m256i,
-) -> __m256i {
-    let mut s = _mm256_maddubs_epi16(v[from], bcast(a.add(4 * from)));
-    for j in from + 1..to {
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], bcast(a.add(4 * j))));
+impl Dots for Avx2 {
+    #[inline(always)]
+    unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i {
+        _mm256_madd_epi16(sum16(v, a, 0, 8), _mm256_set1_epi16(1))
     }
-    _mm256_madd_epi16(s, scale)
+
+    #[inline(always)]
+    unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(sum16(v, a, 0, 4), ones),
+            _mm256_madd_epi16(sum16(v, a, 4, 8), ones),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i {
+        // |w| (unsigned) times a with w's sign; one madd per term.
+        let ones = _mm256_set1_epi16(1);
+        let mut p = _mm256_setzero_si256();
+        for j in 0..8 {
+            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones));
+        }
+        p
+    }
+
+    #[inline(always)]
+    unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i {
+        _mm256_madd_epi16(sum16(v, a, 0, 8), pairs(sc, sc))
+    }
+
+    #[inline(always)]
+    unsafe fn q6k(v: &[__m256i; 8], a: *const i8, s0: __m256i, s1: __m256i) -> __m256i {
+        let (p0, p1) = (pairs(s0, s0), pairs(s1, s1));
+        let h0 = _mm256_add_epi32(
+            _mm256_madd_epi16(sum16(v, a, 0, 2), p0),
+            _mm256_madd_epi16(sum16(v, a, 2, 4), p0),
+        );
+        let h1 = _mm256_add_epi32(
+            _mm256_madd_epi16(sum16(v, a, 4, 6), p1),
+            _mm256_madd_epi16(sum16(v, a, 6, 8), p1),
+        );
+        _mm256_add_epi32(h0, h1)
+    }
+}
+
+/// `dpbusd` of `v[j]` and `a[4j..4j + 4]` for `j` in `from..to`, in two chains.
+#[inline(always)]
+unsafe fn dp(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m256i {
+    let (mut x, mut y) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    for j in (from..to).step_by(2) {
+        x = _mm256_dpbusd_epi32(x, v[j], bcast(a.add(4 * j)));
+        y = _mm256_dpbusd_epi32(y, v[j + 1], bcast(a.add(4 * j + 4)));
+    }
+    _mm256_add_epi32(x, y)
+}
+
+impl Dots for Vnni {
+    #[inline(always)]
+    unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i {
+        dp(v, a, 0, 8)
+    }
+
+    #[inline(always)]
+    unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i {
+        dp(v, a, 0, 8)
+    }
+
+    #[inline(always)]
+    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i {
+        let (mut x, mut y) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for j in (0..8).step_by(2) {
+            let a0 = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+            let a1 = _mm256_sign_epi8(bcast(a.add(4 * j + 4)), v[j + 1]);
+            x = _mm256_dpbusd_epi32(x, va[j], a0);
+            y = _mm256_dpbusd_epi32(y, va[j + 1], a1);
+        }
+        _mm256_add_epi32(x, y)
+    }
+
+    #[inline(always)]
+    unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i {
+        _mm256_mullo_epi32(dp(v, a, 0, 8), sc)
+    }
+
+    #[inline(always)]
+    unsafe fn q6k(v: &[__m256i; 8], a: *const i8, s0: __m256i, s1: __m256i) -> __m256i {
+        _mm256_add_epi32(
+            _mm256_mullo_epi32(dp(v, a, 0, 4), s0),
+            _mm256_mullo_epi32(dp(v, a, 4, 8), s1),
+        )
+    }
+}
+
+/// `body` for each row `i` in `0..mt` (1, 2, 4 or 8), unrolled, so per-row pointers and
+/// indices are constants.
+macro_rules! each_row {
+    ($mt:expr, $i:ident, $body:block) => {{
+        {
+            let $i = 0;
+            $body
+        }
+        if $mt > 1 {
+            let $i = 1;
+            $body
+        }
+        if $mt > 2 {
+            let $i = 2;
+            $body
+            let $i = 3;
+            $body
+        }
+        if $mt > 4 {
+            let $i = 4;
+            $body
+            let $i = 5;
+            $body
+            let $i = 6;
+            $body
+            let $i = 7;
+            $body
+        }
+    }};
 }
 
 #[inline(always)]
-unsafe fn tile_n<const F: u8, const MT: usize>(
+unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     group: &[u8],
     acts: &Acts,
     i0: usize,
@@ -219,7 +386,6 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
     let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
     let mut acc = [[_mm256_setzero_ps(); 8]; MT];
     let gp = group.as_ptr();
-    let ones = _mm256_set1_epi16(1);
     for b in 0..nb {
         let hdr = gp.add(b * sb);
         let (wd, wm) = (
@@ -243,31 +409,13 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
         } else {
             v
         };
-        for i in 0..MT {
+        each_row!(MT, i, {
             let a = aq[i].add(b * QK);
             let isum = match F {
-                Q4_0 | Q4_1 => {
-                    let p = dot16(&v, a, 0, 8);
-                    if F == Q4_0 {
-                        _mm256_sub_epi32(p, _mm256_set1_epi32(8 * *bsum[i].add(b)))
-                    } else {
-                        p
-                    }
-                }
-                Q5_0 => {
-                    let p = _mm256_add_epi32(dot16(&v, a, 0, 4), dot16(&v, a, 4, 8));
-                    _mm256_sub_epi32(p, _mm256_set1_epi32(16 * *bsum[i].add(b)))
-                }
-                _ => {
-                    // q8_0: |w| (unsigned) times a with w's sign; one madd per term.
-                    let mut p = _mm256_setzero_si256();
-                    for j in 0..8 {
-                        let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-                        let m = _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones);
-                        p = _mm256_add_epi32(p, m);
-                    }
-                    p
-                }
+                Q4_0 => _mm256_sub_epi32(D::q4(&v, a), _mm256_set1_epi32(8 * *bsum[i].add(b))),
+                Q4_1 => D::q4(&v, a),
+                Q5_0 => _mm256_sub_epi32(D::q5(&v, a), _mm256_set1_epi32(16 * *bsum[i].add(b))),
+                _ => D::q8(&v, &va, a),
             };
             let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
             let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
@@ -276,7 +424,7 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
             }
             let lane = &mut acc[i][b % 8];
             *lane = _mm256_add_ps(*lane, t);
-        }
+        });
     }
     store(&acc, out, ldo, cols);
 }
@@ -313,7 +461,7 @@ unsafe fn pairs(x: __m256i, y: __m256i) -> __m256i {
 /// scales and summed in i32 (`isum`); q4_K's mins give `msum` = sum of `min * block sum`.
 /// One float term per super block: `(wd * ad) * isum (+ (wm * ad) * msum)`.
 #[inline(always)]
-unsafe fn tile_k<const F: u8, const MT: usize>(
+unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     group: &[u8],
     acts: &Acts,
     i0: usize,
@@ -348,31 +496,24 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
             }
             let v = weights::<F>(plane);
             if F == Q4K {
-                // Sub-block scales (0..=63) as i16 pairs (sc, sc).
+                // Sub-block scales, 0..=63.
                 let sc = bytes8(hdr.add(32 + 8 * bi), false);
-                let sp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
-                for i in 0..MT {
-                    let p = dot16_by(&v, aq[i].add(b * QK), 0, 8, sp);
-                    isum[i] = _mm256_add_epi32(isum[i], p);
-                }
+                each_row!(MT, i, {
+                    isum[i] = _mm256_add_epi32(isum[i], D::q4k(&v, aq[i].add(b * QK), sc));
+                });
             } else {
-                // Half-block scales as i16 pairs: (s0, s0), (s1, s1) scale the half sums,
-                // (s0, s1) the zero-point correction.
+                // Half-block scales: s0, s1 scale the half sums, the pair (s0, s1) the
+                // zero-point correction.
                 let s0 = bytes8(hdr.add(16 + 16 * bi), true);
                 let s1 = bytes8(hdr.add(24 + 16 * bi), true);
-                let (sc0, sc1, sc01) = (pairs(s0, s0), pairs(s1, s1), pairs(s0, s1));
-                for i in 0..MT {
-                    let a = aq[i].add(b * QK);
-                    // sc0 * h0 + sc1 * h1 - 32 * (sc0 * hs0 + sc1 * hs1), all exact i32.
-                    let h0 =
-                        _mm256_add_epi32(dot16_by(&v, a, 0, 2, sc0), dot16_by(&v, a, 2, 4, sc0));
-                    let h1 =
-                        _mm256_add_epi32(dot16_by(&v, a, 4, 6, sc1), dot16_by(&v, a, 6, 8, sc1));
+                let sc01 = pairs(s0, s1);
+                each_row!(MT, i, {
+                    // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
+                    let h = D::q6k(&v, aq[i].add(b * QK), s0, s1);
                     let hs = _mm256_set1_epi32(*hpair[i].add(b));
                     let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
-                    let p = _mm256_sub_epi32(_mm256_add_epi32(h0, h1), corr);
-                    isum[i] = _mm256_add_epi32(isum[i], p);
-                }
+                    isum[i] = _mm256_add_epi32(isum[i], _mm256_sub_epi32(h, corr));
+                });
             }
         }
         let wd = half8(hdr);
@@ -383,26 +524,26 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
                 let m0 = bytes8(hdr.add(96 + 16 * p), false);
                 let m1 = bytes8(hdr.add(104 + 16 * p), false);
                 let mp = pairs(m0, m1);
-                for i in 0..MT {
+                each_row!(MT, i, {
                     let bp = _mm256_set1_epi32(*bpair[i].add(s * bps / 2 + p));
                     msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(mp, bp));
-                }
+                });
             }
             let wm = _mm256_xor_ps(half8(hdr.add(16)), _mm256_set1_ps(-0.0));
-            for i in 0..MT {
+            each_row!(MT, i, {
                 let da = _mm256_set1_ps(*ad[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
                 let tm = _mm256_mul_ps(_mm256_mul_ps(wm, da), _mm256_cvtepi32_ps(msum[i]));
                 let lane = &mut acc[i][s % 8];
                 *lane = _mm256_add_ps(*lane, _mm256_add_ps(t, tm));
-            }
+            });
         } else {
-            for i in 0..MT {
+            each_row!(MT, i, {
                 let da = _mm256_set1_ps(*ad[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
                 let lane = &mut acc[i][s % 8];
                 *lane = _mm256_add_ps(*lane, t);
-            }
+            });
         }
     }
     store(&acc, out, ldo, cols);

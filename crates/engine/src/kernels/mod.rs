@@ -2,10 +2,10 @@
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
-//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The AVX2 GEMM
-//! (`gemm.rs`, on weights repacked at load by `repack.rs`) and the scalar path (`simd.rs`)
-//! produce the same bits, and a row's result never depends on how many rows
-//! share the call: prefill, chunked prefill and batched decode agree exactly.
+//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The GEMM
+//! (`gemm.rs`: AVX2 or AVX-512 VNNI, on weights repacked at load by `repack.rs`) and the
+//! scalar path (`simd.rs`) produce the same bits, and a row's result never depends on how many
+//! rows share the call: prefill, chunked prefill and batched decode agree exactly.
 
 mod acts;
 mod formats;
@@ -111,10 +111,14 @@ impl QMatrix {
     }
 
     /// The tile loop over groups `g0..g1` for activation rows `0..m` (`acts` quantized with
-    /// this format's `act_block`).
+    /// this format's `act_block`), by `level`'s integer dots.
     #[cfg(target_arch = "x86_64")]
-    fn run_groups(&self, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
+    fn run_groups(&self, level: Level, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
         let gb = self.group_bytes();
+        let tile = match level {
+            Level::Avx512Vnni => gemm::tile_vnni,
+            _ => gemm::tile_avx2,
+        };
         // Activation rows in chunks that stay in L2 while the task's groups pass over them.
         for c0 in (0..m).step_by(ACT_CHUNK) {
             let c1 = (c0 + ACT_CHUNK).min(m);
@@ -125,10 +129,10 @@ impl QMatrix {
                 let mut i = c0;
                 while i < c1 {
                     let mt = gemm::tile_rows(c1 - i);
-                    // SAFETY: AVX2/F16C detected; tiles write disjoint [rows, cols] blocks of
-                    // the `[m, n]` output at `dst`, inside it.
+                    // SAFETY: `level`'s features detected; tiles write disjoint [rows, cols]
+                    // blocks of the `[m, n]` output at `dst`, inside it.
                     unsafe {
-                        gemm::tile(
+                        tile(
                             self.format,
                             group,
                             acts,
@@ -175,6 +179,11 @@ impl QMatrix {
 /// once and all tiles run in one parallel call (q/k/v, gate/up), which matters for decode,
 /// where each call is short.
 pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    matmul_at(*LEVEL, ws, x, m)
+}
+
+/// `matmul_many` on the kernel path `level` (at most the detected one).
+fn matmul_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     let Some(k) = ws.first().map(|w| w.k) else {
         return Vec::new();
     };
@@ -185,10 +194,10 @@ pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     assert_eq!(x.len(), m * k, "matmul input shape");
     let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.n]).collect();
     #[cfg(target_arch = "x86_64")]
-    if *LEVEL != Level::Portable {
+    if level.avx2() {
         ACTS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut acts) => matmul_avx2(ws, x, m, &mut acts, &mut outs),
-            Err(_) => matmul_avx2(ws, x, m, &mut Default::default(), &mut outs),
+            Ok(mut acts) => matmul_simd(level, ws, x, m, &mut acts, &mut outs),
+            Err(_) => matmul_simd(level, ws, x, m, &mut Default::default(), &mut outs),
         });
         return outs;
     }
@@ -208,7 +217,8 @@ fn width_slot(f: Format) -> usize {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn matmul_avx2(
+fn matmul_simd(
+    level: Level,
     ws: &[&QMatrix],
     x: &[f32],
     m: usize,
@@ -235,7 +245,7 @@ fn matmul_avx2(
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     crate::pool::run(tasks.len(), &|t| {
         let (j, g0, g1) = tasks[t];
-        ws[j].run_groups(&acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
+        ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
     });
 }
 

@@ -6,17 +6,33 @@ use super::{Format, QuantRow, Unpacked, QK};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
     Portable,
-    /// The AVX2 GEMM (`gemm.rs`); AVX-512 machines run it too.
+    /// AVX2 and F16C: the GEMM (`gemm.rs`), attention, exp and activations in 8 lanes.
     Avx2,
+    /// As `Avx2`, the GEMM's integer dots by AVX-512 VNNI on 256-bit vectors.
+    Avx512Vnni,
 }
 
-/// The kernel path this CPU runs (detected once; `EDGEPROMPT_PORTABLE` forces the scalar one).
+impl Level {
+    /// Whether the AVX2 (8-lane) paths run: every level but the scalar one.
+    pub fn avx2(self) -> bool {
+        self != Level::Portable
+    }
+}
+
+/// The kernel path this CPU runs, detected once. `EDGEPROMPT_PORTABLE` forces the scalar one,
+/// `EDGEPROMPT_AVX2` the AVX2 one on a VNNI machine (to compare the paths).
 pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
     if std::env::var_os("EDGEPROMPT_PORTABLE").is_some() {
         return Level::Portable;
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        let vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        if vnni && std::env::var_os("EDGEPROMPT_AVX2").is_none() {
+            return Level::Avx512Vnni;
+        }
         return Level::Avx2;
     }
     Level::Portable

@@ -104,7 +104,7 @@ fn repack_round_trips_every_row() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn activation_quantization_matches_the_scalar_rows() {
-    if *LEVEL != Level::Avx2 {
+    if !LEVEL.avx2() {
         return;
     }
     let mut seed = 17;
@@ -152,6 +152,46 @@ fn gemm_and_portable_paths_agree_bitwise() {
             w.matmul_portable(&x, m, &mut slow);
             for (a, b) in fast.iter().zip(&slow) {
                 assert_eq!(a.to_bits(), b.to_bits(), "{f:?} m={m}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+/// The SIMD paths this CPU can run.
+fn simd_levels() -> Vec<Level> {
+    match *LEVEL {
+        Level::Avx512Vnni => vec![Level::Avx2, Level::Avx512Vnni],
+        Level::Avx2 => vec![Level::Avx2],
+        Level::Portable => Vec::new(),
+    }
+}
+
+#[test]
+fn every_simd_path_gives_the_portable_bits() {
+    let mut seed = 23;
+    for f in FORMATS {
+        let k = if f.block_values() == 256 { 1280 } else { 1312 };
+        let n = 21;
+        let w = random_matrix(f, n, k, &mut seed);
+        for m in [1, 2, 3, 4, 5, 9, 17] {
+            // Saturated activation blocks too: every |q| = 127 pushes the integer sums to
+            // their extremes.
+            let mut x = random_x(m, k, &mut seed);
+            x[..QK]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = [1.0, -1.0][i % 2]);
+            let mut slow = vec![0f32; m * n];
+            w.matmul_portable(&x, m, &mut slow);
+            for level in simd_levels() {
+                let fast = matmul_at(level, &[&w], &x, m).remove(0);
+                for (a, b) in fast.iter().zip(&slow) {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{level:?} {f:?} m={m}: {a} vs {b}"
+                    );
+                }
             }
         }
     }
