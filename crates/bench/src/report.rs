@@ -96,13 +96,14 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
 
 fn engine_section(dir: &Path, md: &mut String) {
     let mut any = false;
-    for name in [
-        "engine-smollm2.json",
-        "engine-qwen05.json",
-        "engine-qwen15.json",
-        "engine-gemma3.json",
-    ] {
-        let Some(v) = load(dir, name) else { continue };
+    // Each model as run on the AVX2 machine (`docs/results/`) and on the AVX-512 one
+    // (`docs/results/avx512/`), where there are such runs.
+    let models = ["smollm2", "qwen05", "qwen15", "gemma3"];
+    let names = models
+        .iter()
+        .flat_map(|m| ["", "avx512/"].map(|sub| format!("{sub}engine-{m}.json")));
+    for name in names {
+        let Some(v) = load(dir, &name) else { continue };
         if !any {
             let _ = writeln!(md, "## Engine speed (`edgeprompt-bench engine`)\n");
             any = true;
