@@ -61,46 +61,49 @@ fn code(f: Format) -> u8 {
     }
 }
 
-/// Output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one group, written to `out` (row
-/// stride `ldo`, `cols` valid columns from column 0), by the AVX2 (`maddubs`) integer dots.
-///
-/// # Safety
-/// AVX2 and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
-/// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
-#[target_feature(enable = "avx2,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_avx2(
-    f: Format,
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    mt: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    tile::<Avx2>(f, group, acts, i0, mt, out, ldo, cols)
+/// One tile entry point per instruction set: the features it is compiled for and its `Dots`.
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $dots:ty) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $name(
+            f: Format,
+            group: &[u8],
+            acts: &Acts,
+            i0: usize,
+            mt: usize,
+            out: *mut f32,
+            ldo: usize,
+            cols: usize,
+        ) {
+            tile::<$dots>(f, group, acts, i0, mt, out, ldo, cols)
+        }
+    };
 }
 
-/// As `tile_avx2`, the integer dots by AVX-512 VNNI (`vpdpbusd` on 256-bit vectors): the same
-/// exact i32 sums, so the same bits.
-///
-/// # Safety
-/// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_vnni(
-    f: Format,
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    mt: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    tile::<Vnni>(f, group, acts, i0, mt, out, ldo, cols)
-}
+entry!(
+    /// Output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one group, written to `out` (row
+    /// stride `ldo`, `cols` valid columns from column 0), by the AVX2 (`maddubs`) integer dots.
+    ///
+    /// # Safety
+    /// AVX2 and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
+    /// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
+    tile_avx2,
+    "avx2,f16c",
+    Avx2
+);
+
+entry!(
+    /// As `tile_avx2`, the integer dots by AVX-512 VNNI (`vpdpbusd` on 256-bit vectors): the
+    /// same exact i32 sums, so the same bits.
+    ///
+    /// # Safety
+    /// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
+    tile_vnni,
+    "avx2,f16c,avx512f,avx512vl,avx512vnni",
+    Vnni
+);
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
