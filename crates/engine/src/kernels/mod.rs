@@ -231,22 +231,44 @@ fn matmul_simd(
         }
     }
     let acts = &*acts;
-    // Tasks of about equal numbers of groups, four per thread, never spanning two matrices.
     let groups: Vec<usize> = ws.iter().map(|w| w.n.div_ceil(repack::ROWS)).collect();
-    let total: usize = groups.iter().sum();
-    let per = total
-        .div_ceil(4 * rayon::current_num_threads().max(1))
-        .max(1);
-    let mut tasks = Vec::new();
-    for (j, &g) in groups.iter().enumerate() {
-        let n = g.div_ceil(per);
-        tasks.extend((0..n).map(|t| (j, t * g / n, (t + 1) * g / n)));
-    }
+    let tasks = guided(&groups, rayon::current_num_threads().max(1));
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     crate::pool::run(tasks.len(), &|t| {
         let (j, g0, g1) = tasks[t];
         ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
     });
+}
+
+/// Fewest groups in a task.
+#[cfg(target_arch = "x86_64")]
+const MIN_TASK: usize = 4;
+
+/// Tasks `(matrix, first group, end group)` over the matrices' groups in order, largest first:
+/// each takes `1 / (2 * threads)` of what is left (at least `MIN_TASK` groups), so the last
+/// tasks are short and the threads finish close together (equal tasks left one thread waiting
+/// for up to a whole task at the end of each call; decode makes ~120 calls a token). A task
+/// never spans two matrices; which thread runs a task never changes a bit.
+#[cfg(target_arch = "x86_64")]
+fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
+    let mut left: usize = groups.iter().sum();
+    let (mut j, mut g) = (0, 0);
+    let mut tasks = Vec::new();
+    while left > 0 {
+        let mut need = (left / (2 * threads)).max(MIN_TASK).min(left);
+        while need > 0 {
+            while g == groups[j] {
+                j += 1;
+                g = 0;
+            }
+            let take = need.min(groups[j] - g);
+            tasks.push((j, g, g + take));
+            g += take;
+            need -= take;
+            left -= take;
+        }
+    }
+    tasks
 }
 
 /// Activation rows per L2-resident chunk.

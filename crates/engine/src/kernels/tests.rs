@@ -196,3 +196,31 @@ fn every_simd_path_gives_the_portable_bits() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn guided_tasks_cover_every_group_once_largest_first() {
+    for (groups, threads) in [
+        (vec![608usize], 2),
+        (vec![112, 16, 16], 2),
+        (vec![3], 4),
+        (vec![0, 5, 0, 7], 1),
+    ] {
+        let tasks = guided(&groups, threads);
+        // In order, contiguous, within one matrix, none empty.
+        let mut at = (0, 0);
+        for &(j, g0, g1) in &tasks {
+            while at.1 == groups[at.0] {
+                at = (at.0 + 1, 0);
+            }
+            assert_eq!((j, g0), at, "{groups:?}: {tasks:?}");
+            assert!(g1 > g0 && g1 <= groups[j]);
+            at.1 = g1;
+        }
+        let total: usize = groups.iter().sum();
+        assert_eq!(tasks.iter().map(|t| t.2 - t.1).sum::<usize>(), total);
+        // Shrinking: no task after the first is larger than the first.
+        let first = tasks[0].2 - tasks[0].1;
+        assert!(tasks.iter().all(|t| t.2 - t.1 <= first.max(MIN_TASK)));
+    }
+}
