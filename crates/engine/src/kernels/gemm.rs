@@ -61,62 +61,51 @@ fn code(f: Format) -> u8 {
     }
 }
 
-/// One tile entry point per instruction set: the features it is compiled for and its `Dots`.
-macro_rules! entry {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $dots:ty) => {
-        $(#[$doc])*
-        #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $name(
-            f: Format,
-            group: &[u8],
-            acts: &Acts,
-            i0: usize,
-            mt: usize,
-            out: *mut f32,
-            ldo: usize,
-            cols: usize,
-        ) {
-            tile::<$dots>(f, group, acts, i0, mt, out, ldo, cols)
-        }
-    };
+/// One tile: output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one repacked `group` of
+/// format `f`, written to `out` (row stride `ldo`, `cols` valid columns from column 0).
+pub(super) struct Tile<'a> {
+    pub f: Format,
+    pub group: &'a [u8],
+    pub acts: &'a Acts,
+    pub i0: usize,
+    pub mt: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+    pub cols: usize,
 }
 
-entry!(
-    /// Output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one group, written to `out` (row
-    /// stride `ldo`, `cols` valid columns from column 0), by the AVX2 (`maddubs`) integer dots.
-    ///
-    /// # Safety
-    /// AVX2 and F16C present; `group` is a whole repacked group of `f` for `acts.nb` blocks;
-    /// `out` has room for `mt` rows of `cols` columns at stride `ldo`.
-    tile_avx2,
-    "avx2,f16c",
-    Avx2
-);
+/// The tile by the AVX2 (`maddubs`) integer dots.
+///
+/// # Safety
+/// AVX2 and F16C present; `t.group` is a whole repacked group of `t.f` for `t.acts.nb` blocks;
+/// `t.out` has room for `t.mt` rows of `t.cols` columns at stride `t.ldo`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn tile_avx2(t: &Tile) {
+    tile::<Avx2>(t)
+}
 
-entry!(
-    /// As `tile_avx2`, the integer dots by AVX-512 VNNI (`vpdpbusd` on 256-bit vectors): the
-    /// same exact i32 sums, so the same bits.
-    ///
-    /// # Safety
-    /// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
-    tile_vnni,
-    "avx2,f16c,avx512f,avx512vl,avx512vnni",
-    Vnni
-);
+/// As `tile_avx2`, the integer dots by AVX-512 VNNI (`vpdpbusd` on 256-bit vectors): the same
+/// exact i32 sums, so the same bits.
+///
+/// # Safety
+/// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn tile_vnni(t: &Tile) {
+    tile::<Vnni>(t)
+}
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<D: Dots>(
-    f: Format,
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    mt: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+unsafe fn tile<D: Dots>(t: &Tile) {
+    let Tile {
+        f,
+        group,
+        acts,
+        i0,
+        mt,
+        out,
+        ldo,
+        cols,
+    } = *t;
     // 32-block formats run `tile_n`, K formats `tile_k`; each for the four tile heights.
     macro_rules! go {
         ($kernel:ident, $c:expr) => {

@@ -132,16 +132,16 @@ impl QMatrix {
                     // SAFETY: `level`'s features detected; tiles write disjoint [rows, cols]
                     // blocks of the `[m, n]` output at `dst`, inside it.
                     unsafe {
-                        tile(
-                            self.format,
+                        tile(&gemm::Tile {
+                            f: self.format,
                             group,
                             acts,
-                            i,
+                            i0: i,
                             mt,
-                            dst.add(i * self.n + col),
-                            self.n,
+                            out: dst.add(i * self.n + col),
+                            ldo: self.n,
                             cols,
-                        )
+                        })
                     };
                     i += mt;
                 }
