@@ -195,14 +195,19 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
 
 /// The exact integer dot of one 32-block for the 8 weight rows of `v` (`weights`) and one
 /// activation row `a`, as 8 i32 lanes, per instruction set. Weight values are unsigned except
-/// q8_0's (`va` holds their absolute values there).
+/// q8_0's (`q8_prep` gives the form `q8` multiplies).
 trait Dots {
+    /// What `q8` adds to the true dot per unit of the activation block's sum (q8_0 weights
+    /// biased to unsigned); the caller subtracts it like the zero points of q4_0 and q5_0.
+    const Q8_BIAS: i32;
+    /// q8_0's weights (-128..=127) in the form `q8` multiplies, once per block for all rows.
+    unsafe fn q8_prep(v: &[__m256i; 8]) -> [__m256i; 8];
     /// q4_0, q4_1 (values 0..=15).
     unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i;
     /// q5_0 (0..=31).
     unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i;
-    /// q8_0 (-128..=127).
-    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i;
+    /// q8_0: `v` the weights, `p` their `q8_prep` form.
+    unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i;
     /// q4_K: the dot times `sc` (i32 lanes, 0..=63).
     unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
     /// q6_K (0..=63): `s0` times the first half's dot plus `s1` times the second's (i32
@@ -228,6 +233,17 @@ unsafe fn sum16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m25
 }
 
 impl Dots for Avx2 {
+    const Q8_BIAS: i32 = 0;
+
+    /// Absolute values: `maddubs` multiplies them by the activations with the weights' signs.
+    #[inline(always)]
+    unsafe fn q8_prep(v: &[__m256i; 8]) -> [__m256i; 8] {
+        let mut p = *v;
+        for x in p.iter_mut() {
+            *x = _mm256_abs_epi8(*x);
+        }
+        p
+    }
     #[inline(always)]
     unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i {
         _mm256_madd_epi16(sum16(v, a, 0, 8), _mm256_set1_epi16(1))
@@ -243,15 +259,15 @@ impl Dots for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i {
+    unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i {
         // |w| (unsigned) times a with w's sign; one madd per term.
         let ones = _mm256_set1_epi16(1);
-        let mut p = _mm256_setzero_si256();
+        let mut s = _mm256_setzero_si256();
         for j in 0..8 {
             let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-            p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(va[j], aj), ones));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), ones));
         }
-        p
+        s
     }
 
     #[inline(always)]
@@ -286,6 +302,18 @@ unsafe fn dp(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m256i 
 }
 
 impl Dots for Vnni {
+    /// `dpbusd` takes unsigned weights: `w + 128` (the sign bit flipped) costs one xor per
+    /// block, where the signs moved onto the activations cost one `sign` per row.
+    const Q8_BIAS: i32 = 128;
+
+    #[inline(always)]
+    unsafe fn q8_prep(v: &[__m256i; 8]) -> [__m256i; 8] {
+        let mut p = *v;
+        for x in p.iter_mut() {
+            *x = _mm256_xor_si256(*x, _mm256_set1_epi8(-128));
+        }
+        p
+    }
     #[inline(always)]
     unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i {
         dp(v, a, 0, 8)
@@ -297,15 +325,8 @@ impl Dots for Vnni {
     }
 
     #[inline(always)]
-    unsafe fn q8(v: &[__m256i; 8], va: &[__m256i; 8], a: *const i8) -> __m256i {
-        let (mut x, mut y) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for j in (0..8).step_by(2) {
-            let a0 = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-            let a1 = _mm256_sign_epi8(bcast(a.add(4 * j + 4)), v[j + 1]);
-            x = _mm256_dpbusd_epi32(x, va[j], a0);
-            y = _mm256_dpbusd_epi32(y, va[j + 1], a1);
-        }
-        _mm256_add_epi32(x, y)
+    unsafe fn q8(_v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i {
+        dp(p, a, 0, 8)
     }
 
     #[inline(always)]
@@ -392,22 +413,17 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
             prefetch(hdr.add(hb), pb);
         }
         let v = weights::<F>(hdr.add(hb));
-        let va = if F == Q8_0 {
-            let mut va = v;
-            for x in va.iter_mut() {
-                *x = _mm256_abs_epi8(*x);
-            }
-            va
-        } else {
-            v
-        };
+        let p = if F == Q8_0 { D::q8_prep(&v) } else { v };
         each_row!(MT, i, {
             let a = aq[i].add(b * QK);
             let isum = match F {
                 Q4_0 => _mm256_sub_epi32(D::q4(&v, a), _mm256_set1_epi32(8 * *bsum[i].add(b))),
                 Q4_1 => D::q4(&v, a),
                 Q5_0 => _mm256_sub_epi32(D::q5(&v, a), _mm256_set1_epi32(16 * *bsum[i].add(b))),
-                _ => D::q8(&v, &va, a),
+                _ => _mm256_sub_epi32(
+                    D::q8(&v, &p, a),
+                    _mm256_set1_epi32(D::Q8_BIAS * *bsum[i].add(b)),
+                ),
             };
             let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
             let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
