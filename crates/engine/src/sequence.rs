@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::kv::{LayerKv, PrefixKv};
-use crate::model::{LayerInput, Model};
+use crate::model::{LayerInput, Model, Scratch};
 use crate::Result;
 
 /// Clone copies the private KV and shares the prefix (answers forked after one prefill).
@@ -121,6 +121,7 @@ pub struct PrefillPass {
     kv: Vec<LayerKv>,
     next_layer: usize,
     prefix_len: usize,
+    scratch: Scratch,
 }
 
 impl PrefillPass {
@@ -137,6 +138,7 @@ impl PrefillPass {
                 .collect(),
             next_layer: 0,
             prefix_len,
+            scratch: Scratch::default(),
         })
     }
 
@@ -168,7 +170,7 @@ impl PrefillPass {
             private: &mut self.kv[l],
             rows: self.ids.len(),
         }];
-        model.forward_layer(l, &mut self.x, &mut parts)?;
+        model.forward_layer(l, &mut self.x, &mut parts, &mut self.scratch)?;
         self.next_layer += 1;
         Ok(())
     }

@@ -101,8 +101,21 @@ impl Linear {
     }
 
     /// Several projections of the same input in one parallel call (same results as one
-    /// `forward` each).
-    pub fn forward_many(ls: &[&Linear], x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>> {
+    /// `forward` each), into `outs` (one buffer per projection, reused: see
+    /// `kernels::matmul_many_into`).
+    pub fn forward_many_into(
+        ls: &[&Linear],
+        x: &[f32],
+        rows: usize,
+        outs: &mut [Vec<f32>],
+    ) -> Result<()> {
+        if outs.len() != ls.len() {
+            return Err(EngineError::Input(format!(
+                "{} outputs for {} projections",
+                outs.len(),
+                ls.len()
+            )));
+        }
         let own: Option<Vec<&QMatrix>> = ls
             .iter()
             .map(|l| match &*l.weight {
@@ -110,14 +123,19 @@ impl Linear {
                 _ => None,
             })
             .collect();
-        let Some(own) = own else {
-            return ls.iter().map(|l| l.forward(x, rows)).collect();
-        };
-        let mut outs = crate::kernels::matmul_many(&own, x, rows);
+        match own {
+            Some(own) => crate::kernels::matmul_many_into(&own, x, rows, outs),
+            None => {
+                for (l, out) in ls.iter().zip(outs.iter_mut()) {
+                    *out = l.forward(x, rows)?;
+                }
+                return Ok(());
+            }
+        }
         for (l, out) in ls.iter().zip(outs.iter_mut()) {
             l.add_bias(out);
         }
-        Ok(outs)
+        Ok(())
     }
 }
 

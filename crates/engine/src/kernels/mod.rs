@@ -182,29 +182,45 @@ pub fn matmul_many(ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     matmul_at(*LEVEL, ws, x, m)
 }
 
+/// `matmul_many` into the caller's buffers (`outs[i]` becomes `[m, n_i]`, every value
+/// written): a forward pass keeps them from layer to layer, where fresh outputs of tens of MB
+/// per call cost page faults and zeroing.
+pub fn matmul_many_into(ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut [Vec<f32>]) {
+    matmul_into_at(*LEVEL, ws, x, m, outs)
+}
+
 /// `matmul_many` on the kernel path `level` (at most the detected one).
 fn matmul_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    let mut outs = vec![Vec::new(); ws.len()];
+    matmul_into_at(level, ws, x, m, &mut outs);
+    outs
+}
+
+fn matmul_into_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut [Vec<f32>]) {
     let Some(k) = ws.first().map(|w| w.k) else {
-        return Vec::new();
+        return;
     };
     assert!(
         ws.iter().all(|w| w.k == k),
         "matmul_many input widths differ"
     );
     assert_eq!(x.len(), m * k, "matmul input shape");
-    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.n]).collect();
+    assert_eq!(outs.len(), ws.len(), "one output per matrix");
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        // Only growth writes (zeros); the kernels overwrite every value.
+        out.resize(m * w.n, 0.0);
+    }
     #[cfg(target_arch = "x86_64")]
     if level.avx2() {
         ACTS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut acts) => matmul_simd(level, ws, x, m, &mut acts, &mut outs),
-            Err(_) => matmul_simd(level, ws, x, m, &mut Default::default(), &mut outs),
+            Ok(mut acts) => matmul_simd(level, ws, x, m, &mut acts, outs),
+            Err(_) => matmul_simd(level, ws, x, m, &mut Default::default(), outs),
         });
-        return outs;
+        return;
     }
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
         w.matmul_portable(x, m, out);
     }
-    outs
 }
 
 /// Activations quantized per 32 values and per 256 values (K formats).

@@ -157,6 +157,31 @@ fn gemm_and_portable_paths_agree_bitwise() {
     }
 }
 
+#[test]
+fn reused_outputs_keep_nothing_of_before() {
+    // Buffers left longer or shorter by earlier calls, every value NaN: the result must be
+    // that of fresh buffers, bit for bit, at the new length.
+    let mut seed = 31;
+    let k = 512;
+    let (a, b) = (
+        random_matrix(Format::Q4K, 19, k, &mut seed),
+        random_matrix(Format::Q8_0, 40, k, &mut seed),
+    );
+    let mut outs = vec![vec![f32::NAN; 1000], vec![f32::NAN; 3]];
+    for m in [5, 1, 12] {
+        let x = random_x(m, k, &mut seed);
+        let want = matmul_many(&[&a, &b], &x, m);
+        outs.iter_mut().flatten().for_each(|v| *v = f32::NAN);
+        matmul_many_into(&[&a, &b], &x, m, &mut outs);
+        for (got, want) in outs.iter().zip(&want) {
+            assert_eq!(got.len(), want.len(), "m={m}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.to_bits(), w.to_bits(), "m={m}: {g} vs {w}");
+            }
+        }
+    }
+}
+
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     match *LEVEL {
