@@ -35,13 +35,7 @@ impl Machine {
                 simd.push("avx512vnni");
             }
         }
-        let git_rev = std::process::Command::new("git")
-            .args(["rev-parse", "--short", "HEAD"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_else(|| "unknown".into());
+        let git_rev = git_rev();
         Self {
             cpu,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -49,6 +43,48 @@ impl Machine {
             git_rev,
         }
     }
+}
+
+/// The checkout's revision, `-dirty` when its code differs from it, and a warning when this
+/// binary was built before the last commit that changed code (a run of an old build must not
+/// carry a newer revision unmarked).
+fn git_rev() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(mut rev) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let code = ["--", "crates", "Cargo.toml", "Cargo.lock"];
+    if git(&[
+        &["status", "--porcelain", "--untracked-files=no"][..],
+        &code[..],
+    ]
+    .concat())
+    .is_some_and(|s| !s.is_empty())
+    {
+        rev.push_str("-dirty");
+    }
+    // The last commit that changed code (results and docs are committed after their runs).
+    let committed = git(&[&["log", "-1", "--format=%ct"][..], &code[..]].concat())
+        .and_then(|t| t.parse::<u64>().ok());
+    let built = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    if let (Some(c), Some(b)) = (committed, built) {
+        if b < c {
+            rev.push_str(" (binary built before the last code commit)");
+        }
+    }
+    rev
 }
 
 /// `AMD EPYC (2 cores, avx2/avx512f), rev abc1234`: the line results are printed under.
