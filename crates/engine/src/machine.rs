@@ -46,8 +46,8 @@ impl Machine {
 }
 
 /// The checkout's revision, `-dirty` when its code differs from it, and a warning when this
-/// binary was built before the last commit that changed code (a run of an old build must not
-/// carry a newer revision unmarked).
+/// binary is older than a source file (a run of an old build must not carry a newer revision
+/// unmarked).
 fn git_rev() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
@@ -70,18 +70,23 @@ fn git_rev() -> String {
     {
         rev.push_str("-dirty");
     }
-    // The last commit that changed code (results and docs are committed after their runs).
-    let committed = git(&[&["log", "-1", "--format=%ct"][..], &code[..]].concat())
-        .and_then(|t| t.parse::<u64>().ok());
+    // Sources written after the binary (an edit, a checkout, a stash) mean it may not be
+    // the code this revision names.
+    let top = git(&["rev-parse", "--show-toplevel"]).unwrap_or_default();
+    let mtime = |p: &str| {
+        std::fs::metadata(std::path::Path::new(&top).join(p))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+    };
+    let newest = git(&[&["ls-files", "--full-name"][..], &code[1..]].concat())
+        .and_then(|files| files.lines().filter_map(mtime).max());
     let built = std::env::current_exe()
-        .and_then(std::fs::metadata)
-        .and_then(|m| m.modified())
         .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_secs());
-    if let (Some(c), Some(b)) = (committed, built) {
-        if b < c {
-            rev.push_str(" (binary built before the last code commit)");
+        .and_then(|p| p.to_str().and_then(mtime));
+    if let (Some(src), Some(bin)) = (newest, built) {
+        if bin < src {
+            rev.push_str(" (binary older than its sources)");
         }
     }
     rev
