@@ -164,8 +164,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let machine = Machine::detect();
     let model = Arc::new(Model::load(&s.model)?);
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; {} groups x {} requests, private ~{} tokens, max_tokens {}; hardware {:?}",
-        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.workload.groups,
+        "machine: {}; model {}; {} groups x {} requests, private ~{} tokens, max_tokens {}; hardware {:?}",
+        machine, model.cfg.name, s.workload.groups,
         s.workload.per_group, s.workload.edge_len, s.max_tokens, s.hardware
     );
     let mut rows = Vec::new();

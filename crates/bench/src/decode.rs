@@ -85,8 +85,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         )));
     }
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point, best of {}",
-        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads, s.private_tokens, s.steps, s.repeats
+        "machine: {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point, best of {}",
+        machine, model.cfg.name, s.threads, s.private_tokens, s.steps, s.repeats
     );
     let mut rows = Vec::new();
     for &len in &s.cloud_lens {

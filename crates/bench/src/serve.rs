@@ -76,8 +76,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (machine, model) = crate::setup(s.threads, &s.model)?;
     let w = Workload::build(&model, &s.workload)?;
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; threads {}; {} requests per rate over {} cloud prompts of ~{} tokens, private ~{} tokens, max_tokens {}",
-        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads,
+        "machine: {}; model {}; threads {}; {} requests per rate over {} cloud prompts of ~{} tokens, private ~{} tokens, max_tokens {}",
+        machine, model.cfg.name, s.threads,
         w.requests.len(), w.cloud.len(), s.workload.cloud_len, s.workload.edge_len, s.max_tokens
     );
     let rt = tokio::runtime::Runtime::new()?;

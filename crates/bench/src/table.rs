@@ -121,8 +121,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let profile = Profile::named(&s.profile)
         .ok_or_else(|| BenchError::Data(format!("unknown profile {}", s.profile)))?;
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; threads {}; {} requests, each on its own cloud prompt of ~{} tokens, private ~{} tokens, max_tokens {}; link {}",
-        machine.cpu, machine.cores, machine.git_rev, model.cfg.name, s.threads, w.requests.len(),
+        "machine: {}; model {}; threads {}; {} requests, each on its own cloud prompt of ~{} tokens, private ~{} tokens, max_tokens {}; link {}",
+        machine, model.cfg.name, s.threads, w.requests.len(),
         s.workload.cloud_len, s.workload.edge_len, s.max_tokens, s.profile
     );
     let rt = tokio::runtime::Runtime::new()?;

@@ -103,10 +103,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         });
     }
     eprintln!(
-        "machine: {} ({} cores), rev {}; model {}; threads {}; codec {}",
-        machine.cpu,
-        machine.cores,
-        machine.git_rev,
+        "machine: {}; model {}; threads {}; codec {}",
+        machine,
         model.cfg.name,
         s.threads,
         s.codec.name()
