@@ -425,21 +425,30 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 
 /// `rms_norm` into `out` (resized to `x`'s length, every value written).
 fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let d = w.len();
     out.resize(x.len(), 0.0);
-    out.copy_from_slice(x);
-    rms_norm_in_place(out, w, eps);
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let inv = inv_rms(row, eps);
+        for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
+            *o = a * inv * g;
+        }
+    }
 }
 
 /// Each row of `w.len()` values of `x` scaled to unit RMS, times `w`.
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let d = w.len();
-    for row in x.chunks_exact_mut(d) {
-        let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
-        let inv = (1.0 / (ss / d as f64 + eps as f64).sqrt()) as f32;
+    for row in x.chunks_exact_mut(w.len()) {
+        let inv = inv_rms(row, eps);
         for (a, &g) in row.iter_mut().zip(w) {
             *a = *a * inv * g;
         }
     }
+}
+
+/// 1 / RMS of `row` (sum of squares in f64).
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
+    (1.0 / (ss / row.len() as f64 + eps as f64).sqrt()) as f32
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
