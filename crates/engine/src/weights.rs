@@ -123,15 +123,13 @@ impl Linear {
                 _ => None,
             })
             .collect();
-        match own {
-            Some(own) => crate::kernels::matmul_many_into(&own, x, rows, outs),
-            None => {
-                for (l, out) in ls.iter().zip(outs.iter_mut()) {
-                    *out = l.forward(x, rows)?;
-                }
-                return Ok(());
+        let Some(own) = own else {
+            for (l, out) in ls.iter().zip(outs.iter_mut()) {
+                *out = l.forward(x, rows)?;
             }
-        }
+            return Ok(());
+        };
+        crate::kernels::matmul_many_into(&own, x, rows, outs);
         for (l, out) in ls.iter().zip(outs.iter_mut()) {
             l.add_bias(out);
         }
