@@ -2,12 +2,13 @@
 //! few decode steps in-process (the SIMD path this CPU picks), then runs itself again in a
 //! child process with `EDGEPROMPT_PORTABLE=1` (the scalar reference path: GGUF rows unpacked
 //! one by one, scalar block dots, scalar attention and SiLU) and compares every logit bit for
-//! bit; on an AVX-512 VNNI machine once more with `EDGEPROMPT_AVX2=1` (the AVX2 dots). Both
+//! bit; on an AVX-512 VNNI machine once more with `EDGEPROMPT_AVX2=1` (the AVX2 dots), and with
+//! `EDGEPROMPT_256=1` (256-bit VNNI tiles) where the 512-bit GEMM runs. Both
 //! models cover q4_1, q5_0, q8_0, q4_K and q6_K.
 
 mod common;
 
-use edgeprompt_engine::kernels::{Level, LEVEL};
+use edgeprompt_engine::kernels::LEVEL;
 use edgeprompt_engine::{Model, Sequence};
 
 const CHILD: &str = "EDGEPROMPT_KERNEL_PATHS_OUT";
@@ -38,8 +39,11 @@ fn check(name: &str, model: &Model) {
         return;
     }
     let mut forced = vec!["EDGEPROMPT_PORTABLE"];
-    if *LEVEL == Level::Avx512Vnni {
+    if LEVEL.vnni() {
         forced.push("EDGEPROMPT_AVX2");
+    }
+    if LEVEL.wide() {
+        forced.push("EDGEPROMPT_256");
     }
     for var in forced {
         let other = child_bits(name, var);

@@ -36,21 +36,21 @@ const PREFETCH: usize = 4096;
 
 /// Decode streams the weights from memory once: ask for them a few blocks ahead.
 #[inline(always)]
-unsafe fn prefetch(plane: *const u8, bytes: usize) {
+pub(super) unsafe fn prefetch(plane: *const u8, bytes: usize) {
     let ahead = plane.add(PREFETCH);
     for line in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
     }
 }
 
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q8_0: u8 = 3;
-const Q4K: u8 = 4;
-const Q6K: u8 = 5;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q8_0: u8 = 3;
+pub(super) const Q4K: u8 = 4;
+pub(super) const Q6K: u8 = 5;
 
-fn code(f: Format) -> u8 {
+pub(super) fn code(f: Format) -> u8 {
     match f {
         Format::Q4_0 => Q4_0,
         Format::Q4_1 => Q4_1,
@@ -373,6 +373,7 @@ macro_rules! each_row {
         }
     }};
 }
+pub(super) use each_row;
 
 #[inline(always)]
 unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(

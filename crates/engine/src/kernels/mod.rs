@@ -10,6 +10,7 @@
 mod acts;
 mod formats;
 mod gemm;
+mod gemm_wide;
 mod repack;
 mod simd;
 
@@ -115,17 +116,22 @@ impl QMatrix {
     #[cfg(target_arch = "x86_64")]
     fn run_groups(&self, level: Level, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
         let gb = self.group_bytes();
-        let tile = match level {
-            Level::Avx512Vnni => gemm::tile_vnni,
-            _ => gemm::tile_avx2,
+        let one = if level.vnni() {
+            gemm::tile_vnni
+        } else {
+            gemm::tile_avx2
         };
         // Activation rows in chunks that stay in L2 while the task's groups pass over them.
         for c0 in (0..m).step_by(ACT_CHUNK) {
             let c1 = (c0 + ACT_CHUNK).min(m);
-            for g in g0..g1 {
-                let group = &self.data[g * gb..(g + 1) * gb];
+            let mut g = g0;
+            while g < g1 {
+                // Two groups per tile on the 512-bit path, a task's odd last group alone.
+                let span = if level.wide() && g + 1 < g1 { 2 } else { 1 };
+                let tile = if span == 2 { gemm_wide::tile_pair } else { one };
+                let group = &self.data[g * gb..(g + span) * gb];
                 let col = g * repack::ROWS;
-                let cols = (self.n - col).min(repack::ROWS);
+                let cols = (self.n - col).min(span * repack::ROWS);
                 let mut i = c0;
                 while i < c1 {
                     let mt = gemm::tile_rows(c1 - i);
@@ -145,6 +151,7 @@ impl QMatrix {
                     };
                     i += mt;
                 }
+                g += span;
             }
         }
     }

@@ -10,6 +10,8 @@ pub enum Level {
     Avx2,
     /// As `Avx2`, the GEMM's integer dots by AVX-512 VNNI on 256-bit vectors.
     Avx512Vnni,
+    /// As `Avx512Vnni`, the GEMM on 512-bit vectors: tiles of two row groups (`gemm_wide.rs`).
+    Avx512,
 }
 
 impl Level {
@@ -17,10 +19,21 @@ impl Level {
     pub fn avx2(self) -> bool {
         self != Level::Portable
     }
+
+    /// Whether the GEMM's integer dots are `vpdpbusd` (either width).
+    pub fn vnni(self) -> bool {
+        matches!(self, Level::Avx512Vnni | Level::Avx512)
+    }
+
+    /// Whether the 512-bit paths run.
+    pub fn wide(self) -> bool {
+        self == Level::Avx512
+    }
 }
 
 /// The kernel path this CPU runs, detected once. `EDGEPROMPT_PORTABLE` forces the scalar one,
-/// `EDGEPROMPT_AVX2` the AVX2 one on a VNNI machine (to compare the paths).
+/// `EDGEPROMPT_AVX2` the AVX2 one on a VNNI machine, `EDGEPROMPT_256` the 256-bit VNNI one on
+/// an AVX-512 machine (to compare the paths).
 pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
     if std::env::var_os("EDGEPROMPT_PORTABLE").is_some() {
         return Level::Portable;
@@ -30,10 +43,13 @@ pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
         let vnni = is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512vnni");
-        if vnni && std::env::var_os("EDGEPROMPT_AVX2").is_none() {
+        if !vnni || std::env::var_os("EDGEPROMPT_AVX2").is_some() {
+            return Level::Avx2;
+        }
+        if !is_x86_feature_detected!("avx512bw") || std::env::var_os("EDGEPROMPT_256").is_some() {
             return Level::Avx512Vnni;
         }
-        return Level::Avx2;
+        return Level::Avx512;
     }
     Level::Portable
 });

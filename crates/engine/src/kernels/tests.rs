@@ -185,6 +185,7 @@ fn reused_outputs_keep_nothing_of_before() {
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     match *LEVEL {
+        Level::Avx512 => vec![Level::Avx2, Level::Avx512Vnni, Level::Avx512],
         Level::Avx512Vnni => vec![Level::Avx2, Level::Avx512Vnni],
         Level::Avx2 => vec![Level::Avx2],
         Level::Portable => Vec::new(),
@@ -196,9 +197,12 @@ fn every_simd_path_gives_the_portable_bits() {
     let mut seed = 23;
     for f in FORMATS {
         let k = if f.block_values() == 256 { 1280 } else { 1312 };
-        let n = 21;
-        let w = random_matrix(f, n, k, &mut seed);
-        for m in [1, 2, 3, 4, 5, 9, 17] {
+        // 21 rows: a pair of groups and a lone partial one; 13: a pair ending partial.
+        for (n, m) in [21, 13]
+            .into_iter()
+            .flat_map(|n| [1, 2, 3, 4, 5, 9, 17].map(|m| (n, m)))
+        {
+            let w = random_matrix(f, n, k, &mut seed);
             // Saturated activation blocks too: every |q| = 127 pushes the integer sums to
             // their extremes.
             let mut x = random_x(m, k, &mut seed);

@@ -1,0 +1,342 @@
+//! The GEMM on 512-bit vectors (AVX-512 F/BW/VL/VNNI): a tile is two adjacent repacked groups
+//! (16 weight rows, group `g` in lanes 0..8 and `g + 1` in lanes 8..16) x up to 8 activation
+//! rows. Every lane does what a lane of `gemm.rs`'s VNNI tile does: the same exact i32 block
+//! dots (`vpdpbusd`), zero points, scales and mins, and the same float terms added into lane
+//! `term % 8` and reduced by the same tree, so every output has the portable path's bits. Where
+//! 512-bit operations issue whole (Intel's two 512-bit ports), a block's dots take half the
+//! instructions and half the cycles of the 256-bit tile.
+
+#![cfg(target_arch = "x86_64")]
+// Lane and sub-block indices are the layout; index loops say it most plainly.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::acts::Acts;
+use super::gemm::{code, each_row, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
+use super::repack::ROWS;
+use super::{Format, QK};
+
+/// The tile over `t.group`, which holds two whole repacked groups back to back; `t.cols` (up
+/// to 16) of its columns are stored.
+///
+/// # Safety
+/// AVX2, F16C and AVX-512 F, BW, VL and VNNI present; `t.group` is two repacked groups of `t.f`
+/// for `t.acts.nb` blocks; `t.out` has room for `t.mt` rows of `t.cols` columns at `t.ldo`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn tile_pair(t: &Tile) {
+    let Tile {
+        f,
+        group,
+        acts,
+        i0,
+        mt,
+        out,
+        ldo,
+        cols,
+    } = *t;
+    macro_rules! go {
+        ($kernel:ident, $c:expr) => {
+            match mt {
+                1 => $kernel::<$c, 1>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<$c, 2>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<$c, 4>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<$c, 8>(group, acts, i0, out, ldo, cols),
+            }
+        };
+    }
+    match code(f) {
+        Q4_0 => go!(tile_n, Q4_0),
+        Q4_1 => go!(tile_n, Q4_1),
+        Q5_0 => go!(tile_n, Q5_0),
+        Q8_0 => go!(tile_n, Q8_0),
+        Q4K => go!(tile_k, Q4K),
+        _ => go!(tile_k, Q6K),
+    }
+}
+
+/// 32 bytes at `a` for lanes 0..8, 32 at `b` for lanes 8..16.
+#[inline(always)]
+unsafe fn pair32(a: *const u8, b: *const u8) -> __m512i {
+    let lo = _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i));
+    _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b as *const __m256i))
+}
+
+/// 8 f16 of each group -> 16 f32.
+#[inline(always)]
+unsafe fn half16(a: *const u8, b: *const u8) -> __m512 {
+    let lo = _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i));
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+        lo,
+        _mm_loadu_si128(b as *const __m128i),
+    ))
+}
+
+/// 8 u8 (or i8 when `signed`) of each group -> 16 i32.
+#[inline(always)]
+unsafe fn bytes16(a: *const u8, b: *const u8, signed: bool) -> __m512i {
+    let x = _mm_unpacklo_epi64(
+        _mm_loadl_epi64(a as *const __m128i),
+        _mm_loadl_epi64(b as *const __m128i),
+    );
+    if signed {
+        _mm512_cvtepi8_epi32(x)
+    } else {
+        _mm512_cvtepu8_epi32(x)
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast(p: *const i8) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+/// The 8 weight sub-vectors of one 32-block of both groups: `v[j]` lane `r` holds row `r`'s
+/// values `4j..4j + 4` (unsigned; q8_0 signed), as `gemm::weights` per group.
+#[inline(always)]
+unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
+    let mut v = [_mm512_setzero_si512(); 8];
+    if F == Q8_0 {
+        for (j, vj) in v.iter_mut().enumerate() {
+            *vj = pair32(a.add(32 * j), b.add(32 * j));
+        }
+        return v;
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    for j in 0..4 {
+        let c = pair32(a.add(32 * j), b.add(32 * j));
+        v[j] = _mm512_and_si512(c, m4);
+        v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+    }
+    if F == Q5_0 {
+        let h = pair32(a.add(128), b.add(128));
+        let bit = _mm512_set1_epi8(0x10);
+        // Bit j of each byte to bit 4 (16-bit shifts: bits crossing bytes are masked off).
+        let put = |x: __m512i, hb: __m512i| _mm512_or_si512(x, _mm512_and_si512(hb, bit));
+        v[0] = put(v[0], _mm512_slli_epi16(h, 4));
+        v[1] = put(v[1], _mm512_slli_epi16(h, 3));
+        v[2] = put(v[2], _mm512_slli_epi16(h, 2));
+        v[3] = put(v[3], _mm512_slli_epi16(h, 1));
+        v[4] = put(v[4], h);
+        v[5] = put(v[5], _mm512_srli_epi16(h, 1));
+        v[6] = put(v[6], _mm512_srli_epi16(h, 2));
+        v[7] = put(v[7], _mm512_srli_epi16(h, 3));
+    }
+    if F == Q6K {
+        let two = _mm512_set1_epi8(0x30);
+        for c in 0..2 {
+            let h = pair32(a.add(128 + 32 * c), b.add(128 + 32 * c));
+            let j = 4 * c;
+            let put = |x: __m512i, hb: __m512i| _mm512_or_si512(x, _mm512_and_si512(hb, two));
+            v[j] = put(v[j], _mm512_slli_epi16(h, 4));
+            v[j + 1] = put(v[j + 1], _mm512_slli_epi16(h, 2));
+            v[j + 2] = put(v[j + 2], h);
+            v[j + 3] = put(v[j + 3], _mm512_srli_epi16(h, 2));
+        }
+    }
+    v
+}
+
+/// `dpbusd` of `v[j]` and `a[4j..4j + 4]` for `j` in `from..to`, in two chains.
+#[inline(always)]
+unsafe fn dp(v: &[__m512i; 8], a: *const i8, from: usize, to: usize) -> __m512i {
+    let (mut x, mut y) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for j in (from..to).step_by(2) {
+        x = _mm512_dpbusd_epi32(x, v[j], bcast(a.add(4 * j)));
+        y = _mm512_dpbusd_epi32(y, v[j + 1], bcast(a.add(4 * j + 4)));
+    }
+    _mm512_add_epi32(x, y)
+}
+
+/// i8 lanes `(x, y)` of two 16 x i32 vectors as i16 pairs `(x_r, y_r)` per lane, for `madd`.
+#[inline(always)]
+unsafe fn pairs(x: __m512i, y: __m512i) -> __m512i {
+    _mm512_or_si512(
+        _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF)),
+        _mm512_slli_epi32(y, 16),
+    )
+}
+
+#[inline(always)]
+unsafe fn tile_n<const F: u8, const MT: usize>(
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let f = match F {
+        Q4_0 => Format::Q4_0,
+        Q4_1 => Format::Q4_1,
+        Q5_0 => Format::Q5_0,
+        _ => Format::Q8_0,
+    };
+    let has_min = F == Q4_1;
+    let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
+    let nb = acts.nb;
+    let kp = acts.row_stride;
+    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
+    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
+    let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
+    let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
+    let mut acc = [[_mm512_setzero_ps(); 8]; MT];
+    let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
+    // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
+    let zero = match F {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        Q8_0 => 128,
+        _ => 0,
+    };
+    for b in 0..nb {
+        let (ha, hbb) = (ga.add(b * sb), gb.add(b * sb));
+        let wd = half16(ha, hbb);
+        let wm = if has_min {
+            half16(ha.add(16), hbb.add(16))
+        } else {
+            _mm512_setzero_ps()
+        };
+        if MT == 1 {
+            prefetch(ha.add(hb), pb);
+            prefetch(hbb.add(hb), pb);
+        }
+        let mut v = weights::<F>(ha.add(hb), hbb.add(hb));
+        if F == Q8_0 {
+            // `w + 128`: unsigned for `dpbusd`, taken off with the block sum below.
+            for x in v.iter_mut() {
+                *x = _mm512_xor_si512(*x, _mm512_set1_epi8(-128));
+            }
+        }
+        each_row!(MT, i, {
+            let mut isum = dp(&v, aq[i].add(b * QK), 0, 8);
+            if zero != 0 {
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zero * *bsum[i].add(b)));
+            }
+            let scale = _mm512_mul_ps(wd, _mm512_set1_ps(*ad[i].add(b)));
+            let mut t = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
+            if has_min {
+                t = _mm512_add_ps(t, _mm512_mul_ps(wm, _mm512_set1_ps(*asum[i].add(b))));
+            }
+            let lane = &mut acc[i][b % 8];
+            *lane = _mm512_add_ps(*lane, t);
+        });
+    }
+    store(&acc, out, ldo, cols);
+}
+
+/// q4_K and q6_K as `gemm::tile_k`: per super block, the block dots times their integer
+/// sub-block scales summed in i32, q4_K's mins against pairs of block sums, one float term.
+#[inline(always)]
+unsafe fn tile_k<const F: u8, const MT: usize>(
+    group: &[u8],
+    acts: &Acts,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
+    let (bps, hb, pb, sb) = (
+        f.blocks_per_super(),
+        f.header_bytes(),
+        f.plane_bytes(),
+        f.super_bytes(),
+    );
+    let (nb, ns) = (acts.nb, acts.ns);
+    let kp = acts.row_stride;
+    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
+    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * ns));
+    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
+    let bpair: [*const i32; MT] =
+        std::array::from_fn(|i| acts.bpair.as_ptr().add((i0 + i) * nb / 2));
+    let mut acc = [[_mm512_setzero_ps(); 8]; MT];
+    let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
+    for s in 0..ns {
+        let (ha, hbb) = (ga.add(s * sb), gb.add(s * sb));
+        let mut isum = [_mm512_setzero_si512(); MT];
+        for bi in 0..bps {
+            let b = s * bps + bi;
+            let (pa, pbb) = (ha.add(hb + bi * pb), hbb.add(hb + bi * pb));
+            if MT == 1 {
+                prefetch(pa, pb);
+                prefetch(pbb, pb);
+            }
+            let v = weights::<F>(pa, pbb);
+            if F == Q4K {
+                let sc = bytes16(ha.add(32 + 8 * bi), hbb.add(32 + 8 * bi), false);
+                each_row!(MT, i, {
+                    let d = _mm512_mullo_epi32(dp(&v, aq[i].add(b * QK), 0, 8), sc);
+                    isum[i] = _mm512_add_epi32(isum[i], d);
+                });
+            } else {
+                let s0 = bytes16(ha.add(16 + 16 * bi), hbb.add(16 + 16 * bi), true);
+                let s1 = bytes16(ha.add(24 + 16 * bi), hbb.add(24 + 16 * bi), true);
+                let sc01 = pairs(s0, s1);
+                each_row!(MT, i, {
+                    // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
+                    let a = aq[i].add(b * QK);
+                    let h = _mm512_add_epi32(
+                        _mm512_mullo_epi32(dp(&v, a, 0, 4), s0),
+                        _mm512_mullo_epi32(dp(&v, a, 4, 8), s1),
+                    );
+                    let hs = _mm512_set1_epi32(*hpair[i].add(b));
+                    let corr = _mm512_slli_epi32(_mm512_madd_epi16(sc01, hs), 5);
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_sub_epi32(h, corr));
+                });
+            }
+        }
+        let wd = half16(ha, hbb);
+        if F == Q4K {
+            let mut msum = [_mm512_setzero_si512(); MT];
+            for p in 0..bps / 2 {
+                let m0 = bytes16(ha.add(96 + 16 * p), hbb.add(96 + 16 * p), false);
+                let m1 = bytes16(ha.add(104 + 16 * p), hbb.add(104 + 16 * p), false);
+                let mp = pairs(m0, m1);
+                each_row!(MT, i, {
+                    let bp = _mm512_set1_epi32(*bpair[i].add(s * bps / 2 + p));
+                    msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(mp, bp));
+                });
+            }
+            // -dmin, by its sign bit (no AVX-512 DQ needed).
+            let wm = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(half16(ha.add(16), hbb.add(16))),
+                _mm512_set1_epi32(i32::MIN),
+            ));
+            each_row!(MT, i, {
+                let da = _mm512_set1_ps(*ad[i].add(s));
+                let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
+                let tm = _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(msum[i]));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm512_add_ps(*lane, _mm512_add_ps(t, tm));
+            });
+        } else {
+            each_row!(MT, i, {
+                let da = _mm512_set1_ps(*ad[i].add(s));
+                let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm512_add_ps(*lane, t);
+            });
+        }
+    }
+    store(&acc, out, ldo, cols);
+}
+
+/// The canonical lane reduction of each row's accumulators, stored to `cols` columns.
+#[inline(always)]
+unsafe fn store<const MT: usize>(acc: &[[__m512; 8]; MT], out: *mut f32, ldo: usize, cols: usize) {
+    for (i, l) in acc.iter().enumerate() {
+        let r = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+        );
+        let dst = out.add(i * ldo);
+        if cols >= 2 * ROWS {
+            _mm512_storeu_ps(dst, r);
+        } else {
+            let mut tmp = [0f32; 2 * ROWS];
+            _mm512_storeu_ps(tmp.as_mut_ptr(), r);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
+        }
+    }
+}
