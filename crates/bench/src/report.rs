@@ -96,12 +96,13 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
 
 fn engine_section(dir: &Path, md: &mut String) {
     let mut any = false;
-    // Each model as run on the AVX2 machine (`docs/results/`) and on the AVX-512 one
-    // (`docs/results/avx512/`), where there are such runs.
+    // Each model as run on the AVX2 EPYC (`docs/results/`), the AVX-512 EPYC
+    // (`docs/results/avx512/`) and the AVX-512 Xeon (`docs/results/xeon/`), where there are
+    // such runs.
     let models = ["smollm2", "qwen05", "qwen15", "gemma3"];
     let names = models
         .iter()
-        .flat_map(|m| ["", "avx512/"].map(|sub| format!("{sub}engine-{m}.json")));
+        .flat_map(|m| ["", "avx512/", "xeon/"].map(|sub| format!("{sub}engine-{m}.json")));
     for name in names {
         let Some(v) = load(dir, &name) else { continue };
         if !any {
