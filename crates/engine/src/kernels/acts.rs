@@ -31,7 +31,33 @@ pub(crate) struct Acts {
     pub bpair: Vec<i32>,
 }
 
+/// Where rows `i0..i0 + MT` start in each of `Acts`' arrays: what one GEMM tile reads.
+pub(crate) struct TileRows<const MT: usize> {
+    pub q: [*const i8; MT],
+    /// Per scale block: `d` and `s`.
+    pub d: [*const f32; MT],
+    pub s: [*const f32; MT],
+    /// Per 32-block: `bsum` and `hpair`; per pair of them: `bpair`.
+    pub bsum: [*const i32; MT],
+    pub hpair: [*const i32; MT],
+    pub bpair: [*const i32; MT],
+}
+
 impl Acts {
+    /// The tile pointers of rows `i0..i0 + MT` (computed only; reading them is the tile's
+    /// business, within the rows `fill` made).
+    pub fn rows<const MT: usize>(&self, i0: usize) -> TileRows<MT> {
+        let (nb, ns) = (self.nb, self.ns);
+        TileRows {
+            q: std::array::from_fn(|i| self.q.as_ptr().wrapping_add((i0 + i) * self.row_stride)),
+            d: std::array::from_fn(|i| self.d.as_ptr().wrapping_add((i0 + i) * ns)),
+            s: std::array::from_fn(|i| self.s.as_ptr().wrapping_add((i0 + i) * ns)),
+            bsum: std::array::from_fn(|i| self.bsum.as_ptr().wrapping_add((i0 + i) * nb)),
+            hpair: std::array::from_fn(|i| self.hpair.as_ptr().wrapping_add((i0 + i) * nb)),
+            bpair: std::array::from_fn(|i| self.bpair.as_ptr().wrapping_add((i0 + i) * nb / 2)),
+        }
+    }
+
     /// Quantizes `x` (`[m, k]`) with one scale per `width` values (32 or 256), reusing this
     /// value's buffers.
     pub fn fill(&mut self, x: &[f32], m: usize, k: usize, width: usize) {

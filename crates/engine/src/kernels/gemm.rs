@@ -393,11 +393,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     let has_min = F == Q4_1;
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
-    let kp = acts.row_stride;
-    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
-    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
-    let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
-    let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
+    let r = acts.rows::<MT>(i0);
     let mut acc = [[_mm256_setzero_ps(); 8]; MT];
     let gp = group.as_ptr();
     for b in 0..nb {
@@ -416,20 +412,20 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
         let v = weights::<F>(hdr.add(hb));
         let p = if F == Q8_0 { D::q8_prep(&v) } else { v };
         each_row!(MT, i, {
-            let a = aq[i].add(b * QK);
+            let a = r.q[i].add(b * QK);
             let isum = match F {
-                Q4_0 => _mm256_sub_epi32(D::q4(&v, a), _mm256_set1_epi32(8 * *bsum[i].add(b))),
+                Q4_0 => _mm256_sub_epi32(D::q4(&v, a), _mm256_set1_epi32(8 * *r.bsum[i].add(b))),
                 Q4_1 => D::q4(&v, a),
-                Q5_0 => _mm256_sub_epi32(D::q5(&v, a), _mm256_set1_epi32(16 * *bsum[i].add(b))),
+                Q5_0 => _mm256_sub_epi32(D::q5(&v, a), _mm256_set1_epi32(16 * *r.bsum[i].add(b))),
                 _ => _mm256_sub_epi32(
                     D::q8(&v, &p, a),
-                    _mm256_set1_epi32(D::Q8_BIAS * *bsum[i].add(b)),
+                    _mm256_set1_epi32(D::Q8_BIAS * *r.bsum[i].add(b)),
                 ),
             };
-            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*ad[i].add(b)));
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*r.d[i].add(b)));
             let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
             if has_min {
-                t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*asum[i].add(b))));
+                t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*r.s[i].add(b))));
             }
             let lane = &mut acc[i][b % 8];
             *lane = _mm256_add_ps(*lane, t);
@@ -485,13 +481,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         f.plane_bytes(),
         f.super_bytes(),
     );
-    let (nb, ns) = (acts.nb, acts.ns);
-    let kp = acts.row_stride;
-    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
-    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * ns));
-    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
-    let bpair: [*const i32; MT] =
-        std::array::from_fn(|i| acts.bpair.as_ptr().add((i0 + i) * nb / 2));
+    let ns = acts.ns;
+    let r = acts.rows::<MT>(i0);
     let mut acc = [[_mm256_setzero_ps(); 8]; MT];
     let gp = group.as_ptr();
     for s in 0..ns {
@@ -508,7 +499,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 // Sub-block scales, 0..=63.
                 let sc = bytes8(hdr.add(32 + 8 * bi), false);
                 each_row!(MT, i, {
-                    isum[i] = _mm256_add_epi32(isum[i], D::q4k(&v, aq[i].add(b * QK), sc));
+                    isum[i] = _mm256_add_epi32(isum[i], D::q4k(&v, r.q[i].add(b * QK), sc));
                 });
             } else {
                 // Half-block scales: s0, s1 scale the half sums, the pair (s0, s1) the
@@ -518,8 +509,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 let sc01 = pairs(s0, s1);
                 each_row!(MT, i, {
                     // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
-                    let h = D::q6k(&v, aq[i].add(b * QK), s0, s1);
-                    let hs = _mm256_set1_epi32(*hpair[i].add(b));
+                    let h = D::q6k(&v, r.q[i].add(b * QK), s0, s1);
+                    let hs = _mm256_set1_epi32(*r.hpair[i].add(b));
                     let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
                     isum[i] = _mm256_add_epi32(isum[i], _mm256_sub_epi32(h, corr));
                 });
@@ -534,13 +525,13 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 let m1 = bytes8(hdr.add(104 + 16 * p), false);
                 let mp = pairs(m0, m1);
                 each_row!(MT, i, {
-                    let bp = _mm256_set1_epi32(*bpair[i].add(s * bps / 2 + p));
+                    let bp = _mm256_set1_epi32(*r.bpair[i].add(s * bps / 2 + p));
                     msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(mp, bp));
                 });
             }
             let wm = _mm256_xor_ps(half8(hdr.add(16)), _mm256_set1_ps(-0.0));
             each_row!(MT, i, {
-                let da = _mm256_set1_ps(*ad[i].add(s));
+                let da = _mm256_set1_ps(*r.d[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
                 let tm = _mm256_mul_ps(_mm256_mul_ps(wm, da), _mm256_cvtepi32_ps(msum[i]));
                 let lane = &mut acc[i][s % 8];
@@ -548,7 +539,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
             });
         } else {
             each_row!(MT, i, {
-                let da = _mm256_set1_ps(*ad[i].add(s));
+                let da = _mm256_set1_ps(*r.d[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
                 let lane = &mut acc[i][s % 8];
                 *lane = _mm256_add_ps(*lane, t);

@@ -175,11 +175,7 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
     let has_min = F == Q4_1;
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
-    let kp = acts.row_stride;
-    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
-    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * nb));
-    let asum: [*const f32; MT] = std::array::from_fn(|i| acts.s.as_ptr().add((i0 + i) * nb));
-    let bsum: [*const i32; MT] = std::array::from_fn(|i| acts.bsum.as_ptr().add((i0 + i) * nb));
+    let r = acts.rows::<MT>(i0);
     let mut acc = [[_mm512_setzero_ps(); 8]; MT];
     let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
@@ -209,14 +205,14 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
             }
         }
         each_row!(MT, i, {
-            let mut isum = dp(&v, aq[i].add(b * QK), 0, 8);
+            let mut isum = dp(&v, r.q[i].add(b * QK), 0, 8);
             if zero != 0 {
-                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zero * *bsum[i].add(b)));
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zero * *r.bsum[i].add(b)));
             }
-            let scale = _mm512_mul_ps(wd, _mm512_set1_ps(*ad[i].add(b)));
+            let scale = _mm512_mul_ps(wd, _mm512_set1_ps(*r.d[i].add(b)));
             let mut t = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
             if has_min {
-                t = _mm512_add_ps(t, _mm512_mul_ps(wm, _mm512_set1_ps(*asum[i].add(b))));
+                t = _mm512_add_ps(t, _mm512_mul_ps(wm, _mm512_set1_ps(*r.s[i].add(b))));
             }
             let lane = &mut acc[i][b % 8];
             *lane = _mm512_add_ps(*lane, t);
@@ -243,13 +239,8 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
         f.plane_bytes(),
         f.super_bytes(),
     );
-    let (nb, ns) = (acts.nb, acts.ns);
-    let kp = acts.row_stride;
-    let aq: [*const i8; MT] = std::array::from_fn(|i| acts.q.as_ptr().add((i0 + i) * kp));
-    let ad: [*const f32; MT] = std::array::from_fn(|i| acts.d.as_ptr().add((i0 + i) * ns));
-    let hpair: [*const i32; MT] = std::array::from_fn(|i| acts.hpair.as_ptr().add((i0 + i) * nb));
-    let bpair: [*const i32; MT] =
-        std::array::from_fn(|i| acts.bpair.as_ptr().add((i0 + i) * nb / 2));
+    let ns = acts.ns;
+    let r = acts.rows::<MT>(i0);
     let mut acc = [[_mm512_setzero_ps(); 8]; MT];
     let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
     for s in 0..ns {
@@ -266,7 +257,7 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
             if F == Q4K {
                 let sc = bytes16(ha.add(32 + 8 * bi), hbb.add(32 + 8 * bi), false);
                 each_row!(MT, i, {
-                    let d = _mm512_mullo_epi32(dp(&v, aq[i].add(b * QK), 0, 8), sc);
+                    let d = _mm512_mullo_epi32(dp(&v, r.q[i].add(b * QK), 0, 8), sc);
                     isum[i] = _mm512_add_epi32(isum[i], d);
                 });
             } else {
@@ -275,12 +266,12 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
                 let sc01 = pairs(s0, s1);
                 each_row!(MT, i, {
                     // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
-                    let a = aq[i].add(b * QK);
+                    let a = r.q[i].add(b * QK);
                     let h = _mm512_add_epi32(
                         _mm512_mullo_epi32(dp(&v, a, 0, 4), s0),
                         _mm512_mullo_epi32(dp(&v, a, 4, 8), s1),
                     );
-                    let hs = _mm512_set1_epi32(*hpair[i].add(b));
+                    let hs = _mm512_set1_epi32(*r.hpair[i].add(b));
                     let corr = _mm512_slli_epi32(_mm512_madd_epi16(sc01, hs), 5);
                     isum[i] = _mm512_add_epi32(isum[i], _mm512_sub_epi32(h, corr));
                 });
@@ -294,7 +285,7 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
                 let m1 = bytes16(ha.add(104 + 16 * p), hbb.add(104 + 16 * p), false);
                 let mp = pairs(m0, m1);
                 each_row!(MT, i, {
-                    let bp = _mm512_set1_epi32(*bpair[i].add(s * bps / 2 + p));
+                    let bp = _mm512_set1_epi32(*r.bpair[i].add(s * bps / 2 + p));
                     msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(mp, bp));
                 });
             }
@@ -304,7 +295,7 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
                 _mm512_set1_epi32(i32::MIN),
             ));
             each_row!(MT, i, {
-                let da = _mm512_set1_ps(*ad[i].add(s));
+                let da = _mm512_set1_ps(*r.d[i].add(s));
                 let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
                 let tm = _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(msum[i]));
                 let lane = &mut acc[i][s % 8];
@@ -312,7 +303,7 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
             });
         } else {
             each_row!(MT, i, {
-                let da = _mm512_set1_ps(*ad[i].add(s));
+                let da = _mm512_set1_ps(*r.d[i].add(s));
                 let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
                 let lane = &mut acc[i][s % 8];
                 *lane = _mm512_add_ps(*lane, t);
