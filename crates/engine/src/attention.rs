@@ -16,6 +16,9 @@ use crate::fastexp::exp_neg;
 use crate::fastexp::exp_neg8;
 use crate::kv::LayerKv;
 
+#[cfg(target_arch = "x86_64")]
+mod wide;
+
 /// Largest head dimension the stack buffers hold.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Keys converted from f16 and scored per block.
@@ -215,6 +218,17 @@ mod simd {
             assert!(kv.len() >= n * d, "attention keys shorter than {n} rows");
             let mut at = 0;
             while at < states.len() {
+                if let (Kv::F32(k, v), 16.., true) =
+                    (kv, states.len() - at, crate::kernels::LEVEL.wide())
+                {
+                    let (st, r) = (&mut states[at..], &rows[at * d..]);
+                    let (k, v) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
+                    // SAFETY: AVX-512 F detected (the wide level); sixteen or more states
+                    // and rows, keys and values hold `n` rows of `d`, a multiple of 16.
+                    unsafe { wide16::<false>(st, r, k, v, n) };
+                    at += super::wide::LANES;
+                    continue;
+                }
                 if let (Kv::F32(k, v), 8..) = (kv, states.len() - at) {
                     let (st, r) = (&mut states[at..at + 8], &rows[at * d..(at + 8) * d]);
                     let (k, v) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
@@ -267,6 +281,70 @@ mod simd {
                 Kv::F32(k, v) => fold_scalar(st, r, k, v, n),
             }
         }
+    }
+
+    /// `attend16` with the head size known at compile time where it is common.
+    ///
+    /// # Safety
+    /// As `attend16`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn wide16<const H: bool>(
+        st: &mut [State],
+        r: &[f32],
+        k: *const u8,
+        v: *const u8,
+        n: usize,
+    ) {
+        match st[0].dim {
+            64 => super::wide::attend16::<64, H>(st, r, k, v, n),
+            128 => super::wide::attend16::<128, H>(st, r, k, v, n),
+            _ => super::wide::attend16::<0, H>(st, r, k, v, n),
+        }
+    }
+
+    /// When every query takes the same keys (a shared prefix) and the CPU has AVX-512, the
+    /// leading sixteens of `states` consume them in one pass each, the f16 keys converted a
+    /// block at a time inside the kernel: no tile copies, and the query and state transposes
+    /// paid once per range. Returns how many states were done.
+    pub fn whole_range(
+        states: &mut [State],
+        rows: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        ranges: &[(usize, usize)],
+    ) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::LEVEL.wide()
+            && states.len() >= super::wide::LANES
+            && fast(&states[0])
+            && ranges.iter().all(|r| *r == ranges[0])
+        {
+            let (d, (lo, hi)) = (states[0].dim, ranges[0]);
+            let whole = states.len() / super::wide::LANES * super::wide::LANES;
+            assert!(
+                keys.len().min(values.len()) >= hi * d,
+                "attention keys shorter than {hi} rows"
+            );
+            if hi > lo {
+                let (k, v) = (keys[lo * d..].as_ptr(), values[lo * d..].as_ptr());
+                for at in (0..whole).step_by(super::wide::LANES) {
+                    // SAFETY: AVX-512 F detected; sixteen states and rows from `at`; the
+                    // keys and values hold `hi - lo` rows of `d` (a multiple of 16) from `lo`.
+                    unsafe {
+                        wide16::<true>(
+                            &mut states[at..],
+                            &rows[at * d..],
+                            k as *const u8,
+                            v as *const u8,
+                            hi - lo,
+                        )
+                    };
+                }
+            }
+            return whole;
+        }
+        let _ = (states, rows, keys, values, ranges);
+        0
     }
 
     /// Eight dot-product vectors (key `j`'s 16 lanes already folded to 8 in `x[j]`) to the
@@ -741,13 +819,18 @@ pub fn attend_batch(
     let per_task = total
         .div_ceil(8 * rayon::current_num_threads())
         .clamp(2, 32);
+    let lanes = if cfg!(target_arch = "x86_64") && crate::kernels::LEVEL.wide() {
+        16
+    } else {
+        8
+    };
     let tasks: Vec<(usize, &[Query])> = groups
         .iter()
         .flat_map(|((_, g), qs)| {
             let mut size = qs.len().div_ceil(qs.len().div_ceil(per_task));
             if size > 4 {
-                // Whole eights run the across-queries kernel (`attend8`).
-                size = size.next_multiple_of(8);
+                // Whole eights (sixteens on AVX-512) run the across-queries kernels.
+                size = size.next_multiple_of(lanes);
             }
             qs.chunks(size.max(1)).map(move |c| (*g, c))
         })
@@ -853,6 +936,11 @@ fn attend_shared(
                 attend_impl(st, r, &keys[lo * d..], &values[lo * d..], hi - lo);
             }
         }
+        return;
+    }
+    let lead = simd::whole_range(states, rows, keys, values, ranges);
+    let (states, rows, ranges) = (&mut states[lead..], &rows[lead * d..], &ranges[lead..]);
+    if states.is_empty() {
         return;
     }
     // Few queries convert f16 in registers; more share one f32 copy of each tile.
@@ -1101,6 +1189,58 @@ mod tests {
                     v
                 };
                 assert_eq!(bits(&a), bits(&b), "n {n}, head size {d}, query {i}");
+            }
+        }
+    }
+
+    /// Many queries on one key range (a shared prefix: on AVX-512, sixteen lanes over the
+    /// whole range with f16 converted per block) and on causal ranges (f32 tiles that all,
+    /// then some, queries see) give each query's scalar bits, with rising scores, NaN and
+    /// infinite queries, every head size path.
+    #[test]
+    fn many_queries_on_shared_and_causal_ranges_match_each_alone_bitwise() {
+        for (n, d, rising) in [
+            (150, 64, true),
+            (70, 128, false),
+            (40, 48, true),
+            (33, 256, false),
+        ] {
+            let (_, mut k, v) = setup(n, d);
+            if rising {
+                for (j, row) in k.chunks_exact_mut(d).enumerate() {
+                    for x in row.iter_mut() {
+                        *x = f16::from_f32(x.to_f32() * (1.0 + j as f32 * 0.05));
+                    }
+                }
+            }
+            let queries = 35;
+            let mut seed = 13;
+            let mut rows: Vec<f32> = (0..queries * d).map(|_| lcg(&mut seed) * 0.5).collect();
+            rows[9 * d] = f32::NAN;
+            rows[10 * d] = f32::INFINITY;
+            rows[20 * d + 1] = f32::NEG_INFINITY;
+            let shared = vec![(0, n); queries];
+            let causal: Vec<(usize, usize)> = (0..queries)
+                .map(|i| (i / 20 * (i % 3), (n / 2 + i).min(n)))
+                .collect();
+            for ranges in [shared, causal] {
+                let mut states: Vec<State> = (0..queries).map(|_| State::new(d)).collect();
+                attend_shared(&mut states, &rows, &k, &v, &ranges);
+                for (i, (st, &(lo, hi))) in states.iter().zip(&ranges).enumerate() {
+                    let mut alone = State::new(d);
+                    let r = &rows[i * d..(i + 1) * d];
+                    attend_impl(&mut alone, r, &k[lo * d..], &v[lo * d..], hi - lo);
+                    let bits = |p: &Partial| {
+                        let mut v: Vec<u32> = p.out.iter().map(|x| x.to_bits()).collect();
+                        v.push(p.lse.to_bits());
+                        v
+                    };
+                    assert_eq!(
+                        bits(&st.finish()),
+                        bits(&alone.finish()),
+                        "n {n}, head size {d}, query {i}, range {lo}..{hi}"
+                    );
+                }
             }
         }
     }

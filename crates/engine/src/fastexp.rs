@@ -67,6 +67,40 @@ pub unsafe fn exp_neg8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m25
     _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), ok)
 }
 
+/// `exp_neg` of 16 lanes: `exp_neg8`'s operations on 512-bit vectors (floor by rounding
+/// down, the out-of-range lanes zeroed by mask), so the same bits.
+///
+/// # Safety
+/// AVX-512 F present.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn exp_neg16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let ok = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(MIN_ARG));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(MIN_ARG));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_add_ps(
+        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        _mm512_set1_ps(0.5),
+    ));
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+        _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)),
+    );
+    let mut p = _mm512_set1_ps(P[0]);
+    for c in &P[1..] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(*c));
+    }
+    let y = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
+        _mm512_set1_ps(1.0),
+    );
+    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvttps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_maskz_mov_ps(ok, _mm512_mul_ps(y, _mm512_castsi512_ps(e)))
+}
+
 /// `g = silu(g) * u` in place (the gated FFN), with `exp_neg`: the same bits on every path.
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     gated_mul::<false>(g, u)
@@ -212,6 +246,44 @@ mod tests {
             unsafe {
                 let v = exp_neg8(_mm256_loadu_ps(xs.as_ptr()));
                 _mm256_storeu_ps(out.as_mut_ptr(), v);
+            }
+            for (x, o) in xs.iter().zip(out) {
+                assert_eq!(o.to_bits(), exp_neg(*x).to_bits(), "exp({x})");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_lanes_match_the_scalar_bits() {
+        if !crate::kernels::LEVEL.wide() {
+            return;
+        }
+        use std::arch::x86_64::*;
+        let special = [
+            0.0,
+            -0.0,
+            -87.0,
+            -86.99,
+            -100.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -1e-30,
+        ];
+        let mut seed = 9u64;
+        for round in 0..20_000 {
+            let mut xs: [f32; 16] = std::array::from_fn(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                -((seed >> 40) as f32 / (1u64 << 24) as f32) * 90.0
+            });
+            if round == 0 {
+                xs[..special.len()].copy_from_slice(&special);
+            }
+            let mut out = [0f32; 16];
+            // SAFETY: AVX-512 F detected above (part of the wide level).
+            unsafe {
+                let v = exp_neg16(_mm512_loadu_ps(xs.as_ptr()));
+                _mm512_storeu_ps(out.as_mut_ptr(), v);
             }
             for (x, o) in xs.iter().zip(out) {
                 assert_eq!(o.to_bits(), exp_neg(*x).to_bits(), "exp({x})");

@@ -343,6 +343,13 @@ impl Dots for Vnni {
     }
 }
 
+/// A zero the compiler cannot see: a tile's accumulators (up to 4 KiB) are then cleared with
+/// vector stores in place, not by a `memset` call (~6 % of a batch-32 SmolLM2 decode step).
+#[inline(always)]
+pub(super) fn opaque_zero<T>(z: T) -> T {
+    std::hint::black_box(z)
+}
+
 /// `body` for each row `i` in `0..mt` (1, 2, 4 or 8), unrolled, so per-row pointers and
 /// indices are constants.
 macro_rules! each_row {
@@ -394,7 +401,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[_mm256_setzero_ps(); 8]; MT];
+    let mut acc = [[opaque_zero(_mm256_setzero_ps()); 8]; MT];
     let gp = group.as_ptr();
     for b in 0..nb {
         let hdr = gp.add(b * sb);
@@ -483,7 +490,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[_mm256_setzero_ps(); 8]; MT];
+    let mut acc = [[opaque_zero(_mm256_setzero_ps()); 8]; MT];
     let gp = group.as_ptr();
     for s in 0..ns {
         let hdr = gp.add(s * sb);

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::Acts;
-use super::gemm::{code, each_row, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
+use super::gemm::{code, each_row, opaque_zero, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
 use super::repack::ROWS;
 use super::{Format, QK};
 
@@ -176,7 +176,7 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[_mm512_setzero_ps(); 8]; MT];
+    let mut acc = [[opaque_zero(_mm512_setzero_ps()); 8]; MT];
     let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
     let zero = match F {
@@ -241,7 +241,7 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[_mm512_setzero_ps(); 8]; MT];
+    let mut acc = [[opaque_zero(_mm512_setzero_ps()); 8]; MT];
     let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
     for s in 0..ns {
         let (ha, hbb) = (ga.add(s * sb), gb.add(s * sb));
