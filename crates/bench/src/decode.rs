@@ -25,8 +25,10 @@ pub struct Settings {
     pub private_tokens: usize,
     /// Timed decode steps per point (after one untimed step).
     pub steps: usize,
-    /// Measurements per point, shared and copy interleaved; the best is kept (the machine is
-    /// shared, interference only ever slows a run down).
+    /// Measurements per point, the best kept (the machine is shared, interference only ever
+    /// slows a run down). Each round measures every point in turn (lengths, batch sizes,
+    /// shared and copy), so a slow minute of the host touches all points alike instead of
+    /// skewing the ratios between lengths.
     pub repeats: usize,
     pub threads: usize,
     pub out: PathBuf,
@@ -88,40 +90,53 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         "machine: {}; model {}; threads {}; private prompt {} tokens; {} timed steps per point, best of {}",
         machine, model.cfg.name, s.threads, s.private_tokens, s.steps, s.repeats
     );
-    let mut rows = Vec::new();
+    let mut prefixes = Vec::new();
     for &len in &s.cloud_lens {
         let mut seq = Sequence::new(&model);
         seq.prefill_chunked(&model, &ids[..len], 256)?;
-        let prefix = Arc::new(seq.export_prefix(&model)?);
-        for &b in &s.batch_sizes {
+        prefixes.push(Arc::new(seq.export_prefix(&model)?));
+    }
+    let points: Vec<(usize, usize)> = (0..s.cloud_lens.len())
+        .flat_map(|li| s.batch_sizes.iter().map(move |&b| (li, b)))
+        .collect();
+    let modes = [Mode::Shared, Mode::Copy];
+    let mut best = vec![[(0f64, 0f64); 2]; points.len()];
+    let rounds = s.repeats.max(1);
+    for round in 1..=rounds {
+        for (&(li, b), best) in points.iter().zip(best.iter_mut()) {
             let privates: Vec<&[u32]> = (0..b)
                 .map(|i| {
                     let at = max_len + i * s.private_tokens;
                     &ids[at..at + s.private_tokens]
                 })
                 .collect();
-            let mut best = [(0f64, 0f64); 2];
-            for _ in 0..s.repeats.max(1) {
-                for (i, mode) in [Mode::Shared, Mode::Copy].into_iter().enumerate() {
-                    let m = measure(&model, &prefix, &privates, mode, s.steps)?;
-                    if m.0 > best[i].0 {
-                        best[i] = m;
-                    }
+            for (i, mode) in modes.into_iter().enumerate() {
+                let m = measure(&model, &prefixes[li], &privates, mode, s.steps)?;
+                eprintln!(
+                    "  round {round}/{rounds} cloud {:5} batch {b:3} {mode:?}: {:8.1} tok/s",
+                    s.cloud_lens[li], m.0
+                );
+                if m.0 > best[i].0 {
+                    best[i] = m;
                 }
             }
-            for (mode, (tok_s, step_ms)) in [Mode::Shared, Mode::Copy].into_iter().zip(best) {
-                eprintln!(
-                    "  cloud {len:5} batch {b:3} {mode:?}: {tok_s:8.1} tok/s ({step_ms:.1} ms/step)"
-                );
-                rows.push(Row {
-                    mode,
-                    cloud_tokens: len,
-                    batch: b,
-                    tok_s,
-                    step_ms,
-                    prefix_kv_bytes: prefix.bytes() * if mode == Mode::Copy { b } else { 1 },
-                });
-            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (&(li, b), best) in points.iter().zip(best) {
+        let len = s.cloud_lens[li];
+        for (mode, (tok_s, step_ms)) in modes.into_iter().zip(best) {
+            eprintln!(
+                "  cloud {len:5} batch {b:3} {mode:?}: {tok_s:8.1} tok/s ({step_ms:.1} ms/step), best of {rounds}"
+            );
+            rows.push(Row {
+                mode,
+                cloud_tokens: len,
+                batch: b,
+                tok_s,
+                step_ms,
+                prefix_kv_bytes: prefixes[li].bytes() * if mode == Mode::Copy { b } else { 1 },
+            });
         }
     }
     let report = Report {
