@@ -64,7 +64,10 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     engine_section(dir, &mut md);
     ttft_section(dir, &mut md)?;
     window_section(dir, &mut md);
-    decode_section(dir, &mut md);
+    // The AVX2 EPYC's run, then those of the other machines where there are any.
+    for sub in ["", "avx512/", "xeon/"] {
+        decode_section(dir, sub, &mut md);
+    }
     batch_section(dir, &mut md);
     serve_section(dir, &mut md);
     table_section(dir, &mut md);
@@ -314,8 +317,8 @@ fn planner_plot(dir: &Path, v: &Value, rows: &[Value]) -> Result<(), BenchError>
     Ok(())
 }
 
-fn decode_section(dir: &Path, md: &mut String) {
-    let Some(v) = load(dir, "decode.json") else {
+fn decode_section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}decode.json")) else {
         return;
     };
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
@@ -338,7 +341,7 @@ fn decode_section(dir: &Path, md: &mut String) {
     };
     let _ = writeln!(
         md,
-        "## Batched decode: shared prefix vs per-request copy (`edgeprompt-bench decode`)\n\n{}; private prompt {} \
+        "## Batched decode: shared prefix vs per-request copy (`edgeprompt-bench decode`, `{sub}decode.json`)\n\n{}; private prompt {} \
          tokens, {} timed steps, best of {}\n\n| batch | shared tok/s at {} / {} cloud tokens | copy tok/s at {lo} / {hi} | shared {hi}/{lo} | shared / copy at {hi} | prefix KV held at {hi}: shared / copies |\n| --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         v["private_tokens"],
@@ -368,7 +371,7 @@ fn decode_section(dir: &Path, md: &mut String) {
     }
     let _ = writeln!(
         md,
-        "\n![by batch](results/decode-batch.svg) ![by length](results/decode-prefix-len.svg)\n"
+        "\n![by batch](results/{sub}decode-batch.svg) ![by length](results/{sub}decode-prefix-len.svg)\n"
     );
 }
 
