@@ -1,6 +1,8 @@
-//! The GEMM on 512-bit vectors (AVX-512 F/BW/VL/VNNI): a tile is two adjacent repacked groups
-//! (16 weight rows, group `g` in lanes 0..8 and `g + 1` in lanes 8..16) x up to 8 activation
-//! rows. Every lane does what a lane of `gemm.rs`'s VNNI tile does: the same exact i32 block
+//! The GEMM on 512-bit vectors (AVX-512 F/BW/VL/VNNI): a tile is `P` pairs of adjacent
+//! repacked groups (16 weight rows each, group `2p` in lanes 0..8 and `2p + 1` in lanes 8..16)
+//! x up to 8 activation rows. With two pairs (32 weight rows) each broadcast activation word
+//! feeds two `vpdpbusd`: 512-bit loads issue one per cycle where Intel's two ports run two
+//! `vpdpbusd`, so one pair's tile waits on its loads. Every lane does what a lane of `gemm.rs`'s VNNI tile does: the same exact i32 block
 //! dots (`vpdpbusd`), zero points, scales and mins, and the same float terms added into lane
 //! `term % 8` and reduced by the same tree, so every output has the portable path's bits. Where
 //! 512-bit operations issue whole (Intel's two 512-bit ports), a block's dots take half the
@@ -25,6 +27,20 @@ use super::{Format, QK};
 /// for `t.acts.nb` blocks; `t.out` has room for `t.mt` rows of `t.cols` columns at `t.ldo`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn tile_pair(t: &Tile) {
+    tile::<1>(t)
+}
+
+/// As `tile_pair` over four whole groups (`t.cols` up to 32).
+///
+/// # Safety
+/// As `tile_pair`, with four groups in `t.group`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn tile_quad(t: &Tile) {
+    tile::<2>(t)
+}
+
+#[inline(always)]
+unsafe fn tile<const P: usize>(t: &Tile) {
     let Tile {
         f,
         group,
@@ -38,10 +54,10 @@ pub(super) unsafe fn tile_pair(t: &Tile) {
     macro_rules! go {
         ($kernel:ident, $c:expr) => {
             match mt {
-                1 => $kernel::<$c, 1>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<$c, 2>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<$c, 4>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<$c, 8>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<$c, 1, P>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<$c, 2, P>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<$c, 4, P>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<$c, 8, P>(group, acts, i0, out, ldo, cols),
             }
         };
     }
@@ -137,15 +153,36 @@ unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
     v
 }
 
-/// `dpbusd` of `v[j]` and `a[4j..4j + 4]` for `j` in `from..to`, in two chains.
+/// `init` plus the `dpbusd` of `v[p][j]` and `a[4j..4j + 4]` for `j` in `from..to`, for each
+/// pair `p`: one broadcast per word for all pairs, two chains each (exact i32 sums, so the
+/// grouping is free).
 #[inline(always)]
-unsafe fn dp(v: &[__m512i; 8], a: *const i8, from: usize, to: usize) -> __m512i {
-    let (mut x, mut y) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+unsafe fn dp<const P: usize>(
+    v: &[[__m512i; 8]; P],
+    a: *const i8,
+    from: usize,
+    to: usize,
+    init: __m512i,
+) -> [__m512i; P] {
+    let (mut x, mut y) = ([init; P], [_mm512_setzero_si512(); P]);
     for j in (from..to).step_by(2) {
-        x = _mm512_dpbusd_epi32(x, v[j], bcast(a.add(4 * j)));
-        y = _mm512_dpbusd_epi32(y, v[j + 1], bcast(a.add(4 * j + 4)));
+        let (b0, b1) = (bcast(a.add(4 * j)), bcast(a.add(4 * j + 4)));
+        for p in 0..P {
+            x[p] = _mm512_dpbusd_epi32(x[p], v[p][j], b0);
+            y[p] = _mm512_dpbusd_epi32(y[p], v[p][j + 1], b1);
+        }
     }
-    _mm512_add_epi32(x, y)
+    for p in 0..P {
+        x[p] = _mm512_add_epi32(x[p], y[p]);
+    }
+    x
+}
+
+/// Where each pair's two groups start: `group` holds `2P` equal groups back to back.
+#[inline(always)]
+unsafe fn pair_ptrs<const P: usize>(group: &[u8]) -> [(*const u8, *const u8); P] {
+    let (base, len) = (group.as_ptr(), group.len() / (2 * P));
+    std::array::from_fn(|p| (base.add(2 * p * len), base.add((2 * p + 1) * len)))
 }
 
 /// i8 lanes `(x, y)` of two 16 x i32 vectors as i16 pairs `(x_r, y_r)` per lane, for `madd`.
@@ -158,7 +195,7 @@ unsafe fn pairs(x: __m512i, y: __m512i) -> __m512i {
 }
 
 #[inline(always)]
-unsafe fn tile_n<const F: u8, const MT: usize>(
+unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     group: &[u8],
     acts: &Acts,
     i0: usize,
@@ -176,8 +213,8 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[opaque_zero(_mm512_setzero_ps()); 8]; MT];
-    let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
+    let mut acc = [[[opaque_zero(_mm512_setzero_ps()); 8]; P]; MT];
+    let gp = pair_ptrs::<P>(group);
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
     let zero = match F {
         Q4_0 => 8,
@@ -186,36 +223,47 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
         _ => 0,
     };
     for b in 0..nb {
-        let (ha, hbb) = (ga.add(b * sb), gb.add(b * sb));
-        let wd = half16(ha, hbb);
-        let wm = if has_min {
-            half16(ha.add(16), hbb.add(16))
-        } else {
-            _mm512_setzero_ps()
-        };
-        if MT == 1 {
-            prefetch(ha.add(hb), pb);
-            prefetch(hbb.add(hb), pb);
+        let h: [(*const u8, *const u8); P] =
+            std::array::from_fn(|p| (gp[p].0.add(b * sb), gp[p].1.add(b * sb)));
+        let (mut wd, mut wm) = ([_mm512_setzero_ps(); P], [_mm512_setzero_ps(); P]);
+        let mut v = [[_mm512_setzero_si512(); 8]; P];
+        for p in 0..P {
+            wd[p] = half16(h[p].0, h[p].1);
+            if has_min {
+                wm[p] = half16(h[p].0.add(16), h[p].1.add(16));
+            }
+            v[p] = weights::<F>(h[p].0.add(hb), h[p].1.add(hb));
         }
-        let mut v = weights::<F>(ha.add(hb), hbb.add(hb));
+        if MT == 1 {
+            for &(x, y) in &h {
+                prefetch(x.add(hb), pb);
+                prefetch(y.add(hb), pb);
+            }
+        }
         if F == Q8_0 {
             // `w + 128`: unsigned for `dpbusd`, taken off with the block sum below.
-            for x in v.iter_mut() {
+            for x in v.iter_mut().flatten() {
                 *x = _mm512_xor_si512(*x, _mm512_set1_epi8(-128));
             }
         }
         each_row!(MT, i, {
-            let mut isum = dp(&v, r.q[i].add(b * QK), 0, 8);
-            if zero != 0 {
-                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zero * *r.bsum[i].add(b)));
+            // The zero points' share, `-zero * bsum`, starts the exact integer sum.
+            let init = if zero != 0 {
+                _mm512_set1_epi32(-zero * *r.bsum[i].add(b))
+            } else {
+                _mm512_setzero_si512()
+            };
+            let isum = dp(&v, r.q[i].add(b * QK), 0, 8, init);
+            let da = _mm512_set1_ps(*r.d[i].add(b));
+            for p in 0..P {
+                let scale = _mm512_mul_ps(wd[p], da);
+                let mut t = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum[p]));
+                if has_min {
+                    t = _mm512_add_ps(t, _mm512_mul_ps(wm[p], _mm512_set1_ps(*r.s[i].add(b))));
+                }
+                let lane = &mut acc[i][p][b % 8];
+                *lane = _mm512_add_ps(*lane, t);
             }
-            let scale = _mm512_mul_ps(wd, _mm512_set1_ps(*r.d[i].add(b)));
-            let mut t = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
-            if has_min {
-                t = _mm512_add_ps(t, _mm512_mul_ps(wm, _mm512_set1_ps(*r.s[i].add(b))));
-            }
-            let lane = &mut acc[i][b % 8];
-            *lane = _mm512_add_ps(*lane, t);
         });
     }
     store(&acc, out, ldo, cols);
@@ -224,7 +272,7 @@ unsafe fn tile_n<const F: u8, const MT: usize>(
 /// q4_K and q6_K as `gemm::tile_k`: per super block, the block dots times their integer
 /// sub-block scales summed in i32, q4_K's mins against pairs of block sums, one float term.
 #[inline(always)]
-unsafe fn tile_k<const F: u8, const MT: usize>(
+unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     group: &[u8],
     acts: &Acts,
     i0: usize,
@@ -241,72 +289,108 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[opaque_zero(_mm512_setzero_ps()); 8]; MT];
-    let (ga, gb) = (group.as_ptr(), group.as_ptr().add(group.len() / 2));
+    let mut acc = [[[opaque_zero(_mm512_setzero_ps()); 8]; P]; MT];
+    let gp = pair_ptrs::<P>(group);
+    let zero = _mm512_setzero_si512();
     for s in 0..ns {
-        let (ha, hbb) = (ga.add(s * sb), gb.add(s * sb));
-        let mut isum = [_mm512_setzero_si512(); MT];
+        let h: [(*const u8, *const u8); P] =
+            std::array::from_fn(|p| (gp[p].0.add(s * sb), gp[p].1.add(s * sb)));
+        let mut isum = [[zero; P]; MT];
         for bi in 0..bps {
             let b = s * bps + bi;
-            let (pa, pbb) = (ha.add(hb + bi * pb), hbb.add(hb + bi * pb));
+            let pl: [(*const u8, *const u8); P] =
+                std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
             if MT == 1 {
-                prefetch(pa, pb);
-                prefetch(pbb, pb);
+                for &(x, y) in &pl {
+                    prefetch(x, pb);
+                    prefetch(y, pb);
+                }
             }
-            let v = weights::<F>(pa, pbb);
+            let mut v = [[zero; 8]; P];
+            for p in 0..P {
+                v[p] = weights::<F>(pl[p].0, pl[p].1);
+            }
             if F == Q4K {
-                let sc = bytes16(ha.add(32 + 8 * bi), hbb.add(32 + 8 * bi), false);
+                let mut sc = [zero; P];
+                for p in 0..P {
+                    sc[p] = bytes16(h[p].0.add(32 + 8 * bi), h[p].1.add(32 + 8 * bi), false);
+                }
                 each_row!(MT, i, {
-                    let d = _mm512_mullo_epi32(dp(&v, r.q[i].add(b * QK), 0, 8), sc);
-                    isum[i] = _mm512_add_epi32(isum[i], d);
+                    let d = dp(&v, r.q[i].add(b * QK), 0, 8, zero);
+                    for p in 0..P {
+                        let d = _mm512_mullo_epi32(d[p], sc[p]);
+                        isum[i][p] = _mm512_add_epi32(isum[i][p], d);
+                    }
                 });
             } else {
-                let s0 = bytes16(ha.add(16 + 16 * bi), hbb.add(16 + 16 * bi), true);
-                let s1 = bytes16(ha.add(24 + 16 * bi), hbb.add(24 + 16 * bi), true);
-                let sc01 = pairs(s0, s1);
+                let (mut s0, mut s1, mut sc01) = ([zero; P], [zero; P], [zero; P]);
+                for p in 0..P {
+                    s0[p] = bytes16(h[p].0.add(16 + 16 * bi), h[p].1.add(16 + 16 * bi), true);
+                    s1[p] = bytes16(h[p].0.add(24 + 16 * bi), h[p].1.add(24 + 16 * bi), true);
+                    sc01[p] = pairs(s0[p], s1[p]);
+                }
                 each_row!(MT, i, {
                     // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
                     let a = r.q[i].add(b * QK);
-                    let h = _mm512_add_epi32(
-                        _mm512_mullo_epi32(dp(&v, a, 0, 4), s0),
-                        _mm512_mullo_epi32(dp(&v, a, 4, 8), s1),
-                    );
+                    let (d0, d1) = (dp(&v, a, 0, 4, zero), dp(&v, a, 4, 8, zero));
                     let hs = _mm512_set1_epi32(*r.hpair[i].add(b));
-                    let corr = _mm512_slli_epi32(_mm512_madd_epi16(sc01, hs), 5);
-                    isum[i] = _mm512_add_epi32(isum[i], _mm512_sub_epi32(h, corr));
+                    for p in 0..P {
+                        let h = _mm512_add_epi32(
+                            _mm512_mullo_epi32(d0[p], s0[p]),
+                            _mm512_mullo_epi32(d1[p], s1[p]),
+                        );
+                        let corr = _mm512_slli_epi32(_mm512_madd_epi16(sc01[p], hs), 5);
+                        isum[i][p] = _mm512_add_epi32(isum[i][p], _mm512_sub_epi32(h, corr));
+                    }
                 });
             }
         }
-        let wd = half16(ha, hbb);
+        let mut wd = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            wd[p] = half16(h[p].0, h[p].1);
+        }
         if F == Q4K {
-            let mut msum = [_mm512_setzero_si512(); MT];
-            for p in 0..bps / 2 {
-                let m0 = bytes16(ha.add(96 + 16 * p), hbb.add(96 + 16 * p), false);
-                let m1 = bytes16(ha.add(104 + 16 * p), hbb.add(104 + 16 * p), false);
-                let mp = pairs(m0, m1);
+            let mut msum = [[zero; P]; MT];
+            for q in 0..bps / 2 {
+                let mut mp = [zero; P];
+                for p in 0..P {
+                    let m0 = bytes16(h[p].0.add(96 + 16 * q), h[p].1.add(96 + 16 * q), false);
+                    let m1 = bytes16(h[p].0.add(104 + 16 * q), h[p].1.add(104 + 16 * q), false);
+                    mp[p] = pairs(m0, m1);
+                }
                 each_row!(MT, i, {
-                    let bp = _mm512_set1_epi32(*r.bpair[i].add(s * bps / 2 + p));
-                    msum[i] = _mm512_add_epi32(msum[i], _mm512_madd_epi16(mp, bp));
+                    let bp = _mm512_set1_epi32(*r.bpair[i].add(s * bps / 2 + q));
+                    for p in 0..P {
+                        msum[i][p] = _mm512_add_epi32(msum[i][p], _mm512_madd_epi16(mp[p], bp));
+                    }
                 });
             }
             // -dmin, by its sign bit (no AVX-512 DQ needed).
-            let wm = _mm512_castsi512_ps(_mm512_xor_si512(
-                _mm512_castps_si512(half16(ha.add(16), hbb.add(16))),
-                _mm512_set1_epi32(i32::MIN),
-            ));
+            let mut wm = [_mm512_setzero_ps(); P];
+            for p in 0..P {
+                wm[p] = _mm512_castsi512_ps(_mm512_xor_si512(
+                    _mm512_castps_si512(half16(h[p].0.add(16), h[p].1.add(16))),
+                    _mm512_set1_epi32(i32::MIN),
+                ));
+            }
             each_row!(MT, i, {
                 let da = _mm512_set1_ps(*r.d[i].add(s));
-                let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
-                let tm = _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(msum[i]));
-                let lane = &mut acc[i][s % 8];
-                *lane = _mm512_add_ps(*lane, _mm512_add_ps(t, tm));
+                for p in 0..P {
+                    let t = _mm512_mul_ps(_mm512_mul_ps(wd[p], da), _mm512_cvtepi32_ps(isum[i][p]));
+                    let tm =
+                        _mm512_mul_ps(_mm512_mul_ps(wm[p], da), _mm512_cvtepi32_ps(msum[i][p]));
+                    let lane = &mut acc[i][p][s % 8];
+                    *lane = _mm512_add_ps(*lane, _mm512_add_ps(t, tm));
+                }
             });
         } else {
             each_row!(MT, i, {
                 let da = _mm512_set1_ps(*r.d[i].add(s));
-                let t = _mm512_mul_ps(_mm512_mul_ps(wd, da), _mm512_cvtepi32_ps(isum[i]));
-                let lane = &mut acc[i][s % 8];
-                *lane = _mm512_add_ps(*lane, t);
+                for p in 0..P {
+                    let t = _mm512_mul_ps(_mm512_mul_ps(wd[p], da), _mm512_cvtepi32_ps(isum[i][p]));
+                    let lane = &mut acc[i][p][s % 8];
+                    *lane = _mm512_add_ps(*lane, t);
+                }
             });
         }
     }
@@ -315,19 +399,29 @@ unsafe fn tile_k<const F: u8, const MT: usize>(
 
 /// The canonical lane reduction of each row's accumulators, stored to `cols` columns.
 #[inline(always)]
-unsafe fn store<const MT: usize>(acc: &[[__m512; 8]; MT], out: *mut f32, ldo: usize, cols: usize) {
-    for (i, l) in acc.iter().enumerate() {
-        let r = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-            _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-        );
-        let dst = out.add(i * ldo);
-        if cols >= 2 * ROWS {
-            _mm512_storeu_ps(dst, r);
-        } else {
-            let mut tmp = [0f32; 2 * ROWS];
-            _mm512_storeu_ps(tmp.as_mut_ptr(), r);
-            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
+unsafe fn store<const MT: usize, const P: usize>(
+    acc: &[[[__m512; 8]; P]; MT],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    for (i, pairs) in acc.iter().enumerate() {
+        for (p, l) in pairs.iter().enumerate() {
+            let r = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+            );
+            let (dst, left) = (
+                out.add(i * ldo + 2 * ROWS * p),
+                cols.saturating_sub(2 * ROWS * p),
+            );
+            if left >= 2 * ROWS {
+                _mm512_storeu_ps(dst, r);
+            } else if left > 0 {
+                let mut tmp = [0f32; 2 * ROWS];
+                _mm512_storeu_ps(tmp.as_mut_ptr(), r);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, left);
+            }
         }
     }
 }

@@ -126,9 +126,18 @@ impl QMatrix {
             let c1 = (c0 + ACT_CHUNK).min(m);
             let mut g = g0;
             while g < g1 {
-                // Two groups per tile on the 512-bit path, a task's odd last group alone.
-                let span = if level.wide() && g + 1 < g1 { 2 } else { 1 };
-                let tile = if span == 2 { gemm_wide::tile_pair } else { one };
+                // Four groups per tile on the 512-bit path (two for the K formats, whose
+                // four-group tile runs out of registers), then two, a task's odd last alone.
+                let span = match g1 - g {
+                    4.. if level.wide() && !self.format.is_k() => 4,
+                    2.. if level.wide() => 2,
+                    _ => 1,
+                };
+                let tile = match span {
+                    4 => gemm_wide::tile_quad,
+                    2 => gemm_wide::tile_pair,
+                    _ => one,
+                };
                 let group = &self.data[g * gb..(g + span) * gb];
                 let col = g * repack::ROWS;
                 let cols = (self.n - col).min(span * repack::ROWS);
@@ -278,7 +287,11 @@ fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
     let (mut j, mut g) = (0, 0);
     let mut tasks = Vec::new();
     while left > 0 {
-        let mut need = (left / (2 * threads)).max(MIN_TASK).min(left);
+        // Whole multiples of `MIN_TASK`, so tasks keep to the four-group tiles.
+        let mut need = (left / (2 * threads))
+            .next_multiple_of(MIN_TASK)
+            .max(MIN_TASK)
+            .min(left);
         while need > 0 {
             while g == groups[j] {
                 j += 1;

@@ -226,6 +226,32 @@ fn every_simd_path_gives_the_portable_bits() {
     }
 }
 
+/// The 512-bit path's four-group tiles (32 weight rows, two per broadcast activation word):
+/// whole, ending in a partial group, and followed by a pair and a lone group.
+#[test]
+fn four_group_tiles_give_the_portable_bits() {
+    let mut seed = 29;
+    for f in FORMATS {
+        let k = if f.block_values() == 256 { 512 } else { 544 };
+        for (n, m) in [(32, 9), (29, 3), (45, 8), (77, 17), (110, 1)] {
+            let w = random_matrix(f, n, k, &mut seed);
+            let x = random_x(m, k, &mut seed);
+            let mut slow = vec![0f32; m * n];
+            w.matmul_portable(&x, m, &mut slow);
+            for level in simd_levels() {
+                let fast = matmul_at(level, &[&w], &x, m).remove(0);
+                for (j, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{level:?} {f:?} n={n} m={m} at {j}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn guided_tasks_cover_every_group_once_largest_first() {
