@@ -2,11 +2,12 @@
 //! repacked groups (16 weight rows each, group `2p` in lanes 0..8 and `2p + 1` in lanes 8..16)
 //! x up to 8 activation rows. With two pairs (32 weight rows) each broadcast activation word
 //! feeds two `vpdpbusd`: 512-bit loads issue one per cycle where Intel's two ports run two
-//! `vpdpbusd`, so one pair's tile waits on its loads. Every lane does what a lane of `gemm.rs`'s VNNI tile does: the same exact i32 block
-//! dots (`vpdpbusd`), zero points, scales and mins, and the same float terms added into lane
-//! `term % 8` and reduced by the same tree, so every output has the portable path's bits. Where
-//! 512-bit operations issue whole (Intel's two 512-bit ports), a block's dots take half the
-//! instructions and half the cycles of the 256-bit tile.
+//! `vpdpbusd`, so one pair's tile waits on its loads. Every lane does what a lane of
+//! `gemm.rs`'s VNNI tile does: the same exact i32 block dots (`vpdpbusd`), zero points, scales
+//! and mins, and the same float terms added into lane `term % 8` and reduced by the same tree,
+//! so every output has the portable path's bits. Where 512-bit operations issue whole (Intel's
+//! two 512-bit ports), a block's dots take half the instructions and half the cycles of the
+//! 256-bit tile.
 
 #![cfg(target_arch = "x86_64")]
 // Lane and sub-block indices are the layout; index loops say it most plainly.
@@ -52,22 +53,26 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         cols,
     } = *t;
     macro_rules! go {
-        ($kernel:ident, $c:expr) => {
+        ($kernel:ident, $c:expr, $p:expr) => {
             match mt {
-                1 => $kernel::<$c, 1, P>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<$c, 2, P>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<$c, 4, P>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<$c, 8, P>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<$c, 1, $p>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<$c, 2, $p>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<$c, 4, $p>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols),
             }
         };
     }
+    let k_format = f.is_k();
+    // The K formats run two-group tiles only (`run_groups`): their four-group tile measured
+    // slower (16 weight vectors and each row's super-block sums outrun the registers).
+    assert!(P == 1 || !k_format, "q4_K/q6_K take two-group tiles");
     match code(f) {
-        Q4_0 => go!(tile_n, Q4_0),
-        Q4_1 => go!(tile_n, Q4_1),
-        Q5_0 => go!(tile_n, Q5_0),
-        Q8_0 => go!(tile_n, Q8_0),
-        Q4K => go!(tile_k, Q4K),
-        _ => go!(tile_k, Q6K),
+        Q4_0 => go!(tile_n, Q4_0, P),
+        Q4_1 => go!(tile_n, Q4_1, P),
+        Q5_0 => go!(tile_n, Q5_0, P),
+        Q8_0 => go!(tile_n, Q8_0, P),
+        Q4K => go!(tile_k, Q4K, 1),
+        _ => go!(tile_k, Q6K, 1),
     }
 }
 
