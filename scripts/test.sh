@@ -14,3 +14,6 @@ fi
 cargo fmt --all -- --check
 cargo clippy -j2 --release --workspace --all-targets -- -D warnings
 cargo test -j2 --release --workspace -- --include-ignored
+# The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
+# every path must give the portable bits.
+EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib

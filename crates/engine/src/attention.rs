@@ -17,6 +17,8 @@ use crate::fastexp::exp_neg8;
 use crate::kv::LayerKv;
 
 #[cfg(target_arch = "x86_64")]
+mod few;
+#[cfg(target_arch = "x86_64")]
 mod wide;
 
 /// Largest head dimension the stack buffers hold.
@@ -217,18 +219,21 @@ mod simd {
         if fast(&states[0]) {
             assert!(kv.len() >= n * d, "attention keys shorter than {n} rows");
             let mut at = 0;
+            if crate::kernels::LEVEL.wide() {
+                // SAFETY: AVX-512 F detected (the wide level); the keys and values hold `n`
+                // rows of `d` (asserted), a multiple of 16 (`fast`); a row per state.
+                at = unsafe {
+                    match kv {
+                        Kv::F16(k, v) => {
+                            wide_all::<true>(states, rows, k.as_ptr() as _, v.as_ptr() as _, n)
+                        }
+                        Kv::F32(k, v) => {
+                            wide_all::<false>(states, rows, k.as_ptr() as _, v.as_ptr() as _, n)
+                        }
+                    }
+                };
+            }
             while at < states.len() {
-                if let (Kv::F32(k, v), 16.., true) =
-                    (kv, states.len() - at, crate::kernels::LEVEL.wide())
-                {
-                    let (st, r) = (&mut states[at..], &rows[at * d..]);
-                    let (k, v) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
-                    // SAFETY: AVX-512 F detected (the wide level); sixteen or more states
-                    // and rows, keys and values hold `n` rows of `d`, a multiple of 16.
-                    unsafe { wide16::<false>(st, r, k, v, n) };
-                    at += super::wide::LANES;
-                    continue;
-                }
                 if let (Kv::F32(k, v), 8..) = (kv, states.len() - at) {
                     let (st, r) = (&mut states[at..at + 8], &rows[at * d..(at + 8) * d]);
                     let (k, v) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
@@ -281,6 +286,40 @@ mod simd {
                 Kv::F32(k, v) => fold_scalar(st, r, k, v, n),
             }
         }
+    }
+
+    /// On AVX-512: sixteens of queries across the lanes (`attend16`), the rest one by one
+    /// over blocks of keys converted once for all of them (`attend_few`). One or two f16
+    /// queries are left to the 256-bit kernel, which converts in registers: a block buffer
+    /// costs them more than it saves. Returns how many states were done.
+    ///
+    /// # Safety
+    /// AVX-512 F present; `k` and `v` hold `n` rows (f16 if `H`, else f32) of the states' head
+    /// size, a multiple of 16; `r` a row per state.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn wide_all<const H: bool>(
+        states: &mut [State],
+        r: &[f32],
+        k: *const u8,
+        v: *const u8,
+        n: usize,
+    ) -> usize {
+        let (lanes, d) = (super::wide::LANES, states[0].dim);
+        let whole = states.len() / lanes * lanes;
+        for at in (0..whole).step_by(lanes) {
+            wide16::<H>(&mut states[at..], &r[at * d..], k, v, n);
+        }
+        let (st, r) = (&mut states[whole..], &r[whole * d..]);
+        if st.is_empty() || (H && st.len() <= 2) {
+            return whole;
+        }
+        match d {
+            64 => super::few::attend_few::<64, H>(st, r, k, v, n),
+            128 => super::few::attend_few::<128, H>(st, r, k, v, n),
+            256 => super::few::attend_few::<256, H>(st, r, k, v, n),
+            _ => super::few::attend_few::<0, H>(st, r, k, v, n),
+        }
+        states.len()
     }
 
     /// `attend16` with the head size known at compile time where it is common.
@@ -824,10 +863,18 @@ pub fn attend_batch(
     } else {
         8
     };
+    // A group of eight or fewer (a lone sequence's heads of one KV head) stays whole when
+    // there are groups enough for the threads: each task converts and reads the keys once.
+    let whole_small = groups.len() >= rayon::current_num_threads();
     let tasks: Vec<(usize, &[Query])> = groups
         .iter()
         .flat_map(|((_, g), qs)| {
-            let mut size = qs.len().div_ceil(qs.len().div_ceil(per_task));
+            let cuts = if whole_small && qs.len() <= 8 {
+                1
+            } else {
+                qs.len().div_ceil(per_task)
+            };
+            let mut size = qs.len().div_ceil(cuts);
             if size > 4 {
                 // Whole eights (sixteens on AVX-512) run the across-queries kernels.
                 size = size.next_multiple_of(lanes);
@@ -1240,6 +1287,64 @@ mod tests {
                         bits(&alone.finish()),
                         "n {n}, head size {d}, query {i}, range {lo}..{hi}"
                     );
+                }
+            }
+        }
+    }
+
+    /// One to fifteen queries on the same keys (AVX-512: `attend_few`'s blocks of sixteen
+    /// keys, a short last block, every head size path; f16 and f32 keys; the state carried
+    /// across two calls) give each query's scalar bits, also with rising scores (the max
+    /// grows inside blocks) and NaN or infinite queries.
+    #[test]
+    fn few_queries_match_each_alone_bitwise() {
+        for (n, d, rising) in [
+            (1, 64, false),
+            (16, 64, true),
+            (53, 64, true),
+            (40, 128, false),
+            (35, 256, true),
+            (21, 48, false),
+        ] {
+            let (_, mut k, v) = setup(n, d);
+            if rising {
+                for (j, row) in k.chunks_exact_mut(d).enumerate() {
+                    for x in row.iter_mut() {
+                        *x = f16::from_f32(x.to_f32() * (1.0 + j as f32 * 0.2));
+                    }
+                }
+            }
+            let (mut kf, mut vf) = (vec![0f32; n * d], vec![0f32; n * d]);
+            k.convert_to_f32_slice(&mut kf);
+            v.convert_to_f32_slice(&mut vf);
+            for g in 1..=15 {
+                let mut seed = 17 + g as u64;
+                let mut rows: Vec<f32> = (0..g * d).map(|_| lcg(&mut seed) * 0.5).collect();
+                if g > 5 {
+                    rows[4 * d] = f32::NAN;
+                    rows[5 * d + 2] = f32::INFINITY;
+                }
+                let cut = n / 3;
+                let mut f32s: Vec<State> = (0..g).map(|_| State::new(d)).collect();
+                let mut f16s = f32s.clone();
+                for (lo, hi) in [(0, cut), (cut, n)] {
+                    let (kl, vl) = (&kf[lo * d..hi * d], &vf[lo * d..hi * d]);
+                    simd::attend_many(&mut f32s, &rows, simd::Kv::F32(kl, vl), hi - lo);
+                    let (kl, vl) = (&k[lo * d..hi * d], &v[lo * d..hi * d]);
+                    simd::attend_many(&mut f16s, &rows, simd::Kv::F16(kl, vl), hi - lo);
+                }
+                for i in 0..g {
+                    let mut alone = State::new(d);
+                    attend_impl(&mut alone, &rows[i * d..(i + 1) * d], &k, &v, n);
+                    let bits = |p: &Partial| {
+                        let mut v: Vec<u32> = p.out.iter().map(|x| x.to_bits()).collect();
+                        v.push(p.lse.to_bits());
+                        v
+                    };
+                    let want = bits(&alone.finish());
+                    let at = format!("n {n}, head size {d}, {g} queries, query {i}");
+                    assert_eq!(bits(&f32s[i].finish()), want, "f32, {at}");
+                    assert_eq!(bits(&f16s[i].finish()), want, "f16, {at}");
                 }
             }
         }

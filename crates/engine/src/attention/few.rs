@@ -1,0 +1,315 @@
+//! One to fifteen queries on the same keys with AVX-512: the heads of one KV group of a lone
+//! sequence (batch-1 decode, a view's private keys, per-request prefix copies). Too few to fill
+//! `attend16`'s lanes, so each query takes a block of sixteen keys (converted from f16 once for
+//! all of them) on its own, in three layouts:
+//!
+//! - scores, lane = `dot` lane: each key's sixteen lane sums in one vector, the sixteen keys
+//!   then reduced together by `dot`'s tree (`+8`, `+4`, `+2`, `+1`) through shuffles;
+//! - softmax, lane = key: the running max as a scan (`if s > m` key by key), then `l` key by
+//!   key in order;
+//! - values, lane = output element: the accumulator stays in registers through the block.
+//!
+//! Every operation is the scalar path's (`fold_scalar`), in its order, with nothing fused, so
+//! every output keeps the scalar bits.
+
+// Key, chunk and query indices are the layout; index loops say it most plainly.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+use super::wide::widen;
+use super::{State, MAX_HEAD_DIM};
+use crate::fastexp::exp_neg16;
+
+/// Keys per block: one vector of scores.
+const BLOCK: usize = 16;
+/// Vectors in the longest head.
+const CHUNKS: usize = MAX_HEAD_DIM / 16;
+
+/// A block of keys or values converted to f32.
+#[repr(C, align(64))]
+struct Rows([f32; BLOCK * MAX_HEAD_DIM]);
+
+/// Lane sums of `dot(q, k)` for one key: lane `i` adds the products of elements `i`, `i + 16`,
+/// ... to zero in order, as the scalar `dot`'s lane `i`.
+#[inline(always)]
+unsafe fn lanes(q: &[__m512; CHUNKS], k: *const f32, chunks: usize) -> __m512 {
+    let mut a = _mm512_setzero_ps();
+    for c in 0..chunks {
+        a = _mm512_add_ps(a, _mm512_mul_ps(q[c], _mm512_loadu_ps(k.add(16 * c))));
+    }
+    a
+}
+
+/// `dot`'s first step (`lanes[i] += lanes[i + 8]`) for keys `a` and `b`: a's eight sums in
+/// the low half, b's in the high.
+#[inline(always)]
+unsafe fn step8(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x44>(a, b),
+        _mm512_shuffle_f32x4::<0xEE>(a, b),
+    )
+}
+
+/// `+4` for four keys (two `step8` results): key `k`'s four sums in 128-bit lane `k`.
+#[inline(always)]
+unsafe fn step4(ab: __m512, cd: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x88>(ab, cd),
+        _mm512_shuffle_f32x4::<0xDD>(ab, cd),
+    )
+}
+
+/// `+2` within each 128-bit lane: `[x0 + x2, x1 + x3]` of `w` then of `u`.
+#[inline(always)]
+unsafe fn step2(w: __m512, u: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x44>(w, u),
+        _mm512_shuffle_ps::<0xEE>(w, u),
+    )
+}
+
+/// `+1` within each 128-bit lane.
+#[inline(always)]
+unsafe fn step1(v: __m512, u: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(v, u),
+        _mm512_shuffle_ps::<0xDD>(v, u),
+    )
+}
+
+/// Four keys from `at`, reduced through the `+4` step.
+#[inline(always)]
+unsafe fn four(q: &[__m512; CHUNKS], k: *const f32, at: usize, d: usize) -> __m512 {
+    let c = d / 16;
+    step4(
+        step8(lanes(q, k.add(at * d), c), lanes(q, k.add((at + 1) * d), c)),
+        step8(
+            lanes(q, k.add((at + 2) * d), c),
+            lanes(q, k.add((at + 3) * d), c),
+        ),
+    )
+}
+
+/// The scores of the sixteen keys at `k` (lane = key), each by `dot`'s lanes and tree.
+#[inline(always)]
+unsafe fn scores(q: &[__m512; CHUNKS], k: *const f32, d: usize) -> __m512 {
+    let lo = step2(four(q, k, 0, d), four(q, k, 4, d));
+    let hi = step2(four(q, k, 8, d), four(q, k, 12, d));
+    // Element 4t + e now holds key 4e + t.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, step1(lo, hi))
+}
+
+/// Lanes moved up by `S` (lane `j` takes lane `j - S`), the low lanes -inf.
+#[inline(always)]
+unsafe fn shift_up<const S: i32>(x: __m512) -> __m512 {
+    let low = _mm512_castps_si512(_mm512_set1_ps(f32::NEG_INFINITY));
+    // `alignr`'s count is 16 - S; the const generic cannot be computed, so match.
+    let x = _mm512_castps_si512(x);
+    _mm512_castsi512_ps(match S {
+        1 => _mm512_alignr_epi32::<15>(x, low),
+        2 => _mm512_alignr_epi32::<14>(x, low),
+        4 => _mm512_alignr_epi32::<12>(x, low),
+        _ => _mm512_alignr_epi32::<8>(x, low),
+    })
+}
+
+/// Most queries per call (one score vector each on the stack).
+const MAX_QUERIES: usize = 16;
+
+/// The softmax of one block for one query: what its values pass needs.
+struct Weights {
+    /// `exp(s - m)` per key, `m` the running max after the key.
+    p: [f32; BLOCK],
+    /// The factor each growing key rescales by (1 elsewhere).
+    c: [f32; BLOCK],
+    /// Keys that raised the max.
+    grew: u16,
+}
+
+/// The running max and weights of one query's block (`s`, lane = key, `valid` the keys),
+/// from its max `m` so far; returns the max after the block.
+#[inline(always)]
+unsafe fn softmax(s: __m512, valid: __mmask16, m: f32, nb: usize, w: &mut Weights) -> f32 {
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // The running max key by key: NaN scores never raise it (`s > m` is false) and lanes past
+    // the block are not keys, so both scan as -inf. `max_ps(later, earlier)` keeps the
+    // earlier value on ties, as the scalar loop does.
+    let ord = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(valid, s, s);
+    let mut x = _mm512_mask_mov_ps(neg_inf, ord, s);
+    x = _mm512_max_ps(x, shift_up::<1>(x));
+    x = _mm512_max_ps(x, shift_up::<2>(x));
+    x = _mm512_max_ps(x, shift_up::<4>(x));
+    x = _mm512_max_ps(x, shift_up::<8>(x));
+    let m = _mm512_set1_ps(m);
+    let after = _mm512_max_ps(x, m);
+    let before = _mm512_max_ps(shift_up::<1>(x), m);
+    w.grew = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(valid, s, before);
+    _mm512_storeu_ps(w.p.as_mut_ptr(), exp_neg16(_mm512_sub_ps(s, after)));
+    if w.grew != 0 {
+        _mm512_storeu_ps(w.c.as_mut_ptr(), exp_neg16(_mm512_sub_ps(before, s)));
+    }
+    let mut ms = [0f32; BLOCK];
+    _mm512_storeu_ps(ms.as_mut_ptr(), after);
+    ms[nb - 1]
+}
+
+/// `QG` queries' accumulators (`acc[q]`, `d` floats) take the block's values at `v`, key by
+/// key: `acc *= c` where the key grew, then `acc += p * v`. Their chains interleave.
+#[inline(always)]
+unsafe fn add_values<const QG: usize>(
+    acc: [*mut f32; QG],
+    w: [&Weights; QG],
+    v: *const f32,
+    nb: usize,
+    d: usize,
+) {
+    let chunks = d / 16;
+    let mut a = [[_mm512_setzero_ps(); CHUNKS]; QG];
+    for q in 0..QG {
+        for u in 0..chunks {
+            a[q][u] = _mm512_loadu_ps(acc[q].add(16 * u));
+        }
+    }
+    if w.iter().all(|w| w.grew == 0) {
+        // No key raised a max (the common case past the first blocks): no checks.
+        for j in 0..nb {
+            let row = v.add(j * d);
+            for q in 0..QG {
+                let pj = _mm512_set1_ps(w[q].p[j]);
+                for u in 0..chunks {
+                    let x = _mm512_mul_ps(pj, _mm512_loadu_ps(row.add(16 * u)));
+                    a[q][u] = _mm512_add_ps(a[q][u], x);
+                }
+            }
+        }
+        for q in 0..QG {
+            for u in 0..chunks {
+                _mm512_storeu_ps(acc[q].add(16 * u), a[q][u]);
+            }
+        }
+        return;
+    }
+    for j in 0..nb {
+        let row = v.add(j * d);
+        for q in 0..QG {
+            if w[q].grew >> j & 1 != 0 {
+                let cj = _mm512_set1_ps(w[q].c[j]);
+                for u in 0..chunks {
+                    a[q][u] = _mm512_mul_ps(a[q][u], cj);
+                }
+            }
+            let pj = _mm512_set1_ps(w[q].p[j]);
+            for u in 0..chunks {
+                a[q][u] =
+                    _mm512_add_ps(a[q][u], _mm512_mul_ps(pj, _mm512_loadu_ps(row.add(16 * u))));
+            }
+        }
+    }
+    for q in 0..QG {
+        for u in 0..chunks {
+            _mm512_storeu_ps(acc[q].add(16 * u), a[q][u]);
+        }
+    }
+}
+
+/// Up to `MAX_QUERIES` states (rows of `rows`, pre-scaled queries) consume `n` keys and
+/// values: f16 (`H`, converted a block at a time) or f32. `D` is the head size when known at
+/// compile time (0: the state's). Per block: every query's scores, then every query's
+/// softmax, then the values for a few queries at a time, so independent chains overlap.
+///
+/// # Safety
+/// AVX-512 F present; `keys` and `values` hold `n` rows of the states' head size, a multiple
+/// of 16; `rows` holds a row per state.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
+    states: &mut [State],
+    rows: &[f32],
+    keys: *const u8,
+    values: *const u8,
+    n: usize,
+) {
+    let Some(first) = states.first() else {
+        return;
+    };
+    let g = states.len();
+    assert!(g <= MAX_QUERIES, "{g} queries > {MAX_QUERIES}");
+    let d = if D == 0 { first.dim } else { D };
+    let chunks = d / 16;
+    // Accumulators held in registers per values pass: 16 vectors.
+    let qg = 256usize.checked_div(D).map_or(1, |x| x.clamp(1, 4));
+    let (mut kbuf, mut vbuf) = (MaybeUninit::<Rows>::uninit(), MaybeUninit::<Rows>::uninit());
+    let (kbuf, vbuf) = (kbuf.as_mut_ptr() as *mut f32, vbuf.as_mut_ptr() as *mut f32);
+    let mut w: [Weights; MAX_QUERIES] = std::array::from_fn(|_| Weights {
+        p: [0.0; BLOCK],
+        c: [1.0; BLOCK],
+        grew: 0,
+    });
+    let mut s = [_mm512_setzero_ps(); MAX_QUERIES];
+    let mut j0 = 0;
+    while j0 < n {
+        let nb = BLOCK.min(n - j0);
+        let (kp, vp) = if H {
+            widen(keys.add(2 * j0 * d), kbuf, nb * d);
+            widen(values.add(2 * j0 * d), vbuf, nb * d);
+            (kbuf as *const f32, vbuf as *const f32)
+        } else {
+            let (k, v) = (keys as *const f32, values as *const f32);
+            (k.add(j0 * d), v.add(j0 * d))
+        };
+        // Scores always take sixteen keys: a short block's are copied and padded with zeros
+        // (their lanes are masked off below).
+        let kp = if nb < BLOCK {
+            if !std::ptr::eq(kp, kbuf) {
+                std::ptr::copy_nonoverlapping(kp, kbuf, nb * d);
+            }
+            std::ptr::write_bytes(kbuf.add(nb * d), 0, (BLOCK - nb) * d);
+            kbuf as *const f32
+        } else {
+            kp
+        };
+        for i in 0..g {
+            let mut q = [_mm512_setzero_ps(); CHUNKS];
+            for c in 0..chunks {
+                q[c] = _mm512_loadu_ps(rows.as_ptr().add(i * d + 16 * c));
+            }
+            s[i] = scores(&q, kp, d);
+        }
+        let valid: __mmask16 = ((1u32 << nb) - 1) as __mmask16;
+        for (i, st) in states.iter_mut().enumerate() {
+            st.m = softmax(s[i], valid, st.m, nb, &mut w[i]);
+            let (mut l, w) = (st.l, &w[i]);
+            if w.grew == 0 {
+                for j in 0..nb {
+                    l += w.p[j];
+                }
+            } else {
+                for j in 0..nb {
+                    if w.grew >> j & 1 != 0 {
+                        l *= w.c[j];
+                    }
+                    l += w.p[j];
+                }
+            }
+            st.l = l;
+        }
+        let mut i = 0;
+        while i < g {
+            if qg == 4 && g - i >= 4 {
+                let acc = [0, 1, 2, 3].map(|x| states[i + x].acc.as_mut_ptr());
+                add_values::<4>(acc, [&w[i], &w[i + 1], &w[i + 2], &w[i + 3]], vp, nb, d);
+                i += 4;
+            } else if qg >= 2 && g - i >= 2 {
+                let acc = [states[i].acc.as_mut_ptr(), states[i + 1].acc.as_mut_ptr()];
+                add_values::<2>(acc, [&w[i], &w[i + 1]], vp, nb, d);
+                i += 2;
+            } else {
+                add_values::<1>([states[i].acc.as_mut_ptr()], [&w[i]], vp, nb, d);
+                i += 1;
+            }
+        }
+        j0 += nb;
+    }
+}
