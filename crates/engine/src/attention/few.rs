@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::wide::widen;
+use super::wide::block_rows;
 use super::{State, MAX_HEAD_DIM};
 use crate::fastexp::exp_neg16;
 
@@ -42,41 +42,43 @@ unsafe fn lanes(q: &[__m512; CHUNKS], k: *const f32, chunks: usize) -> __m512 {
     a
 }
 
-/// `dot`'s first step (`lanes[i] += lanes[i + 8]`) for keys `a` and `b`: a's eight sums in
-/// the low half, b's in the high.
+/// One step of `dot`'s tree for two vectors: `lo + hi` of the shuffles `LO` and `HI` (the
+/// lower lanes first, as the scalar `lanes[i] += lanes[i + w]`), whole 128-bit lanes moved
+/// (`LANES`) or elements within each.
+#[inline(always)]
+unsafe fn fold<const LO: i32, const HI: i32, const LANES: bool>(a: __m512, b: __m512) -> __m512 {
+    if LANES {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<LO>(a, b),
+            _mm512_shuffle_f32x4::<HI>(a, b),
+        )
+    } else {
+        _mm512_add_ps(_mm512_shuffle_ps::<LO>(a, b), _mm512_shuffle_ps::<HI>(a, b))
+    }
+}
+
+/// `+8` for keys `a` and `b`: a's eight sums in the low half, b's in the high.
 #[inline(always)]
 unsafe fn step8(a: __m512, b: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0x44>(a, b),
-        _mm512_shuffle_f32x4::<0xEE>(a, b),
-    )
+    fold::<0x44, 0xEE, true>(a, b)
 }
 
 /// `+4` for four keys (two `step8` results): key `k`'s four sums in 128-bit lane `k`.
 #[inline(always)]
 unsafe fn step4(ab: __m512, cd: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0x88>(ab, cd),
-        _mm512_shuffle_f32x4::<0xDD>(ab, cd),
-    )
+    fold::<0x88, 0xDD, true>(ab, cd)
 }
 
 /// `+2` within each 128-bit lane: `[x0 + x2, x1 + x3]` of `w` then of `u`.
 #[inline(always)]
 unsafe fn step2(w: __m512, u: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0x44>(w, u),
-        _mm512_shuffle_ps::<0xEE>(w, u),
-    )
+    fold::<0x44, 0xEE, false>(w, u)
 }
 
 /// `+1` within each 128-bit lane.
 #[inline(always)]
 unsafe fn step1(v: __m512, u: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(v, u),
-        _mm512_shuffle_ps::<0xDD>(v, u),
-    )
+    fold::<0x88, 0xDD, false>(v, u)
 }
 
 /// Four keys from `at`, reduced through the `+4` step.
@@ -251,14 +253,7 @@ pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
     let mut j0 = 0;
     while j0 < n {
         let nb = BLOCK.min(n - j0);
-        let (kp, vp) = if H {
-            widen(keys.add(2 * j0 * d), kbuf, nb * d);
-            widen(values.add(2 * j0 * d), vbuf, nb * d);
-            (kbuf as *const f32, vbuf as *const f32)
-        } else {
-            let (k, v) = (keys as *const f32, values as *const f32);
-            (k.add(j0 * d), v.add(j0 * d))
-        };
+        let (kp, vp) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
         // Scores always take sixteen keys: a short block's are copied and padded with zeros
         // (their lanes are masked off below).
         let kp = if nb < BLOCK {

@@ -93,10 +93,32 @@ unsafe fn scores<const KB: usize>(
 
 /// `n` f16 values at `src` to f32 at `dst` (aligned); `n` a multiple of 16.
 #[inline(always)]
-pub(super) unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
+unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
     for i in (0..n).step_by(16) {
         let h = _mm256_loadu_si256((src as *const u16).add(i) as *const __m256i);
         _mm512_store_ps(dst.add(i), _mm512_cvtph_ps(h));
+    }
+}
+
+/// Keys and values `j0..` (`len` floats each) as f32: f16 (`H`) widened into `kbuf` and
+/// `vbuf`, f32 read in place.
+#[inline(always)]
+pub(super) unsafe fn block_rows<const H: bool>(
+    keys: *const u8,
+    values: *const u8,
+    j0: usize,
+    len: usize,
+    d: usize,
+    kbuf: *mut f32,
+    vbuf: *mut f32,
+) -> (*const f32, *const f32) {
+    if H {
+        widen(keys.add(2 * j0 * d), kbuf, len);
+        widen(values.add(2 * j0 * d), vbuf, len);
+        (kbuf as *const f32, vbuf as *const f32)
+    } else {
+        let (k, v) = (keys as *const f32, values as *const f32);
+        (k.add(j0 * d), v.add(j0 * d))
     }
 }
 
@@ -141,14 +163,7 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
     let mut j0 = 0;
     while j0 < n {
         let nb = BLOCK.min(n - j0);
-        let (keys, values) = if H {
-            widen(keys.add(2 * j0 * d), kbuf, nb * d);
-            widen(values.add(2 * j0 * d), vbuf, nb * d);
-            (kbuf as *const f32, vbuf as *const f32)
-        } else {
-            let (k, v) = (keys as *const f32, values as *const f32);
-            (k.add(j0 * d), v.add(j0 * d))
-        };
+        let (keys, values) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
         let key = |j: usize| keys.add(j * d);
         let mut s = [_mm512_setzero_ps(); BLOCK];
         let mut j = 0;
