@@ -1,8 +1,8 @@
 //! The GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
 //! activation rows. Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
 //! unpacked once in registers and multiplied (AVX2 `maddubs`, or AVX-512 VNNI `vpdpbusd`:
-//! `Dots`) against every activation row's 4 broadcast bytes, so 8 rows' exact integer block dots come out in 8 lanes with no
-//! horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
+//! `Dots`) against every activation row's 4 broadcast bytes, so 8 rows' exact integer block
+//! dots come out in 8 lanes with no horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
 //! corrected exactly by the activation block sums. The K formats multiply in their integer
 //! sub-block scales and mins and sum a whole 256-value super block in integers (activations
 //! carry one scale per 256 values there). The float part is the canonical one of `simd.rs`:
@@ -160,34 +160,45 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
         }
         return v;
     }
-    let m4 = _mm256_set1_epi8(0x0F);
-    for j in 0..4 {
-        let c = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
-        v[j] = _mm256_and_si256(c, m4);
-        v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    let mut c = [_mm256_setzero_si256(); 6];
+    for (i, ci) in c
+        .iter_mut()
+        .enumerate()
+        .take(4 + usize::from(F == Q5_0) + 2 * usize::from(F == Q6K))
+    {
+        *ci = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
     }
     if F == Q5_0 {
-        let h = _mm256_loadu_si256(p.add(128) as *const __m256i);
-        let bit = _mm256_set1_epi8(0x10);
-        // Bit j of each byte to bit 4 (16-bit shifts: bits crossing bytes are masked off).
-        v[0] = _mm256_or_si256(v[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), bit));
-        v[1] = _mm256_or_si256(v[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), bit));
-        v[2] = _mm256_or_si256(v[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), bit));
-        v[3] = _mm256_or_si256(v[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), bit));
-        v[4] = _mm256_or_si256(v[4], _mm256_and_si256(h, bit));
-        v[5] = _mm256_or_si256(v[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), bit));
-        v[6] = _mm256_or_si256(v[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), bit));
-        v[7] = _mm256_or_si256(v[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), bit));
-    }
-    if F == Q6K {
-        let two = _mm256_set1_epi8(0x30);
-        for c in 0..2 {
-            let h = _mm256_loadu_si256(p.add(128 + 32 * c) as *const __m256i);
-            let j = 4 * c;
-            v[j] = _mm256_or_si256(v[j], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
-            v[j + 1] = _mm256_or_si256(v[j + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
-            v[j + 2] = _mm256_or_si256(v[j + 2], _mm256_and_si256(h, two));
-            v[j + 3] = _mm256_or_si256(v[j + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
+        // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
+        let hs = [
+            _mm256_slli_epi16(c[4], 3),
+            _mm256_slli_epi16(c[4], 1),
+            _mm256_srli_epi16(c[4], 1),
+            _mm256_srli_epi16(c[4], 3),
+        ];
+        for j in 0..4 {
+            v[j] = _mm256_and_si256(c[j], _mm256_set1_epi8(0x1F));
+            let lo = _mm256_and_si256(_mm256_srli_epi16(c[j], 5), _mm256_set1_epi8(0x07));
+            v[j + 4] = _mm256_or_si256(lo, _mm256_and_si256(hs[j], _mm256_set1_epi8(0x18)));
+        }
+    } else if F == Q6K {
+        // Low 6 bits, then 2 bits above them and a nibble of chunk 4 or 5.
+        let hs = [
+            _mm256_slli_epi16(c[4], 2),
+            _mm256_srli_epi16(c[4], 2),
+            _mm256_slli_epi16(c[5], 2),
+            _mm256_srli_epi16(c[5], 2),
+        ];
+        for j in 0..4 {
+            v[j] = _mm256_and_si256(c[j], _mm256_set1_epi8(0x3F));
+            let lo = _mm256_and_si256(_mm256_srli_epi16(c[j], 6), _mm256_set1_epi8(0x03));
+            v[j + 4] = _mm256_or_si256(lo, _mm256_and_si256(hs[j], _mm256_set1_epi8(0x3C)));
+        }
+    } else {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for j in 0..4 {
+            v[j] = _mm256_and_si256(c[j], m4);
+            v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(c[j], 4), m4);
         }
     }
     v

@@ -113,46 +113,62 @@ unsafe fn bcast(p: *const i8) -> __m512i {
 }
 
 /// The 8 weight sub-vectors of one 32-block of both groups: `v[j]` lane `r` holds row `r`'s
-/// values `4j..4j + 4` (unsigned; q8_0 signed), as `gemm::weights` per group.
+/// values `4j..4j + 4` (unsigned; q8_0 biased by 128), as `gemm::weights` per group.
 #[inline(always)]
 unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
     let mut v = [_mm512_setzero_si512(); 8];
     if F == Q8_0 {
+        // `w + 128`: unsigned for `dpbusd`, taken off with the block sum (`tile_n`). Here at
+        // the load: as a loop over the tile's weights it went through the stack (~30 % of a
+        // single-row q8_0 tile).
         for (j, vj) in v.iter_mut().enumerate() {
-            *vj = pair32(a.add(32 * j), b.add(32 * j));
+            *vj = _mm512_xor_si512(pair32(a.add(32 * j), b.add(32 * j)), _mm512_set1_epi8(-128));
         }
         return v;
     }
-    let m4 = _mm512_set1_epi8(0x0F);
-    for j in 0..4 {
-        let c = pair32(a.add(32 * j), b.add(32 * j));
-        v[j] = _mm512_and_si512(c, m4);
-        v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+    let mut c = [_mm512_setzero_si512(); 6];
+    for (i, ci) in c
+        .iter_mut()
+        .enumerate()
+        .take(4 + usize::from(F == Q5_0) + 2 * usize::from(F == Q6K))
+    {
+        *ci = pair32(a.add(32 * i), b.add(32 * i));
     }
+    // `(x & m) | y` for `y` already masked, in one ternary-logic operation.
+    const SELECT_OR: i32 = 0xEC;
     if F == Q5_0 {
-        let h = pair32(a.add(128), b.add(128));
-        let bit = _mm512_set1_epi8(0x10);
-        // Bit j of each byte to bit 4 (16-bit shifts: bits crossing bytes are masked off).
-        let put = |x: __m512i, hb: __m512i| _mm512_or_si512(x, _mm512_and_si512(hb, bit));
-        v[0] = put(v[0], _mm512_slli_epi16(h, 4));
-        v[1] = put(v[1], _mm512_slli_epi16(h, 3));
-        v[2] = put(v[2], _mm512_slli_epi16(h, 2));
-        v[3] = put(v[3], _mm512_slli_epi16(h, 1));
-        v[4] = put(v[4], h);
-        v[5] = put(v[5], _mm512_srli_epi16(h, 1));
-        v[6] = put(v[6], _mm512_srli_epi16(h, 2));
-        v[7] = put(v[7], _mm512_srli_epi16(h, 3));
-    }
-    if F == Q6K {
-        let two = _mm512_set1_epi8(0x30);
-        for c in 0..2 {
-            let h = pair32(a.add(128 + 32 * c), b.add(128 + 32 * c));
-            let j = 4 * c;
-            let put = |x: __m512i, hb: __m512i| _mm512_or_si512(x, _mm512_and_si512(hb, two));
-            v[j] = put(v[j], _mm512_slli_epi16(h, 4));
-            v[j + 1] = put(v[j + 1], _mm512_slli_epi16(h, 2));
-            v[j + 2] = put(v[j + 2], h);
-            v[j + 3] = put(v[j + 3], _mm512_srli_epi16(h, 2));
+        // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
+        let hs = [
+            _mm512_slli_epi16(c[4], 3),
+            _mm512_slli_epi16(c[4], 1),
+            _mm512_srli_epi16(c[4], 1),
+            _mm512_srli_epi16(c[4], 3),
+        ];
+        for j in 0..4 {
+            v[j] = _mm512_and_si512(c[j], _mm512_set1_epi8(0x1F));
+            let hi = _mm512_and_si512(hs[j], _mm512_set1_epi8(0x18));
+            let lo = _mm512_srli_epi16(c[j], 5);
+            v[j + 4] = _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x07), SELECT_OR);
+        }
+    } else if F == Q6K {
+        // Low 6 bits, then 2 bits above them and a nibble of chunk 4 or 5.
+        let hs = [
+            _mm512_slli_epi16(c[4], 2),
+            _mm512_srli_epi16(c[4], 2),
+            _mm512_slli_epi16(c[5], 2),
+            _mm512_srli_epi16(c[5], 2),
+        ];
+        for j in 0..4 {
+            v[j] = _mm512_and_si512(c[j], _mm512_set1_epi8(0x3F));
+            let hi = _mm512_and_si512(hs[j], _mm512_set1_epi8(0x3C));
+            let lo = _mm512_srli_epi16(c[j], 6);
+            v[j + 4] = _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x03), SELECT_OR);
+        }
+    } else {
+        let m4 = _mm512_set1_epi8(0x0F);
+        for j in 0..4 {
+            v[j] = _mm512_and_si512(c[j], m4);
+            v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(c[j], 4), m4);
         }
     }
     v
@@ -243,12 +259,6 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
             for &(x, y) in &h {
                 prefetch(x.add(hb), pb);
                 prefetch(y.add(hb), pb);
-            }
-        }
-        if F == Q8_0 {
-            // `w + 128`: unsigned for `dpbusd`, taken off with the block sum below.
-            for x in v.iter_mut().flatten() {
-                *x = _mm512_xor_si512(*x, _mm512_set1_epi8(-128));
             }
         }
         each_row!(MT, i, {
