@@ -1,5 +1,6 @@
 //! The GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
-//! activation rows. Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
+//! activation rows (decode's single rows of the 32-block formats: 16 weight rows, two groups,
+//! sharing the row's broadcasts and scalar work). Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
 //! unpacked once in registers and multiplied (AVX2 `maddubs`, or AVX-512 VNNI `vpdpbusd`:
 //! `Dots`) against every activation row's 4 broadcast bytes, so 8 rows' exact integer block
 //! dots come out in 8 lanes with no horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
@@ -94,6 +95,49 @@ pub(super) unsafe fn tile_vnni(t: &Tile) {
     tile::<Vnni>(t)
 }
 
+/// As `tile_avx2` for one activation row over two whole groups back to back (`t.cols` up to
+/// 16) of a 32-block format: decode's tile, where the row's broadcasts, zero points and scales
+/// and the loop serve 16 weight rows instead of 8.
+///
+/// # Safety
+/// As `tile_avx2`, with two groups in `t.group`, `t.mt == 1` and `t.f` not a K format.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn tile_avx2_pair(t: &Tile) {
+    pair::<Avx2>(t)
+}
+
+/// As `tile_avx2_pair` by the AVX-512 VNNI dots (`tile_vnni`).
+///
+/// # Safety
+/// As `tile_avx2_pair`, and AVX-512 F, VL and VNNI present.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn tile_vnni_pair(t: &Tile) {
+    pair::<Vnni>(t)
+}
+
+#[inline(always)]
+unsafe fn pair<D: Dots>(t: &Tile) {
+    assert!(
+        t.mt == 1 && !t.f.is_k(),
+        "two-group tiles take one row of a 32-block format"
+    );
+    let Tile {
+        group,
+        acts,
+        i0,
+        out,
+        ldo,
+        cols,
+        ..
+    } = *t;
+    match code(t.f) {
+        Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols),
+        Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols),
+        Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols),
+        _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols),
+    }
+}
+
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile) {
     let Tile {
@@ -108,20 +152,20 @@ unsafe fn tile<D: Dots>(t: &Tile) {
     } = *t;
     // 32-block formats run `tile_n`, K formats `tile_k`; each for the four tile heights.
     macro_rules! go {
-        ($kernel:ident, $c:expr) => {
+        ($kernel:ident, $c:expr $(, $p:expr)?) => {
             match mt {
-                1 => $kernel::<D, $c, 1>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<D, $c, 2>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<D, $c, 4>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<D, $c, 8>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<D, $c, 1 $(, $p)?>(group, acts, i0, out, ldo, cols),
+                2 => $kernel::<D, $c, 2 $(, $p)?>(group, acts, i0, out, ldo, cols),
+                4 => $kernel::<D, $c, 4 $(, $p)?>(group, acts, i0, out, ldo, cols),
+                _ => $kernel::<D, $c, 8 $(, $p)?>(group, acts, i0, out, ldo, cols),
             }
         };
     }
     match code(f) {
-        Q4_0 => go!(tile_n, Q4_0),
-        Q4_1 => go!(tile_n, Q4_1),
-        Q5_0 => go!(tile_n, Q5_0),
-        Q8_0 => go!(tile_n, Q8_0),
+        Q4_0 => go!(tile_n, Q4_0, 1),
+        Q4_1 => go!(tile_n, Q4_1, 1),
+        Q5_0 => go!(tile_n, Q5_0, 1),
+        Q8_0 => go!(tile_n, Q8_0, 1),
         Q4K => go!(tile_k, Q4K),
         _ => go!(tile_k, Q6K),
     }
@@ -393,8 +437,9 @@ macro_rules! each_row {
 }
 pub(super) use each_row;
 
+/// The 32-block formats over `P` groups back to back (1, or 2 for single rows).
 #[inline(always)]
-unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
+unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
     group: &[u8],
     acts: &Acts,
     i0: usize,
@@ -412,44 +457,53 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[opaque_zero(_mm256_setzero_ps()); 8]; MT];
-    let gp = group.as_ptr();
+    let mut acc = [[[opaque_zero(_mm256_setzero_ps()); 8]; MT]; P];
+    let gp: [*const u8; P] = std::array::from_fn(|p| group.as_ptr().add(p * group.len() / P));
     for b in 0..nb {
-        let hdr = gp.add(b * sb);
-        let (wd, wm) = (
-            half8(hdr),
+        let mut wd = [_mm256_setzero_ps(); P];
+        let mut wm = [_mm256_setzero_ps(); P];
+        let mut v = [[_mm256_setzero_si256(); 8]; P];
+        let mut q = [[_mm256_setzero_si256(); 8]; P];
+        for p in 0..P {
+            let hdr = gp[p].add(b * sb);
+            wd[p] = half8(hdr);
             if has_min {
-                half8(hdr.add(16))
-            } else {
-                _mm256_setzero_ps()
-            },
-        );
-        if MT == 1 {
-            prefetch(hdr.add(hb), pb);
+                wm[p] = half8(hdr.add(16));
+            }
+            if MT == 1 {
+                prefetch(hdr.add(hb), pb);
+            }
+            v[p] = weights::<F>(hdr.add(hb));
+            q[p] = if F == Q8_0 { D::q8_prep(&v[p]) } else { v[p] };
         }
-        let v = weights::<F>(hdr.add(hb));
-        let p = if F == Q8_0 { D::q8_prep(&v) } else { v };
         each_row!(MT, i, {
             let a = r.q[i].add(b * QK);
-            let isum = match F {
-                Q4_0 => _mm256_sub_epi32(D::q4(&v, a), _mm256_set1_epi32(8 * *r.bsum[i].add(b))),
-                Q4_1 => D::q4(&v, a),
-                Q5_0 => _mm256_sub_epi32(D::q5(&v, a), _mm256_set1_epi32(16 * *r.bsum[i].add(b))),
-                _ => _mm256_sub_epi32(
-                    D::q8(&v, &p, a),
-                    _mm256_set1_epi32(D::Q8_BIAS * *r.bsum[i].add(b)),
-                ),
-            };
-            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*r.d[i].add(b)));
-            let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
-            if has_min {
-                t = _mm256_add_ps(t, _mm256_mul_ps(wm, _mm256_set1_ps(*r.s[i].add(b))));
+            let bsum = *r.bsum[i].add(b);
+            let da = _mm256_set1_ps(*r.d[i].add(b));
+            for p in 0..P {
+                let (v, q) = (&v[p], &q[p]);
+                let isum = match F {
+                    Q4_0 => _mm256_sub_epi32(D::q4(v, a), _mm256_set1_epi32(8 * bsum)),
+                    Q4_1 => D::q4(v, a),
+                    Q5_0 => _mm256_sub_epi32(D::q5(v, a), _mm256_set1_epi32(16 * bsum)),
+                    _ => _mm256_sub_epi32(D::q8(v, q, a), _mm256_set1_epi32(D::Q8_BIAS * bsum)),
+                };
+                let scale = _mm256_mul_ps(wd[p], da);
+                let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));
+                if has_min {
+                    t = _mm256_add_ps(t, _mm256_mul_ps(wm[p], _mm256_set1_ps(*r.s[i].add(b))));
+                }
+                let lane = &mut acc[p][i][b % 8];
+                *lane = _mm256_add_ps(*lane, t);
             }
-            let lane = &mut acc[i][b % 8];
-            *lane = _mm256_add_ps(*lane, t);
         });
     }
-    store(&acc, out, ldo, cols);
+    for (p, acc) in acc.iter().enumerate() {
+        let left = cols.saturating_sub(ROWS * p);
+        if left > 0 {
+            store(acc, out.add(ROWS * p), ldo, left);
+        }
+    }
 }
 
 /// The canonical lane reduction of each row's accumulators, stored to `cols` columns.

@@ -116,10 +116,10 @@ impl QMatrix {
     #[cfg(target_arch = "x86_64")]
     fn run_groups(&self, level: Level, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
         let gb = self.group_bytes();
-        let one = if level.vnni() {
-            gemm::tile_vnni
+        let (one, pair) = if level.vnni() {
+            (gemm::tile_vnni as TileFn, gemm::tile_vnni_pair as TileFn)
         } else {
-            gemm::tile_avx2
+            (gemm::tile_avx2 as TileFn, gemm::tile_avx2_pair as TileFn)
         };
         // Activation rows in chunks that stay in L2 while the task's groups pass over them.
         for c0 in (0..m).step_by(ACT_CHUNK) {
@@ -128,14 +128,17 @@ impl QMatrix {
             while g < g1 {
                 // Four groups per tile on the 512-bit path (two for the K formats, whose
                 // four-group tile runs out of registers), then two, a task's odd last alone.
+                // The 256-bit paths take two groups for single rows of the 32-block formats.
+                let pairs = level.wide() || (m == 1 && !self.format.is_k());
                 let span = match g1 - g {
                     4.. if level.wide() && !self.format.is_k() => 4,
-                    2.. if level.wide() => 2,
+                    2.. if pairs => 2,
                     _ => 1,
                 };
-                let tile = match span {
+                let tile: TileFn = match span {
                     4 => gemm_wide::tile_quad,
-                    2 => gemm_wide::tile_pair,
+                    2 if level.wide() => gemm_wide::tile_pair,
+                    2 => pair,
                     _ => one,
                 };
                 let group = &self.data[g * gb..(g + span) * gb];
@@ -271,6 +274,10 @@ fn matmul_simd(
         ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
     });
 }
+
+/// A tile kernel (`gemm`, `gemm_wide`).
+#[cfg(target_arch = "x86_64")]
+type TileFn = unsafe fn(&gemm::Tile);
 
 /// Fewest groups in a task.
 #[cfg(target_arch = "x86_64")]
