@@ -51,6 +51,16 @@ pub(super) const Q8_0: u8 = 3;
 pub(super) const Q4K: u8 = 4;
 pub(super) const Q6K: u8 = 5;
 
+/// 32-byte chunks in a 32-block's plane of the packed-nibble formats (`repack.rs`): four of
+/// nibbles, one more for q5_0's top bits, two for q6_K's.
+pub(super) const fn plane_chunks(f: u8) -> usize {
+    match f {
+        Q5_0 => 5,
+        Q6K => 6,
+        _ => 4,
+    }
+}
+
 pub(super) fn code(f: Format) -> u8 {
     match f {
         Format::Q4_0 => Q4_0,
@@ -205,11 +215,7 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
         return v;
     }
     let mut c = [_mm256_setzero_si256(); 6];
-    for (i, ci) in c
-        .iter_mut()
-        .enumerate()
-        .take(4 + usize::from(F == Q5_0) + 2 * usize::from(F == Q6K))
-    {
+    for (i, ci) in c.iter_mut().enumerate().take(plane_chunks(F)) {
         *ci = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
     }
     if F == Q5_0 {

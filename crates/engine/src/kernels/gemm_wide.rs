@@ -16,7 +16,9 @@
 use std::arch::x86_64::*;
 
 use super::acts::Acts;
-use super::gemm::{code, each_row, opaque_zero, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0};
+use super::gemm::{
+    code, each_row, opaque_zero, plane_chunks, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
+};
 use super::repack::ROWS;
 use super::{Format, QK};
 
@@ -127,11 +129,7 @@ unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
         return v;
     }
     let mut c = [_mm512_setzero_si512(); 6];
-    for (i, ci) in c
-        .iter_mut()
-        .enumerate()
-        .take(4 + usize::from(F == Q5_0) + 2 * usize::from(F == Q6K))
-    {
+    for (i, ci) in c.iter_mut().enumerate().take(plane_chunks(F)) {
         *ci = pair32(a.add(32 * i), b.add(32 * i));
     }
     // `(x & m) | y` for `y` already masked, in one ternary-logic operation.
