@@ -1,9 +1,10 @@
 //! The GEMM over repacked groups (`repack.rs`): a tile is 8 weight rows x up to 8
 //! activation rows (decode's single rows of the 32-block formats: 16 weight rows, two groups,
-//! sharing the row's broadcasts and scalar work). Per 32-block, each weight sub-vector (4 values of each of the 8 rows) is
-//! unpacked once in registers and multiplied (AVX2 `maddubs`, or AVX-512 VNNI `vpdpbusd`:
-//! `Dots`) against every activation row's 4 broadcast bytes, so 8 rows' exact integer block
-//! dots come out in 8 lanes with no horizontal reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
+//! sharing the row's broadcasts and scalar work). Per 32-block, each weight sub-vector (4
+//! values of each of the 8 rows) is unpacked once in registers and multiplied (AVX2
+//! `maddubs`, or AVX-512 VNNI `vpdpbusd`: `Dots`) against every activation row's 4 broadcast
+//! bytes, so 8 rows' exact integer block dots come out in 8 lanes with no horizontal
+//! reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
 //! corrected exactly by the activation block sums. The K formats multiply in their integer
 //! sub-block scales and mins and sum a whole 256-value super block in integers (activations
 //! carry one scale per 256 values there). The float part is the canonical one of `simd.rs`:
