@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::config::ModelConfig;
 use crate::{EngineError, Result};
@@ -110,8 +111,14 @@ impl LayerKv {
             for h in 0..self.n_kv_head {
                 let s = r * w + h * self.head_dim;
                 let e = s + self.head_dim;
-                self.k[h].extend(k[s..e].iter().map(|&x| f16::from_f32(x)));
-                self.v[h].extend(v[s..e].iter().map(|&x| f16::from_f32(x)));
+                // `half`'s slice conversion: F16C eight at a time where present, the same
+                // rounding as `f16::from_f32` value by value (a batch-32 SmolLM2 step spent ~3 %
+                // of its time converting one value per call).
+                for (dst, src) in [(&mut self.k[h], &k[s..e]), (&mut self.v[h], &v[s..e])] {
+                    let at = dst.len();
+                    dst.resize(at + self.head_dim, f16::ZERO);
+                    dst[at..].convert_from_f32_slice(src);
+                }
             }
         }
         self.len += rows;

@@ -60,6 +60,25 @@ pub struct Scratch {
     down: Vec<f32>,
 }
 
+impl Scratch {
+    /// Floats held (capacity) over all buffers.
+    fn floats(&self) -> usize {
+        let all = [&self.h, &self.attn, &self.o, &self.down]
+            .into_iter()
+            .chain(&self.qkv)
+            .chain(&self.gate_up);
+        all.map(|v| v.capacity()).sum()
+    }
+}
+
+/// The largest scratch a thread keeps between passes (16 MB: a decode batch's, not a long
+/// prefill's).
+const KEEP_SCRATCH_FLOATS: usize = 4 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = Default::default();
+}
+
 /// One sequence's share of a layer call: its new rows are the next `rows` rows of the batch.
 pub struct LayerInput<'a> {
     pub prefix: Option<&'a LayerKv>,
@@ -264,11 +283,7 @@ impl Model {
         rms_norm_into(x, &w.ffn_norm, c.rms_eps, h);
         Linear::forward_many_into(&[&w.w_gate, &w.w_up], h, rows, gate_up)?;
         let [gate, up] = gate_up;
-        if c.arch == Arch::Gemma3 {
-            crate::fastexp::gelu_mul(gate, up);
-        } else {
-            crate::fastexp::silu_mul(gate, up);
-        }
+        gated_par(gate, up, c.n_ff, c.arch == Arch::Gemma3);
         Linear::forward_many_into(&[&w.w_down], gate, rows, std::slice::from_mut(down))?;
         if let Some(n) = &w.post_ffn_norm {
             rms_norm_in_place(down, n, c.rms_eps);
@@ -320,13 +335,18 @@ impl Model {
             }
         }
         let mut x = self.embed(&ids)?;
-        let mut scratch = Scratch::default();
+        // This thread's scratch from its last pass: a batched decode step would otherwise
+        // zero and fault in fresh buffers every step. A long prefill's (tens of MB) is let go.
+        let mut scratch = SCRATCH.with(|c| c.take());
         for l in 0..self.cfg.n_layer {
             let mut parts: Vec<LayerInput> = batch
                 .iter_mut()
                 .map(|(seq, t)| seq.layer_input(l, t.len()))
                 .collect();
             self.forward_layer(l, &mut x, &mut parts, &mut scratch)?;
+        }
+        if scratch.floats() <= KEEP_SCRATCH_FLOATS {
+            SCRATCH.with(|c| c.set(scratch));
         }
         let d = self.cfg.n_embd;
         let mut last = Vec::with_capacity(batch.len() * d);
@@ -342,12 +362,25 @@ impl Model {
             last.extend_from_slice(&x[(r - 1) * d..r * d]);
             seq.push_tokens(t);
         }
-        let logits = self.logits(&last)?;
-        Ok(logits
-            .chunks_exact(self.cfg.vocab_size)
-            .map(|c| c.to_vec())
-            .zip(scores)
-            .collect())
+        // The head's output lands in this thread's buffer, kept from call to call: a fresh
+        // `[rows, vocab]` buffer per step (6 MB for a batch of 32 on SmolLM2) was page faults
+        // and zeroing on the caller's thread while the pool's other threads waited.
+        HEAD.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let (h, out) = &mut *buf;
+            rms_norm_into(&last, &self.weights.output_norm, self.cfg.rms_eps, h);
+            Linear::forward_many_into(
+                &[&self.weights.output],
+                h,
+                batch.len(),
+                std::slice::from_mut(out),
+            )?;
+            Ok(out
+                .chunks_exact(self.cfg.vocab_size)
+                .map(|c| c.to_vec())
+                .zip(scores)
+                .collect())
+        })
     }
 
     /// Log-probability of `next[j]` after hidden row `j` of `x` (`[next.len(), n_embd]`, before
@@ -417,6 +450,11 @@ fn template(tokenizer: &Tokenizer, src: &str) -> Result<ChatTemplate> {
     ChatTemplate::new(src, &tok(tokenizer.bos_id), &tok(tokenizer.eos_id))
 }
 
+thread_local! {
+    /// The output norm's rows and the head's logits of this thread's last `forward_scoring`.
+    static HEAD: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
+}
+
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let mut out = Vec::new();
     rms_norm_into(x, w, eps, &mut out);
@@ -427,8 +465,8 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     let d = w.len();
     out.resize(x.len(), 0.0);
-    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let inv = inv_rms(row, eps);
+    let inv = inv_rms_rows(x, d, eps);
+    for ((row, o), &inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(&inv) {
         for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
             *o = a * inv * g;
         }
@@ -437,19 +475,76 @@ fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 
 /// Each row of `w.len()` values of `x` scaled to unit RMS, times `w`.
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(w.len()) {
-        let inv = inv_rms(row, eps);
+    let inv = inv_rms_rows(x, w.len(), eps);
+    for (row, &inv) in x.chunks_exact_mut(w.len()).zip(&inv) {
         for (a, &g) in row.iter_mut().zip(w) {
             *a = *a * inv * g;
         }
     }
 }
 
-/// 1 / RMS of `row` (sum of squares in f64).
-fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
-    (1.0 / (ss / row.len() as f64 + eps as f64).sqrt()) as f32
+/// Rows summed together in `inv_rms_rows`.
+const NORM_ROWS: usize = 4;
+
+/// 1 / RMS of each `d`-wide row of `x` (sum of squares in f64, in index order). A row's sum
+/// is one chain of dependent adds; rows run `NORM_ROWS` at a time so their chains overlap
+/// (each still adds in its own order: the same bits as one row alone).
+fn inv_rms_rows(x: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    let mut inv = Vec::with_capacity(x.len() / d.max(1));
+    let mut groups = x.chunks_exact(d * NORM_ROWS);
+    for g in &mut groups {
+        let mut ss = [0f64; NORM_ROWS];
+        for i in 0..d {
+            for (r, s) in ss.iter_mut().enumerate() {
+                let a = g[r * d + i] as f64;
+                *s += a * a;
+            }
+        }
+        inv.extend(ss.map(|s| inv_of(s, d, eps)));
+    }
+    for row in groups.remainder().chunks_exact(d) {
+        let ss = row.iter().fold(0f64, |s, &a| s + (a as f64) * (a as f64));
+        inv.push(inv_of(ss, d, eps));
+    }
+    inv
 }
+
+fn inv_of(ss: f64, d: usize, eps: f32) -> f32 {
+    (1.0 / (ss / d as f64 + eps as f64).sqrt()) as f32
+}
+
+/// The gated activation (`gelu_mul` or `silu_mul`) on `[rows, width]`, rows split over the
+/// pool when there are many (element by element: the same bits however it is cut).
+fn gated_par(g: &mut [f32], u: &[f32], width: usize, gelu: bool) {
+    let f = |g: &mut [f32], u: &[f32]| {
+        if gelu {
+            crate::fastexp::gelu_mul(g, u)
+        } else {
+            crate::fastexp::silu_mul(g, u)
+        }
+    };
+    let rows = g.len() / width.max(1);
+    let tasks = (2 * rayon::current_num_threads()).min(rows);
+    if g.len() < PAR_MIN_FLOATS || tasks < 2 {
+        return f(g, u);
+    }
+    let per = rows.div_ceil(tasks) * width;
+    let parts: Vec<std::sync::Mutex<(&mut [f32], &[f32])>> = g
+        .chunks_mut(per)
+        .zip(u.chunks(per))
+        .map(std::sync::Mutex::new)
+        .collect();
+    crate::pool::run(parts.len(), &|i| {
+        if let Ok(mut p) = parts[i].lock() {
+            let (g, u) = &mut *p;
+            f(g, u);
+        }
+    });
+}
+
+/// Below this many values an element-wise pass stays on the calling thread (a pool call
+/// costs about a microsecond).
+const PAR_MIN_FLOATS: usize = 8192;
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
@@ -474,4 +569,50 @@ fn file_sha256(path: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(format!("{:x}", h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / 4e8 - 5.0)
+            .collect()
+    }
+
+    #[test]
+    fn rows_normed_together_match_each_alone_bitwise() {
+        let d = 576;
+        for rows in [1, 3, 4, 5, 9] {
+            let x = values(rows * d, rows as u32);
+            let got = inv_rms_rows(&x, d, 1e-5);
+            for (row, &g) in x.chunks_exact(d).zip(&got) {
+                // One row alone, as the sum of squares was taken before rows were grouped.
+                let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
+                let want = (1.0 / (ss / d as f64 + 1e-5f64).sqrt()) as f32;
+                assert_eq!(g.to_bits(), want.to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn gated_activation_split_over_threads_matches_one_pass_bitwise() {
+        let (rows, width) = (24, 1536);
+        let u = values(rows * width, 7);
+        for gelu in [false, true] {
+            let mut split = values(rows * width, 3);
+            let mut whole = split.clone();
+            gated_par(&mut split, &u, width, gelu);
+            if gelu {
+                crate::fastexp::gelu_mul(&mut whole, &u);
+            } else {
+                crate::fastexp::silu_mul(&mut whole, &u);
+            }
+            assert!(split
+                .iter()
+                .zip(&whole)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
 }
