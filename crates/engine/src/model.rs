@@ -294,9 +294,16 @@ impl Model {
 
     /// Logits for hidden rows `x` (`[rows, n_embd]`) -> `[rows, vocab]`.
     pub fn logits(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let (mut h, mut out) = (Vec::new(), Vec::new());
+        self.logits_into(x, &mut h, &mut out)?;
+        Ok(out)
+    }
+
+    /// `logits` into the caller's buffers (`h`: the output norm's rows), reused as they are.
+    fn logits_into(&self, x: &[f32], h: &mut Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let rows = x.len() / self.cfg.n_embd;
-        let h = rms_norm(x, &self.weights.output_norm, self.cfg.rms_eps);
-        self.weights.output.forward(&h, rows)
+        rms_norm_into(x, &self.weights.output_norm, self.cfg.rms_eps, h);
+        Linear::forward_many_into(&[&self.weights.output], h, rows, std::slice::from_mut(out))
     }
 
     /// Run new tokens through the whole model for a batch of sequences; returns each
@@ -368,13 +375,7 @@ impl Model {
         HEAD.with(|cell| {
             let mut buf = cell.borrow_mut();
             let (h, out) = &mut *buf;
-            rms_norm_into(&last, &self.weights.output_norm, self.cfg.rms_eps, h);
-            Linear::forward_many_into(
-                &[&self.weights.output],
-                h,
-                batch.len(),
-                std::slice::from_mut(out),
-            )?;
+            self.logits_into(&last, h, out)?;
             Ok(out
                 .chunks_exact(self.cfg.vocab_size)
                 .map(|c| c.to_vec())
