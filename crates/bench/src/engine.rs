@@ -10,7 +10,7 @@ use candle_transformers::models::{quantized_gemma3, quantized_llama, quantized_q
 use edgeprompt_engine::{Arch, Model, Sequence};
 use serde::Serialize;
 
-use crate::machine::{peak_rss, Machine};
+use crate::machine::{peak_rss, reset_peak_rss, Machine};
 use crate::BenchError;
 
 pub struct Settings {
@@ -48,6 +48,10 @@ pub struct Report {
     /// Peak RSS once the model is loaded (weights repacked, nothing run yet): the repack
     /// replaces the file's bytes rather than adding to them.
     pub ours_load_rss_bytes: Option<u64>,
+    /// Weight matrices as held in memory (repacked; the embedding once when tied), part of
+    /// both figures above.
+    #[serde(default)]
+    pub ours_weight_bytes: Option<u64>,
     /// KV of the longest prompt (f16), part of the peak above.
     pub kv_bytes_longest: usize,
     /// llama.cpp's peak RSS in the same run, less its Python host's own before loading.
@@ -313,8 +317,14 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     // spans a second, the decode figure's best of `repeats` minutes, and on a shared host
     // one window alone read below what decode then streamed (a roofline share over 100 %).
     let stream_before = stream_read_gbps();
+    // The probe's 512 MiB buffer is freed but would stay the process's peak (runs at f9045df
+    // reported 659 MB for SmolLM2's 126): the peak restarts here, so it is the engine's own.
+    let peak_reset = reset_peak_rss();
+    if !peak_reset {
+        eprintln!("  peak RSS cannot be restarted here; ours is left out");
+    }
     let ours = time_ours(&model, &ids, s, ctx)?;
-    let rss = peak_rss();
+    let rss = peak_rss().filter(|_| peak_reset);
     let longest = s.prompt_lens.iter().max().copied().unwrap_or(0);
     let kv_bytes_longest =
         model.cfg.n_layer * 2 * model.cfg.n_kv_head * model.cfg.head_dim * 2 * longest;
@@ -339,6 +349,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let arch = model.cfg.arch;
     let file_bytes = model.info.file_bytes;
+    let weight_bytes_held = model.weight_bytes() as u64;
     let name = model.cfg.name.clone();
     drop(model);
     // candle is a secondary baseline: a model it cannot run is reported, not fatal.
@@ -365,6 +376,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         llama_cpp,
         ours_peak_rss_bytes: rss,
         ours_load_rss_bytes: load_rss,
+        ours_weight_bytes: Some(weight_bytes_held),
         kv_bytes_longest,
         llama_cpp_rss_bytes,
         roofline,
@@ -435,10 +447,11 @@ pub fn table(r: &Report) -> String {
     let mb = |b: Option<u64>| b.map_or("-".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
     let file = r.model_file_bytes as f64;
     t += &format!(
-        "RSS: GGUF {:.0} MB; ours {} after load ({:.2}x), peak {} ({:.2}x, with {:.0} MB of KV); llama.cpp peak {}\n",
+        "RSS: GGUF {:.0} MB; ours {} after load ({:.2}x; weights as repacked {}), peak {} ({:.2}x, with {:.0} MB of KV); llama.cpp peak {}\n",
         file / 1e6,
         mb(r.ours_load_rss_bytes),
         r.ours_load_rss_bytes.unwrap_or(0) as f64 / file,
+        mb(r.ours_weight_bytes),
         mb(r.ours_peak_rss_bytes),
         r.ours_peak_rss_bytes.unwrap_or(0) as f64 / file,
         r.kv_bytes_longest as f64 / 1e6,

@@ -772,6 +772,15 @@ fn memory_line(v: &Value) -> String {
             load / file
         );
     }
+    let weights = f(&v["ours_weight_bytes"]);
+    if weights.is_finite() {
+        let _ = write!(
+            s,
+            ", of which the weights as repacked {:.0} MB ({:.2}x; the rest is mostly the tokenizer)",
+            weights / 1e6,
+            weights / file
+        );
+    }
     let llama = f(&v["llama_cpp_rss_bytes"]);
     if llama.is_finite() {
         let _ = write!(

@@ -120,6 +120,13 @@ pub fn peak_rss() -> Option<u64> {
     status_bytes("VmHWM:")
 }
 
+/// Restart the peak (VmHWM) from the resident size now, so that a later `peak_rss` covers
+/// only what follows (a benchmark's own probe buffers are not the engine's). False where the
+/// kernel does not allow it (not Linux).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// Resident memory of this process now (VmRSS), bytes.
 pub fn rss() -> Option<u64> {
     status_bytes("VmRSS:")

@@ -200,6 +200,11 @@ impl Model {
         self.weights.traffic()
     }
 
+    /// Bytes of weight matrices held in memory (repacked, the embedding once).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.resident_bytes()
+    }
+
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
         let mut x = self.weights.embed(ids, self.cfg.vocab_size)?;

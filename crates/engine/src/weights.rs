@@ -338,6 +338,16 @@ impl Weights {
         (bytes, macs)
     }
 
+    /// Bytes every weight matrix holds in memory as the kernels read it (repacked), the
+    /// embedding counted once when the head shares it.
+    pub fn resident_bytes(&self) -> usize {
+        let embd = match &*self.token_embd {
+            Matrix::Own(m) => m.bytes(),
+            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
+        };
+        self.traffic().0 + if self.tied_output { 0 } else { embd }
+    }
+
     /// Embedding rows for `ids`, dequantized.
     pub fn embed(&self, ids: &[u32], vocab: usize) -> Result<Vec<f32>> {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
