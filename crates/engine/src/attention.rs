@@ -75,11 +75,20 @@ impl State {
     }
 }
 
+/// The canonical score: sixteen lane sums (lane `i` the products of elements `i`, `i + 16`,
+/// ... in order), added by a fixed tree. The first sixteen products start the lanes rather
+/// than being added to zero: the same values (but for the sign of a zero product), and one
+/// add in four fewer at 64-wide heads.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (mut ca, mut cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let (ta, tb) = (ca.remainder(), cb.remainder());
+    if let (Some(x), Some(y)) = (ca.next(), cb.next()) {
+        for i in 0..16 {
+            lanes[i] = x[i] * y[i];
+        }
+    }
     for (x, y) in ca.zip(cb) {
         for i in 0..16 {
             lanes[i] += x[i] * y[i];
@@ -513,9 +522,14 @@ mod simd {
                 let o = c * 16;
                 let (k0, k1) = (load::<H>(keys, kr + o), load::<H>(keys, kr + o + 8));
                 for i in 0..Q {
-                    a0[i] = _mm256_add_ps(a0[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o)), k0));
-                    a1[i] =
-                        _mm256_add_ps(a1[i], _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o + 8)), k1));
+                    let p0 = _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o)), k0);
+                    let p1 = _mm256_mul_ps(_mm256_loadu_ps(qp[i].add(o + 8)), k1);
+                    // The first products start the lanes, as in `dot`.
+                    (a0[i], a1[i]) = if c == 0 {
+                        (p0, p1)
+                    } else {
+                        (_mm256_add_ps(a0[i], p0), _mm256_add_ps(a1[i], p1))
+                    };
                 }
             }
             for i in 0..Q {

@@ -31,12 +31,12 @@ const CHUNKS: usize = MAX_HEAD_DIM / 16;
 #[repr(C, align(64))]
 struct Rows([f32; BLOCK * MAX_HEAD_DIM]);
 
-/// Lane sums of `dot(q, k)` for one key: lane `i` adds the products of elements `i`, `i + 16`,
-/// ... to zero in order, as the scalar `dot`'s lane `i`.
+/// Lane sums of `dot(q, k)` for one key: lane `i` is the product of elements `i`, then adds
+/// those of `i + 16`, ... in order, as the scalar `dot`'s lane `i`.
 #[inline(always)]
 unsafe fn lanes(q: &[__m512; CHUNKS], k: *const f32, chunks: usize) -> __m512 {
-    let mut a = _mm512_setzero_ps();
-    for c in 0..chunks {
+    let mut a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+    for c in 1..chunks {
         a = _mm512_add_ps(a, _mm512_mul_ps(q[c], _mm512_loadu_ps(k.add(16 * c))));
     }
     a

@@ -13,16 +13,18 @@ use crate::fastexp::exp_neg16;
 
 /// Queries per call, one per lane.
 pub(super) const LANES: usize = 16;
-/// Keys scored, then folded, per block.
-const BLOCK: usize = 16;
+/// Keys scored, then folded, per block at most: 64-wide heads take 32 (half the passes over
+/// the transposed outputs), wider ones 16, so that the block, the queries and the outputs
+/// stay within L1.
+const BLOCK: usize = 32;
 
 /// Element `t` of sixteen query (or output) rows at `t * LANES`, one aligned vector each; or
 /// a block of keys or values converted to f32.
 #[repr(C, align(64))]
 struct Columns([f32; MAX_HEAD_DIM * LANES]);
 
-/// Lane sum `i` of `dot(q, k)` for `KB` keys, sixteen queries: products of elements `i`,
-/// `i + 16`, ... added to zero in order, as the scalar `dot` does in its lane `i`.
+/// Lane sum `i` of `dot(q, k)` for `KB` keys, sixteen queries: the product of elements `i`,
+/// then those of `i + 16`, ... added in order, as the scalar `dot` does in its lane `i`.
 #[inline(always)]
 unsafe fn lane<const KB: usize>(
     qt: *const f32,
@@ -30,8 +32,12 @@ unsafe fn lane<const KB: usize>(
     i: usize,
     chunks: usize,
 ) -> [__m512; KB] {
+    let q = _mm512_load_ps(qt.add(i * LANES));
     let mut a = [_mm512_setzero_ps(); KB];
-    for c in 0..chunks {
+    for x in 0..KB {
+        a[x] = _mm512_mul_ps(q, _mm512_set1_ps(*k[x].add(i)));
+    }
+    for c in 1..chunks {
         let t = 16 * c + i;
         let q = _mm512_load_ps(qt.add(t * LANES));
         for x in 0..KB {
@@ -162,7 +168,7 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
     let chunks = d / 16;
     let mut j0 = 0;
     while j0 < n {
-        let nb = BLOCK.min(n - j0);
+        let nb = if d <= 64 { BLOCK } else { 16 }.min(n - j0);
         let (keys, values) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
         let key = |j: usize| keys.add(j * d);
         let mut s = [_mm512_setzero_ps(); BLOCK];
