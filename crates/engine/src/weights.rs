@@ -32,6 +32,14 @@ fn own_format(dtype: GgmlDType) -> Option<Format> {
 }
 
 impl Matrix {
+    /// Bytes held in memory, as the kernels read them.
+    fn bytes(&self) -> usize {
+        match self {
+            Matrix::Own(m) => m.bytes(),
+            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
+        }
+    }
+
     fn dims(&self) -> (usize, usize) {
         match self {
             Matrix::Own(m) => (m.out_dim(), m.in_dim()),
@@ -323,10 +331,7 @@ impl Weights {
     /// Weight bytes one decode step reads (every layer matrix and the output head) and the
     /// multiply-adds of one token through the layers (the head runs once per prompt).
     pub fn traffic(&self) -> (usize, usize) {
-        let size = |l: &Linear| match &*l.weight {
-            Matrix::Own(m) => m.bytes(),
-            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
-        };
+        let size = |l: &Linear| l.weight.bytes();
         let mut bytes = size(&self.output);
         let mut macs = 0;
         for w in &self.layers {
@@ -341,11 +346,12 @@ impl Weights {
     /// Bytes every weight matrix holds in memory as the kernels read it (repacked), the
     /// embedding counted once when the head shares it.
     pub fn resident_bytes(&self) -> usize {
-        let embd = match &*self.token_embd {
-            Matrix::Own(m) => m.bytes(),
-            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
+        let embd = if self.tied_output {
+            0
+        } else {
+            self.token_embd.bytes()
         };
-        self.traffic().0 + if self.tied_output { 0 } else { embd }
+        self.traffic().0 + embd
     }
 
     /// Embedding rows for `ids`, dequantized.
