@@ -763,32 +763,20 @@ fn memory_line(v: &Value) -> String {
             kv / 1e6
         );
     }
-    let load = f(&v["ours_load_rss_bytes"]);
-    if load.is_finite() {
-        let _ = write!(
-            s,
-            "; {:.0} MB ({:.2}x) once loaded",
-            load / 1e6,
-            load / file
-        );
-    }
-    let weights = f(&v["ours_weight_bytes"]);
-    if weights.is_finite() {
-        let _ = write!(
-            s,
-            ", of which the weights as repacked {:.0} MB ({:.2}x; the rest is mostly the tokenizer)",
-            weights / 1e6,
-            weights / file
-        );
-    }
-    let llama = f(&v["llama_cpp_rss_bytes"]);
-    if llama.is_finite() {
-        let _ = write!(
-            s,
-            "; llama.cpp peak {:.0} MB ({:.2}x)",
-            llama / 1e6,
-            llama / file
-        );
+    // The optional figures against the file's size, each `{before}N MB (R x{after}`.
+    for (key, before, after) in [
+        ("ours_load_rss_bytes", "; ", ") once loaded"),
+        (
+            "ours_weight_bytes",
+            ", of which the weights as repacked ",
+            "; the rest is mostly the tokenizer)",
+        ),
+        ("llama_cpp_rss_bytes", "; llama.cpp peak ", ")"),
+    ] {
+        let x = f(&v[key]);
+        if x.is_finite() {
+            let _ = write!(s, "{before}{:.0} MB ({:.2}x{after}", x / 1e6, x / file);
+        }
     }
     s + "."
 }
