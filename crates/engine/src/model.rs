@@ -96,7 +96,7 @@ impl Model {
         };
         let mut file = std::fs::File::open(path).map_err(io)?;
         let file_bytes = file.metadata().map_err(io)?.len();
-        let content = Content::read(&mut file)
+        let mut content = Content::read(&mut file)
             .map_err(|e| EngineError::Gguf(format!("{}: {e}", path.display())))?;
         let cfg = ModelConfig::from_gguf(&content)?;
         let tokenizer = Tokenizer::from_gguf(&content)?;
@@ -104,7 +104,13 @@ impl Model {
             Ok(src) => Some(template(&tokenizer, &src)?),
             Err(_) => None,
         };
+        // The vocabulary as metadata values and the tokenizer's build are done with (Gemma 3:
+        // ~110 MB of small allocations); give their pages back before the weights come in.
+        content.metadata = Default::default();
+        release_free_memory();
         let weights = Weights::load(&content, path, &cfg)?;
+        drop(content);
+        release_free_memory();
         let fingerprint = file_sha256(path)?;
         let positions = cfg
             .context_length
@@ -448,6 +454,17 @@ impl Model {
             Sequence::with_prefix(self, Arc::new(cut))?
         };
         seq.prefill(self, &[last]).map(Some)
+    }
+}
+
+/// Hand the allocator's free pages back to the system. glibc keeps freed small allocations
+/// (a GGUF vocabulary's hundreds of thousands of strings) resident otherwise: Gemma 3 stayed
+/// 54 MB above its weights and tokenizer after loading.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free memory to the kernel; it touches no live block.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
