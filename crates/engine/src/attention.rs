@@ -200,6 +200,12 @@ mod simd {
         src[whole..].convert_to_f32_slice(&mut dst[whole..]);
     }
 
+    /// Whether `attend_many` on f16 keys converts them a block at a time for all its queries
+    /// (AVX-512's `attend_few` and `attend16`), so a tile copy in f32 would be paid twice.
+    pub fn converts_blocks() -> bool {
+        cfg!(target_arch = "x86_64") && crate::kernels::LEVEL.wide()
+    }
+
     /// Whether this state takes the AVX2 path.
     pub fn fast(st: &State) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -1004,8 +1010,9 @@ fn attend_shared(
     if states.is_empty() {
         return;
     }
-    // Few queries convert f16 in registers; more share one f32 copy of each tile.
-    let convert = states.len() > 4;
+    // Few queries convert f16 in registers; more share one f32 copy of each tile, except on
+    // AVX-512, where `attend_few` converts blocks of sixteen keys into L1 itself.
+    let convert = states.len() > 4 && !simd::converts_blocks();
     let (mut kt, mut vt) = if convert {
         (vec![0f32; PREFIX_TILE * d], vec![0f32; PREFIX_TILE * d])
     } else {
