@@ -73,8 +73,9 @@ pub(super) fn code(f: Format) -> u8 {
     }
 }
 
-/// One tile: output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one repacked `group` of
-/// format `f`, written to `out` (row stride `ldo`, `cols` valid columns from column 0).
+/// One tile: output rows `i0..i0 + mt` (`mt` from `tile_rows`, or 16 on the 512-bit 32-block
+/// tiles) of one repacked `group` of format `f`, written to `out` (row stride `ldo`, `cols`
+/// valid columns from column 0).
 pub(super) struct Tile<'a> {
     pub f: Format,
     pub group: &'a [u8],
@@ -412,7 +413,7 @@ pub(super) fn opaque_zero<T>(z: T) -> T {
     std::hint::black_box(z)
 }
 
-/// `body` for each row `i` in `0..mt` (1, 2, 4 or 8), unrolled, so per-row pointers and
+/// `body` for each row `i` in `0..mt` (1, 2, 4, 8 or 16), unrolled, so per-row pointers and
 /// indices are constants.
 macro_rules! each_row {
     ($mt:expr, $i:ident, $body:block) => {{
@@ -438,6 +439,24 @@ macro_rules! each_row {
             let $i = 6;
             $body
             let $i = 7;
+            $body
+        }
+        if $mt > 8 {
+            let $i = 8;
+            $body
+            let $i = 9;
+            $body
+            let $i = 10;
+            $body
+            let $i = 11;
+            $body
+            let $i = 12;
+            $body
+            let $i = 13;
+            $body
+            let $i = 14;
+            $body
+            let $i = 15;
             $body
         }
     }};

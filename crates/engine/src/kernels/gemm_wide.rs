@@ -1,8 +1,10 @@
 //! The GEMM on 512-bit vectors (AVX-512 F/BW/VL/VNNI): a tile is `P` pairs of adjacent
 //! repacked groups (16 weight rows each, group `2p` in lanes 0..8 and `2p + 1` in lanes 8..16)
-//! x up to 8 activation rows. With two pairs (32 weight rows) each broadcast activation word
-//! feeds two `vpdpbusd`: 512-bit loads issue one per cycle where Intel's two ports run two
-//! `vpdpbusd`, so one pair's tile waits on its loads. Every lane does what a lane of
+//! x up to 16 activation rows (the K formats up to 8: more spill their per-row sums). Sixteen
+//! rows unpack each block's weights once for twice the rows: 5-9 % faster than eight at batch
+//! 32 and in prefill on the Xeon. With two pairs (32 weight rows) each broadcast activation
+//! word feeds two `vpdpbusd`: 512-bit loads issue one per cycle where Intel's two ports run
+//! two `vpdpbusd`, so one pair's tile waits on its loads. Every lane does what a lane of
 //! `gemm.rs`'s VNNI tile does: the same exact i32 block dots (`vpdpbusd`), zero points, scales
 //! and mins, and the same float terms added into lane `term % 8` and reduced by the same tree,
 //! so every output has the portable path's bits. Where 512-bit operations issue whole (Intel's
@@ -63,16 +65,24 @@ unsafe fn tile<const P: usize>(t: &Tile) {
                 _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols),
             }
         };
+        // The 32-block tiles also take sixteen rows (`run_groups`).
+        ($kernel:ident, $c:expr, $p:expr, 16) => {
+            match mt {
+                16 => $kernel::<$c, 16, $p>(group, acts, i0, out, ldo, cols),
+                _ => go!($kernel, $c, $p),
+            }
+        };
     }
     let k_format = f.is_k();
     // The K formats run two-group tiles only (`run_groups`): their four-group tile measured
     // slower (16 weight vectors and each row's super-block sums outrun the registers).
     assert!(P == 1 || !k_format, "q4_K/q6_K take two-group tiles");
+    assert!(mt <= 8 || !k_format, "q4_K/q6_K take up to eight rows");
     match code(f) {
-        Q4_0 => go!(tile_n, Q4_0, P),
-        Q4_1 => go!(tile_n, Q4_1, P),
-        Q5_0 => go!(tile_n, Q5_0, P),
-        Q8_0 => go!(tile_n, Q8_0, P),
+        Q4_0 => go!(tile_n, Q4_0, P, 16),
+        Q4_1 => go!(tile_n, Q4_1, P, 16),
+        Q5_0 => go!(tile_n, Q5_0, P, 16),
+        Q8_0 => go!(tile_n, Q8_0, P, 16),
         Q4K => go!(tile_k, Q4K, 1),
         _ => go!(tile_k, Q6K, 1),
     }

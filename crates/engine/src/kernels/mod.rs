@@ -141,12 +141,18 @@ impl QMatrix {
                     2 => pair,
                     _ => one,
                 };
+                // The 512-bit 32-block tiles take sixteen rows at a time: each block's
+                // weights are unpacked once for twice the rows.
+                let wide_rows = level.wide() && span >= 2 && !self.format.is_k();
                 let group = &self.data[g * gb..(g + span) * gb];
                 let col = g * repack::ROWS;
                 let cols = (self.n - col).min(span * repack::ROWS);
                 let mut i = c0;
                 while i < c1 {
-                    let mt = gemm::tile_rows(c1 - i);
+                    let mt = match c1 - i {
+                        16.. if wide_rows => 16,
+                        left => gemm::tile_rows(left),
+                    };
                     // SAFETY: `level`'s features detected; tiles write disjoint [rows, cols]
                     // blocks of the `[m, n]` output at `dst`, inside it.
                     unsafe {

@@ -252,6 +252,33 @@ fn four_group_tiles_give_the_portable_bits() {
     }
 }
 
+/// The 512-bit 32-block tiles of sixteen activation rows: exactly sixteen, sixteen and a
+/// rest of every smaller height, past the activation chunk (64 rows), on four groups, a pair
+/// and a lone group (which stays on eight-row tiles).
+#[test]
+fn sixteen_row_tiles_give_the_portable_bits() {
+    let mut seed = 37;
+    for f in FORMATS {
+        let k = if f.block_values() == 256 { 512 } else { 544 };
+        for (n, m) in [(40, 16), (45, 31), (21, 33), (56, 70)] {
+            let w = random_matrix(f, n, k, &mut seed);
+            let x = random_x(m, k, &mut seed);
+            let mut slow = vec![0f32; m * n];
+            w.matmul_portable(&x, m, &mut slow);
+            for level in simd_levels() {
+                let fast = matmul_at(level, &[&w], &x, m).remove(0);
+                for (j, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{level:?} {f:?} n={n} m={m} at {j}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn guided_tasks_cover_every_group_once_largest_first() {
