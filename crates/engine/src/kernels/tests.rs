@@ -230,26 +230,7 @@ fn every_simd_path_gives_the_portable_bits() {
 /// whole, ending in a partial group, and followed by a pair and a lone group.
 #[test]
 fn four_group_tiles_give_the_portable_bits() {
-    let mut seed = 29;
-    for f in FORMATS {
-        let k = if f.block_values() == 256 { 512 } else { 544 };
-        for (n, m) in [(32, 9), (29, 3), (45, 8), (77, 17), (110, 1)] {
-            let w = random_matrix(f, n, k, &mut seed);
-            let x = random_x(m, k, &mut seed);
-            let mut slow = vec![0f32; m * n];
-            w.matmul_portable(&x, m, &mut slow);
-            for level in simd_levels() {
-                let fast = matmul_at(level, &[&w], &x, m).remove(0);
-                for (j, (a, b)) in fast.iter().zip(&slow).enumerate() {
-                    assert_eq!(
-                        a.to_bits(),
-                        b.to_bits(),
-                        "{level:?} {f:?} n={n} m={m} at {j}: {a} vs {b}"
-                    );
-                }
-            }
-        }
-    }
+    every_level_gives_the_portable_bits(29, &[(32, 9), (29, 3), (45, 8), (77, 17), (110, 1)]);
 }
 
 /// The 512-bit 32-block tiles of sixteen activation rows: exactly sixteen, sixteen and a
@@ -257,10 +238,15 @@ fn four_group_tiles_give_the_portable_bits() {
 /// and a lone group (which stays on eight-row tiles).
 #[test]
 fn sixteen_row_tiles_give_the_portable_bits() {
-    let mut seed = 37;
+    every_level_gives_the_portable_bits(37, &[(40, 16), (45, 31), (21, 33), (56, 70)]);
+}
+
+/// Every format, `(n, m)` shapes at a k of two whole groups' blocks: each SIMD level's output
+/// has the portable path's bits.
+fn every_level_gives_the_portable_bits(mut seed: u64, shapes: &[(usize, usize)]) {
     for f in FORMATS {
         let k = if f.block_values() == 256 { 512 } else { 544 };
-        for (n, m) in [(40, 16), (45, 31), (21, 33), (56, 70)] {
+        for &(n, m) in shapes {
             let w = random_matrix(f, n, k, &mut seed);
             let x = random_x(m, k, &mut seed);
             let mut slow = vec![0f32; m * n];
