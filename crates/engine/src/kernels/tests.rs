@@ -241,7 +241,7 @@ fn sixteen_row_tiles_give_the_portable_bits() {
     every_level_gives_the_portable_bits(37, &[(40, 16), (45, 31), (21, 33), (56, 70)]);
 }
 
-/// Every format, `(n, m)` shapes at a k of two whole groups' blocks: each SIMD level's output
+/// Every format at `k` 512 (K formats) or 544, the `(n, m)` shapes: each SIMD level's output
 /// has the portable path's bits.
 fn every_level_gives_the_portable_bits(mut seed: u64, shapes: &[(usize, usize)]) {
     for f in FORMATS {
