@@ -257,9 +257,7 @@ impl Model {
             rms_norm_in_place(q, qn, c.rms_eps);
             rms_norm_in_place(k, kn, c.rms_eps);
         }
-        let rope = self.rope(l);
-        let mut r0 = 0;
-        for part in parts.iter_mut() {
+        for part in parts.iter() {
             let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
             if pos0 + part.rows > self.max_positions() {
                 return Err(EngineError::Input(format!(
@@ -268,13 +266,32 @@ impl Model {
                     self.max_positions()
                 )));
             }
-            let r1 = r0 + part.rows;
-            rope.apply_rows(&mut q[r0 * qw..r1 * qw], qw, pos0);
-            rope.apply_rows(&mut k[r0 * kvw..r1 * kvw], kvw, pos0);
-            part.private
-                .append(&k[r0 * kvw..r1 * kvw], &v[r0 * kvw..r1 * kvw], part.rows);
-            r0 = r1;
         }
+        // Each sequence's rows rotated and appended to its own cache; a batch's sequences
+        // are cut over the pool.
+        let rope = self.rope(l);
+        type Rows<'r, 'p> = (
+            &'r mut LayerInput<'p>,
+            &'r mut [f32],
+            &'r mut [f32],
+            &'r [f32],
+        );
+        let mut jobs: Vec<Rows> = Vec::with_capacity(parts.len());
+        let (mut qr, mut kr, mut vr) = (&mut q[..], &mut k[..], &v[..]);
+        for part in parts.iter_mut() {
+            let (qa, qb) = std::mem::take(&mut qr).split_at_mut(part.rows * qw);
+            let (ka, kb) = std::mem::take(&mut kr).split_at_mut(part.rows * kvw);
+            let (va, vb) = vr.split_at(part.rows * kvw);
+            (qr, kr, vr) = (qb, kb, vb);
+            jobs.push((part, qa, ka, va));
+        }
+        crate::par::each(&mut jobs, 4, &|_, (part, q, k, v)| {
+            let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
+            rope.apply_rows(q, qw, pos0);
+            rope.apply_rows(k, kvw, pos0);
+            part.private.append(k, v, part.rows);
+        });
+        drop(jobs);
         let views: Vec<KvView> = parts
             .iter()
             .map(|p| KvView {
@@ -290,7 +307,7 @@ impl Model {
         if let Some(n) = &w.post_attn_norm {
             rms_norm_in_place(o, n, c.rms_eps);
         }
-        add_in_place(x, o);
+        add_in_place(x, o, c.n_embd);
         rms_norm_into(x, &w.ffn_norm, c.rms_eps, h);
         Linear::forward_many_into(&[&w.w_gate, &w.w_up], h, rows, gate_up)?;
         let [gate, up] = gate_up;
@@ -299,7 +316,7 @@ impl Model {
         if let Some(n) = &w.post_ffn_norm {
             rms_norm_in_place(down, n, c.rms_eps);
         }
-        add_in_place(x, down);
+        add_in_place(x, down, c.n_embd);
         Ok(())
     }
 
@@ -387,11 +404,14 @@ impl Model {
             let mut buf = cell.borrow_mut();
             let (h, out) = &mut *buf;
             self.logits_into(&last, h, out)?;
-            Ok(out
-                .chunks_exact(self.cfg.vocab_size)
-                .map(|c| c.to_vec())
-                .zip(scores)
-                .collect())
+            // Each row's copy (200 KB to 1 MB) made over the pool.
+            let vocab = self.cfg.vocab_size;
+            let mut rows = vec![Vec::new(); out.len() / vocab.max(1)];
+            let out = &*out;
+            crate::par::each(&mut rows, 4, &|i, r| {
+                *r = out[i * vocab..(i + 1) * vocab].to_vec()
+            });
+            Ok(rows.into_iter().zip(scores).collect())
         })
     }
 
@@ -486,41 +506,52 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 
 /// `rms_norm` into `out` (resized to `x`'s length, every value written).
 fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
-    let d = w.len();
     out.resize(x.len(), 0.0);
-    let inv = inv_rms_rows(x, d, eps);
-    for ((row, o), &inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(&inv) {
-        for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
-            *o = a * inv * g;
+    crate::par::rows2(out, x, w.len(), &|out, x| {
+        let d = w.len();
+        let inv = inv_rms_rows(x, d, eps);
+        for ((row, o), &inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(&inv) {
+            for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
+                *o = a * inv * g;
+            }
         }
-    }
+    });
 }
 
 /// Each row of `w.len()` values of `x` scaled to unit RMS, times `w`.
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let inv = inv_rms_rows(x, w.len(), eps);
-    for (row, &inv) in x.chunks_exact_mut(w.len()).zip(&inv) {
-        for (a, &g) in row.iter_mut().zip(w) {
-            *a = *a * inv * g;
+    crate::par::rows2(x, &[], w.len(), &|x, _| {
+        let inv = inv_rms_rows(x, w.len(), eps);
+        for (row, &inv) in x.chunks_exact_mut(w.len()).zip(&inv) {
+            for (a, &g) in row.iter_mut().zip(w) {
+                *a = *a * inv * g;
+            }
         }
-    }
+    });
 }
 
 /// Rows summed together in `inv_rms_rows`.
-const NORM_ROWS: usize = 4;
+const NORM_ROWS: usize = 8;
 
 /// 1 / RMS of each `d`-wide row of `x` (sum of squares in f64, in index order). A row's sum
 /// is one chain of dependent adds; rows run `NORM_ROWS` at a time so their chains overlap
-/// (each still adds in its own order: the same bits as one row alone).
+/// (each still adds in its own order: the same bits as one row alone). The sums live in a
+/// local array of whole rows' slices, which the compiler keeps in registers (indexing one
+/// flat slice kept them on the stack, each add waiting on a store).
+#[allow(clippy::needless_range_loop)]
 fn inv_rms_rows(x: &[f32], d: usize, eps: f32) -> Vec<f32> {
     let mut inv = Vec::with_capacity(x.len() / d.max(1));
+    if d == 0 {
+        return inv;
+    }
     let mut groups = x.chunks_exact(d * NORM_ROWS);
     for g in &mut groups {
+        let rows: [&[f32]; NORM_ROWS] = std::array::from_fn(|r| &g[r * d..(r + 1) * d]);
         let mut ss = [0f64; NORM_ROWS];
         for i in 0..d {
-            for (r, s) in ss.iter_mut().enumerate() {
-                let a = g[r * d + i] as f64;
-                *s += a * a;
+            for r in 0..NORM_ROWS {
+                let a = rows[r][i] as f64;
+                ss[r] += a * a;
             }
         }
         inv.extend(ss.map(|s| inv_of(s, d, eps)));
@@ -539,40 +570,22 @@ fn inv_of(ss: f64, d: usize, eps: f32) -> f32 {
 /// The gated activation (`gelu_mul` or `silu_mul`) on `[rows, width]`, rows split over the
 /// pool when there are many (element by element: the same bits however it is cut).
 fn gated_par(g: &mut [f32], u: &[f32], width: usize, gelu: bool) {
-    let f = |g: &mut [f32], u: &[f32]| {
+    crate::par::rows2(g, u, width, &|g, u| {
         if gelu {
             crate::fastexp::gelu_mul(g, u)
         } else {
             crate::fastexp::silu_mul(g, u)
         }
-    };
-    let rows = g.len() / width.max(1);
-    let tasks = (2 * rayon::current_num_threads()).min(rows);
-    if g.len() < PAR_MIN_FLOATS || tasks < 2 {
-        return f(g, u);
-    }
-    let per = rows.div_ceil(tasks) * width;
-    let parts: Vec<std::sync::Mutex<(&mut [f32], &[f32])>> = g
-        .chunks_mut(per)
-        .zip(u.chunks(per))
-        .map(std::sync::Mutex::new)
-        .collect();
-    crate::pool::run(parts.len(), &|i| {
-        if let Ok(mut p) = parts[i].lock() {
-            let (g, u) = &mut *p;
-            f(g, u);
-        }
     });
 }
 
-/// Below this many values an element-wise pass stays on the calling thread (a pool call
-/// costs about a microsecond).
-const PAR_MIN_FLOATS: usize = 8192;
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
+/// `x += y`, `width`-wide rows at a time over the pool.
+fn add_in_place(x: &mut [f32], y: &[f32], width: usize) {
+    crate::par::rows2(x, y, width, &|x, y| {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+    });
 }
 
 fn file_sha256(path: &Path) -> Result<String> {

@@ -138,6 +138,35 @@ fn activation_quantization_matches_the_scalar_rows() {
 }
 
 #[test]
+fn activation_rows_cut_over_threads_match_each_row_alone() {
+    if !LEVEL.avx2() {
+        return;
+    }
+    let mut seed = 23;
+    // Enough values that `fill` cuts the rows over the pool, and an odd row count.
+    let (m, k) = (33, 512);
+    let x = random_x(m, k, &mut seed);
+    for width in [QK, 256] {
+        let mut all = acts::Acts::default();
+        all.fill(&x, m, k, width);
+        let (nb, ns) = (k / QK, k / width);
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            let mut one = acts::Acts::default();
+            one.fill(row, 1, k, width);
+            assert_eq!(&all.q[i * k..(i + 1) * k], &one.q[..], "row {i}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all.d[i * ns..(i + 1) * ns]), bits(&one.d));
+            assert_eq!(bits(&all.s[i * ns..(i + 1) * ns]), bits(&one.s));
+            assert_eq!(&all.bsum[i * nb..(i + 1) * nb], &one.bsum[..]);
+            assert_eq!(&all.hpair[i * nb..(i + 1) * nb], &one.hpair[..]);
+            if width > QK {
+                assert_eq!(&all.bpair[i * nb / 2..(i + 1) * nb / 2], &one.bpair[..]);
+            }
+        }
+    }
+}
+
+#[test]
 fn gemm_and_portable_paths_agree_bitwise() {
     let mut seed = 9;
     for f in FORMATS {
