@@ -166,12 +166,18 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
     let mut l = _mm512_loadu_ps(std::array::from_fn::<f32, 16, _>(|i| states[i].l).as_ptr());
     let one = _mm512_set1_ps(1.0);
     let chunks = d / 16;
+    // A block's scores and weights, made once per call: zeroed per block they were a 4 KB
+    // memset per 32 keys. Entries `..nb` are written before they are read; `c[j]` only
+    // where `grew[j]`.
+    let mut s = [_mm512_setzero_ps(); BLOCK];
+    let mut p = [_mm512_setzero_ps(); BLOCK];
+    let mut c = [one; BLOCK];
+    let mut grew = [0 as __mmask16; BLOCK];
     let mut j0 = 0;
     while j0 < n {
         let nb = if d <= 64 { BLOCK } else { 16 }.min(n - j0);
         let (keys, values) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
         let key = |j: usize| keys.add(j * d);
-        let mut s = [_mm512_setzero_ps(); BLOCK];
         let mut j = 0;
         while j + 4 <= nb {
             let sc = scores::<4>(qt, &[key(j), key(j + 1), key(j + 2), key(j + 3)], chunks);
@@ -184,9 +190,6 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
         }
         // Key by key, every lane: `if s > m { l *= c; acc *= c; m = s }`, then `l += p`.
         // Lanes that do not grow multiply by exactly 1.
-        let mut p = [_mm512_setzero_ps(); BLOCK];
-        let mut c = [one; BLOCK];
-        let mut grew = [0 as __mmask16; BLOCK];
         for j in 0..nb {
             let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s[j], m);
             grew[j] = up;
