@@ -14,7 +14,7 @@ pub mod kv;
 pub mod machine;
 pub mod model;
 mod par;
-pub mod pool;
+mod pool;
 pub mod rope;
 pub mod sample;
 pub mod sequence;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 /// Below this many values a pass stays on the calling thread (a pool call costs about a
 /// microsecond).
-pub(crate) const PAR_MIN_FLOATS: usize = 8192;
+const PAR_MIN_FLOATS: usize = 8192;
 
 /// `f(a_rows, b_rows)` over whole `width`-wide rows of `a` and the same rows of `b` (`b`
 /// either as long as `a` or empty, then each call gets an empty `b`), in a few tasks when

@@ -76,6 +76,10 @@ impl Acts {
         self.hpair.resize(m * nb, 0);
         self.bpair.resize(m * nb.div_ceil(2), 0);
         assert!(super::LEVEL.avx2(), "Acts is the AVX2 GEMM's input");
+        assert!(
+            k >= width && k.is_multiple_of(width),
+            "rows of whole scale blocks"
+        );
         let x = &x[..m * k];
         let threads = rayon::current_num_threads();
         let tasks = if m * k >= PAR_MIN_VALUES {
@@ -85,7 +89,7 @@ impl Acts {
         };
         let per = m.div_ceil(tasks.max(1)).max(1);
         let ns = self.ns;
-        let parts: Vec<std::sync::Mutex<RowsMut>> = x
+        let mut parts: Vec<RowsMut> = x
             .chunks((per * k).max(1))
             .zip(self.q.chunks_mut(per * nb * QK))
             .zip(self.d.chunks_mut(per * ns))
@@ -93,28 +97,17 @@ impl Acts {
             .zip(self.bsum.chunks_mut(per * nb))
             .zip(self.hpair.chunks_mut(per * nb))
             .zip(self.bpair.chunks_mut((per * nb / 2).max(1)))
-            .map(|((((((x, q), d), s), bsum), hpair), bpair)| {
-                std::sync::Mutex::new(RowsMut {
-                    x,
-                    q,
-                    d,
-                    s,
-                    bsum,
-                    hpair,
-                    bpair,
-                })
+            .map(|((((((x, q), d), s), bsum), hpair), bpair)| RowsMut {
+                x,
+                q,
+                d,
+                s,
+                bsum,
+                hpair,
+                bpair,
             })
             .collect();
-        let run = |i: usize| {
-            if let Ok(mut p) = parts[i].lock() {
-                p.quantize(width);
-            }
-        };
-        if parts.len() > 1 {
-            crate::pool::run(parts.len(), &run);
-        } else {
-            (0..parts.len()).for_each(run);
-        }
+        crate::par::each(&mut parts, 2, &|_, p| p.quantize(width));
     }
 }
 
