@@ -197,6 +197,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("binding {}", a.listen))?;
+        // Both ports bound before the edge says it serves: one that cannot serve its peers
+        // fails at start, not after callers were told it is up.
+        let peer_listener = match &a.peer_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr}"))?,
+            ),
+            None => None,
+        };
         eprintln!(
             "edge serving {} ({}) on http://{}/v1, cloud {}",
             a.model,
@@ -206,10 +216,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .unwrap_or("none (system prompts computed here)")
         );
-        if let Some(addr) = &a.peer_listen {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
+        if let Some(l) = peer_listener {
             eprintln!(
                 "serving cached cloud prompts to peers on {}",
                 l.local_addr()?

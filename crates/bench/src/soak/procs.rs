@@ -156,9 +156,33 @@ impl Drop for Proc {
     }
 }
 
-/// A loopback port free now (the OS picks it; a process binds it right after).
+/// A loopback port free now, for a process to bind a little later. Taken from below the
+/// kernel's ephemeral range where there is room: a port `bind(0)` gives comes from that range,
+/// and an outgoing connection (a cloud reaching Redis) could take it as its own local port
+/// before the process it was meant for binds it (an edge once lost its peer port that way and
+/// exited). Never the same port twice in one run.
 pub fn free_port() -> Result<u16, BenchError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOWEST);
+    if span < 1000 {
+        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port());
+    }
+    // A different start per process, so two harnesses at once rarely meet.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOWEST + (start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(BenchError::Data("no free loopback port".into()))
 }
