@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{
-    logprobs, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream, TokenLogprobs,
+    logprobs, sample_each, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream,
+    TokenLogprobs,
 };
 use tokio::sync::mpsc;
 
@@ -419,8 +420,8 @@ impl Batcher {
         let result = self.model.forward_scoring(&mut batch, &score);
         drop(batch);
         self.metrics.batch_rows.observe(rows as f64);
-        let mut logits = match result {
-            Ok(l) => l.into_iter(),
+        let logits = match result {
+            Ok(l) => l,
             Err(e) => {
                 // Nothing was appended (the engine checks before writing); fail the batch's
                 // requests rather than the server.
@@ -439,11 +440,33 @@ impl Batcher {
                 return 0;
             }
         };
+        // Decoding sequences draw their next tokens together, over the engine's pool.
+        let mut drawn = vec![None; self.active.len()];
+        {
+            let (mut draws, mut at) = (Vec::new(), Vec::new());
+            let mut step_logits = logits.iter();
+            for (i, (r, f)) in self.active.iter_mut().zip(&feeds).enumerate() {
+                if f.is_none() {
+                    continue;
+                }
+                let Some((l, _)) = step_logits.next() else {
+                    break;
+                };
+                if r.fed >= r.job.prompt.len() && r.job.max_tokens > 0 {
+                    at.push(i);
+                    draws.push((&mut r.sampler, &l[..]));
+                }
+            }
+            for (i, id) in at.into_iter().zip(sample_each(draws)) {
+                drawn[i] = Some(id);
+            }
+        }
+        let mut logits = logits.into_iter();
         let mut ended = vec![false; self.active.len()];
         for (i, f) in feeds.iter().enumerate() {
             let Some(f) = f else { continue };
             let (l, scores) = logits.next().unwrap_or_default();
-            ended[i] = self.advance(i, f.len(), &l, scores);
+            ended[i] = self.advance(i, f.len(), &l, scores, drawn[i]);
         }
         let mut i = 0;
         self.active.retain(|_| {
@@ -481,7 +504,7 @@ impl Batcher {
             ended[i] = match o {
                 Ok((logits, scores)) => {
                     let rows = self.active[i].job.prompt.len();
-                    self.advance(i, rows, &logits, scores)
+                    self.advance(i, rows, &logits, scores, None)
                 }
                 Err(e) => {
                     let _ = self.active[i].job.events.send(Event::Failed(e));
@@ -498,13 +521,14 @@ impl Batcher {
     }
 
     /// Take one step's logits (and the prompt rows' scores, when asked) for active sequence
-    /// `i`; true when its answer is over.
+    /// `i`, with its next token when it was `drawn` already; true when its answer is over.
     fn advance(
         &mut self,
         i: usize,
         fed: usize,
         logits: &[f32],
         scores: Vec<TokenLogprobs>,
+        drawn: Option<u32>,
     ) -> bool {
         let r = &mut self.active[i];
         if r.fed < r.job.prompt.len() {
@@ -520,12 +544,18 @@ impl Batcher {
             // The prompt is in: further answers start here, from the same KV and logits, and
             // wait at the head of the queue for batch slots (max_batch holds).
             for mut f in r.fork().into_iter().rev() {
-                if !emit(&mut f, logits, &self.model, &self.metrics) {
+                if !emit(&mut f, logits, None, &self.model, &self.metrics) {
                     self.waiting.push_front(f);
                 }
             }
         }
-        emit(&mut self.active[i], logits, &self.model, &self.metrics)
+        emit(
+            &mut self.active[i],
+            logits,
+            drawn,
+            &self.model,
+            &self.metrics,
+        )
     }
 
     /// Drop requests whose client went away or whose time is up (or all, once stopped).
@@ -588,15 +618,21 @@ impl Batcher {
     }
 }
 
-/// Sample `r`'s next token from `logits` and send what it makes final; true when the answer
-/// is over.
-fn emit(r: &mut Running, logits: &[f32], model: &Model, metrics: &Metrics) -> bool {
+/// Sample `r`'s next token from `logits` (or take the one `drawn` from them) and send what it
+/// makes final; true when the answer is over.
+fn emit(
+    r: &mut Running,
+    logits: &[f32],
+    drawn: Option<u32>,
+    model: &Model,
+    metrics: &Metrics,
+) -> bool {
     if r.job.max_tokens == 0 {
         // Only the prompt was asked for (scored).
         finish(r, "length", metrics);
         return true;
     }
-    let id = r.sampler.sample(logits);
+    let id = drawn.unwrap_or_else(|| r.sampler.sample(logits));
     if let Some(top) = r.logprobs {
         r.token_logprobs.push(logprobs(logits, id, top));
     }

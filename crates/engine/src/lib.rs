@@ -27,6 +27,6 @@ pub use error::{EngineError, Result};
 pub use generate::{GenerateOptions, GenerateStats, Generator, TextStream};
 pub use kv::{LayerKv, PrefixKv};
 pub use model::{Model, ModelInfo};
-pub use sample::{logprobs, Sampler, SamplingParams, TokenLogprobs};
+pub use sample::{logprobs, sample_each, Sampler, SamplingParams, TokenLogprobs};
 pub use sequence::Sequence;
 pub use tokenizer::Tokenizer;
