@@ -216,6 +216,17 @@ mod simd {
         cfg!(target_arch = "x86_64") && crate::kernels::LEVEL.wide()
     }
 
+    /// How many sixteens of queries one `attend16` call takes at head size `d` (1 where it
+    /// does not run).
+    pub fn sixteens(d: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::LEVEL.wide() {
+            return super::wide::sets_for(d);
+        }
+        let _ = d;
+        1
+    }
+
     /// Whether this state takes the AVX2 path.
     pub fn fast(st: &State) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -331,8 +342,10 @@ mod simd {
     ) -> usize {
         let (lanes, d) = (super::wide::LANES, states[0].dim);
         let whole = states.len() / lanes * lanes;
-        for at in (0..whole).step_by(lanes) {
-            wide16::<H>(&mut states[at..], &r[at * d..], k, v, n);
+        let step = lanes * super::wide::sets_for(d);
+        for at in (0..whole).step_by(step) {
+            let end = whole.min(at + step);
+            wide16::<H>(&mut states[at..end], &r[at * d..end * d], k, v, n);
         }
         let (st, r) = (&mut states[whole..], &r[whole * d..]);
         if st.is_empty() || (H && st.len() <= 2) {
@@ -391,13 +404,16 @@ mod simd {
             );
             if hi > lo {
                 let (k, v) = (keys[lo * d..].as_ptr(), values[lo * d..].as_ptr());
-                for at in (0..whole).step_by(super::wide::LANES) {
-                    // SAFETY: AVX-512 F detected; sixteen states and rows from `at`; the
-                    // keys and values hold `hi - lo` rows of `d` (a multiple of 16) from `lo`.
+                let step = super::wide::LANES * super::wide::sets_for(d);
+                for at in (0..whole).step_by(step) {
+                    let end = whole.min(at + step);
+                    // SAFETY: AVX-512 F detected; whole sixteens of states and rows from
+                    // `at`; the keys and values hold `hi - lo` rows of `d` (a multiple of 16)
+                    // from `lo`.
                     unsafe {
                         wide16::<true>(
-                            &mut states[at..],
-                            &rows[at * d..],
+                            &mut states[at..end],
+                            &rows[at * d..end * d],
                             k as *const u8,
                             v as *const u8,
                             hi - lo,
@@ -896,22 +912,42 @@ pub fn attend_batch(
     // A group of eight or fewer (a lone sequence's heads of one KV head) stays whole when
     // there are groups enough for the threads: each task converts and reads the keys once.
     let whole_small = groups.len() >= rayon::current_num_threads();
-    let tasks: Vec<(usize, &[Query])> = groups
+    // Large groups on AVX-512 go in tasks of up to `most` sixteens, which convert each block
+    // of keys once for all of them; the tasks shrink as the sixteens left run out (guided
+    // self-scheduling: big ones first, single sixteens last to even out the threads).
+    let threads = rayon::current_num_threads();
+    let most = simd::sixteens(head_dim);
+    let large = |qs: &[Query]| most > 1 && qs.len() >= 2 * lanes;
+    let mut left: usize = groups
         .iter()
-        .flat_map(|((_, g), qs)| {
-            let cuts = if whole_small && qs.len() <= 8 {
-                1
-            } else {
-                qs.len().div_ceil(per_task)
-            };
-            let mut size = qs.len().div_ceil(cuts);
-            if size > 4 {
-                // Whole eights (sixteens on AVX-512) run the across-queries kernels.
-                size = size.next_multiple_of(lanes);
+        .filter(|(_, qs)| large(qs))
+        .map(|(_, qs)| qs.len().div_ceil(lanes))
+        .sum();
+    let mut tasks: Vec<(usize, &[Query])> = Vec::new();
+    for ((_, g), qs) in &groups {
+        if large(qs) {
+            let mut at = 0;
+            while at < qs.len() {
+                let k = left.div_ceil(2 * threads).clamp(1, most);
+                let end = qs.len().min(at + k * lanes);
+                tasks.push((*g, &qs[at..end]));
+                left = left.saturating_sub((end - at).div_ceil(lanes));
+                at = end;
             }
-            qs.chunks(size.max(1)).map(move |c| (*g, c))
-        })
-        .collect();
+            continue;
+        }
+        let cuts = if whole_small && qs.len() <= 8 {
+            1
+        } else {
+            qs.len().div_ceil(per_task)
+        };
+        let mut size = qs.len().div_ceil(cuts);
+        if size > 4 {
+            // Whole eights (sixteens on AVX-512) run the across-queries kernels.
+            size = size.next_multiple_of(lanes);
+        }
+        tasks.extend(qs.chunks(size.max(1)).map(|c| (*g, c)));
+    }
     let results: Vec<std::sync::OnceLock<Vec<f32>>> =
         tasks.iter().map(|_| std::sync::OnceLock::new()).collect();
     crate::pool::run(tasks.len(), &|i| {
@@ -1466,6 +1502,63 @@ mod tests {
         let want = reference(&qs, &k, &v, 159, d);
         for (a, b) in shared[..d].iter().zip(&want) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    /// A large decode batch on one prefix (tasks of several sixteens, each block of keys
+    /// converted once for all of them on AVX-512) gives each sequence bitwise what it gets
+    /// alone; and every sixteens-per-call count of the shared-range kernel gives each query
+    /// its scalar bits, at every head size.
+    #[test]
+    fn several_sixteens_per_task_match_each_alone_bitwise() {
+        let (n_head, n_kv, d) = (6, 2, 64);
+        let mut seed = 29;
+        let prefix = layer(70, n_kv, d, &mut seed);
+        // 24 sequences x 3 heads per KV head: groups of 72 queries, cut in sixteens.
+        let privs: Vec<LayerKv> = (0..24)
+            .map(|i| layer(1 + i % 5, n_kv, d, &mut seed))
+            .collect();
+        let q: Vec<f32> = (0..24 * n_head * d).map(|_| lcg(&mut seed)).collect();
+        let views: Vec<KvView> = privs
+            .iter()
+            .map(|p| KvView {
+                prefix: Some(&prefix),
+                private: p,
+                rows: 1,
+            })
+            .collect();
+        let mut all = vec![0f32; q.len()];
+        attend_batch(&q, &views, n_head, d, None, &mut all);
+        let w = n_head * d;
+        for (i, p) in privs.iter().enumerate() {
+            let v = KvView {
+                prefix: Some(&prefix),
+                private: p,
+                rows: 1,
+            };
+            let mut alone = vec![0f32; w];
+            attend_batch(&q[i * w..(i + 1) * w], &[v], n_head, d, None, &mut alone);
+            let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all[i * w..(i + 1) * w]), bits(&alone), "sequence {i}");
+        }
+        for (n, d, queries) in [(90, 64, 53), (45, 128, 40), (20, 256, 33), (37, 48, 49)] {
+            let (_, k, v) = setup(n, d);
+            let mut seed = 31;
+            let rows: Vec<f32> = (0..queries * d).map(|_| lcg(&mut seed) * 0.7).collect();
+            let mut states: Vec<State> = (0..queries).map(|_| State::new(d)).collect();
+            attend_shared(&mut states, &rows, &k, &v, &vec![(0, n); queries]);
+            for (i, st) in states.iter().enumerate() {
+                let mut alone = State::new(d);
+                attend_impl(&mut alone, &rows[i * d..(i + 1) * d], &k, &v, n);
+                let (got, want) = (st.finish(), alone.finish());
+                let same = got.lse.to_bits() == want.lse.to_bits()
+                    && got
+                        .out
+                        .iter()
+                        .zip(&want.out)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "head size {d}, {queries} queries, query {i}");
+            }
         }
     }
 

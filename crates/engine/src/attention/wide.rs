@@ -128,13 +128,30 @@ pub(super) unsafe fn block_rows<const H: bool>(
     }
 }
 
-/// The first sixteen `states` (rows of `rows`, pre-scaled queries) consume `n` keys and
-/// values: f16 (`H`, converted a block at a time here) or f32. `D` is the head size when known
-/// at compile time (0: the state's).
+/// Most sixteens of queries per call: each block of keys is converted from f16 once for all
+/// of them (a sixth of `attend16`'s time when each sixteen converted its own).
+pub(super) const MAX_SETS: usize = 3;
+
+/// How many sixteens a call takes at head size `d`: their transposed queries and
+/// accumulators and one block of keys and values stay within L1.
+pub(super) fn sets_for(d: usize) -> usize {
+    if d <= 64 {
+        MAX_SETS
+    } else if d <= 128 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Sixteens of `states` (rows of `rows`, pre-scaled queries; `states.len()` a multiple of 16,
+/// at most `sets_for(d)` of them) consume `n` keys and values: f16 (`H`, converted a block at a
+/// time here, once for every sixteen) or f32. `D` is the head size when known at compile time
+/// (0: the state's). Each sixteen does the whole block (scores, softmax, values) in turn.
 ///
 /// # Safety
 /// AVX-512 F present; `keys` and `values` hold `n` rows of the states' head size, a multiple
-/// of 16; at least sixteen states and rows.
+/// of 16; a row per state.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::needless_range_loop)]
 pub(super) unsafe fn attend16<const D: usize, const H: bool>(
@@ -145,25 +162,39 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
     n: usize,
 ) {
     let d = if D == 0 { states[0].dim } else { D };
+    let sets = states.len() / LANES;
+    assert!(
+        (1..=sets_for(d)).contains(&sets) && states.len() == sets * LANES,
+        "attend16 takes 1 to {} sixteens, not {} states",
+        sets_for(d),
+        states.len()
+    );
+    assert!(rows.len() >= states.len() * d, "a row per state");
     let (mut kbuf, mut vbuf) = (
         MaybeUninit::<Columns>::uninit(),
         MaybeUninit::<Columns>::uninit(),
     );
     let (kbuf, vbuf) = (kbuf.as_mut_ptr() as *mut f32, vbuf.as_mut_ptr() as *mut f32);
-    let states = &mut states[..LANES];
+    // Set `x`'s transposed queries and accumulators at `x * d * LANES`.
     let (mut qt, mut acc) = (
-        MaybeUninit::<Columns>::uninit(),
-        MaybeUninit::<Columns>::uninit(),
+        MaybeUninit::<[Columns; MAX_SETS]>::uninit(),
+        MaybeUninit::<[Columns; MAX_SETS]>::uninit(),
     );
-    let (qt, acc) = (qt.as_mut_ptr() as *mut f32, acc.as_mut_ptr() as *mut f32);
+    let (qt0, acc0) = (qt.as_mut_ptr() as *mut f32, acc.as_mut_ptr() as *mut f32);
     for (i, st) in states.iter().enumerate() {
+        let base = i / LANES * d * LANES + i % LANES;
         for t in 0..d {
-            *qt.add(t * LANES + i) = rows[i * d + t];
-            *acc.add(t * LANES + i) = st.acc[t];
+            *qt0.add(base + t * LANES) = rows[i * d + t];
+            *acc0.add(base + t * LANES) = st.acc[t];
         }
     }
-    let mut m = _mm512_loadu_ps(std::array::from_fn::<f32, 16, _>(|i| states[i].m).as_ptr());
-    let mut l = _mm512_loadu_ps(std::array::from_fn::<f32, 16, _>(|i| states[i].l).as_ptr());
+    let mut ms = [_mm512_setzero_ps(); MAX_SETS];
+    let mut ls = [_mm512_setzero_ps(); MAX_SETS];
+    for x in 0..sets {
+        let set = &states[x * LANES..(x + 1) * LANES];
+        ms[x] = _mm512_loadu_ps(std::array::from_fn::<f32, 16, _>(|i| set[i].m).as_ptr());
+        ls[x] = _mm512_loadu_ps(std::array::from_fn::<f32, 16, _>(|i| set[i].l).as_ptr());
+    }
     let one = _mm512_set1_ps(1.0);
     let chunks = d / 16;
     // A block's scores and weights, made once per call: zeroed per block they were a 4 KB
@@ -178,60 +209,69 @@ pub(super) unsafe fn attend16<const D: usize, const H: bool>(
         let nb = if d <= 64 { BLOCK } else { 16 }.min(n - j0);
         let (keys, values) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
         let key = |j: usize| keys.add(j * d);
-        let mut j = 0;
-        while j + 4 <= nb {
-            let sc = scores::<4>(qt, &[key(j), key(j + 1), key(j + 2), key(j + 3)], chunks);
-            s[j..j + 4].copy_from_slice(&sc);
-            j += 4;
-        }
-        while j < nb {
-            s[j] = scores::<1>(qt, &[key(j)], chunks)[0];
-            j += 1;
-        }
-        // Key by key, every lane: `if s > m { l *= c; acc *= c; m = s }`, then `l += p`.
-        // Lanes that do not grow multiply by exactly 1.
-        for j in 0..nb {
-            let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s[j], m);
-            grew[j] = up;
-            if up != 0 {
-                c[j] = _mm512_mask_blend_ps(up, one, exp_neg16(_mm512_sub_ps(m, s[j])));
-                l = _mm512_mul_ps(l, c[j]);
-                m = _mm512_mask_blend_ps(up, m, s[j]);
+        for x in 0..sets {
+            let (qt, acc) = (qt0.add(x * d * LANES), acc0.add(x * d * LANES));
+            let (mut m, mut l) = (ms[x], ls[x]);
+            let mut j = 0;
+            while j + 4 <= nb {
+                let sc = scores::<4>(qt, &[key(j), key(j + 1), key(j + 2), key(j + 3)], chunks);
+                s[j..j + 4].copy_from_slice(&sc);
+                j += 4;
             }
-            p[j] = exp_neg16(_mm512_sub_ps(s[j], m));
-            l = _mm512_add_ps(l, p[j]);
-        }
-        // Values: sixteen output elements of every query in registers per pass.
-        for o in (0..d).step_by(16) {
-            let mut a = [_mm512_setzero_ps(); 16];
-            for t in 0..16 {
-                a[t] = _mm512_load_ps(acc.add((o + t) * LANES));
+            while j < nb {
+                s[j] = scores::<1>(qt, &[key(j)], chunks)[0];
+                j += 1;
             }
+            // Key by key, every lane: `if s > m { l *= c; acc *= c; m = s }`, then `l += p`.
+            // Lanes that do not grow multiply by exactly 1.
             for j in 0..nb {
-                if grew[j] != 0 {
-                    for x in a.iter_mut() {
-                        *x = _mm512_mul_ps(*x, c[j]);
+                let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s[j], m);
+                grew[j] = up;
+                if up != 0 {
+                    c[j] = _mm512_mask_blend_ps(up, one, exp_neg16(_mm512_sub_ps(m, s[j])));
+                    l = _mm512_mul_ps(l, c[j]);
+                    m = _mm512_mask_blend_ps(up, m, s[j]);
+                }
+                p[j] = exp_neg16(_mm512_sub_ps(s[j], m));
+                l = _mm512_add_ps(l, p[j]);
+            }
+            (ms[x], ls[x]) = (m, l);
+            // Values: sixteen output elements of every query in registers per pass.
+            for o in (0..d).step_by(16) {
+                let mut a = [_mm512_setzero_ps(); 16];
+                for t in 0..16 {
+                    a[t] = _mm512_load_ps(acc.add((o + t) * LANES));
+                }
+                for j in 0..nb {
+                    if grew[j] != 0 {
+                        for y in a.iter_mut() {
+                            *y = _mm512_mul_ps(*y, c[j]);
+                        }
+                    }
+                    let v = values.add(j * d + o);
+                    for t in 0..16 {
+                        a[t] = _mm512_add_ps(a[t], _mm512_mul_ps(p[j], _mm512_set1_ps(*v.add(t))));
                     }
                 }
-                let v = values.add(j * d + o);
                 for t in 0..16 {
-                    a[t] = _mm512_add_ps(a[t], _mm512_mul_ps(p[j], _mm512_set1_ps(*v.add(t))));
+                    _mm512_store_ps(acc.add((o + t) * LANES), a[t]);
                 }
-            }
-            for t in 0..16 {
-                _mm512_store_ps(acc.add((o + t) * LANES), a[t]);
             }
         }
         j0 += nb;
     }
-    let (mut ms, mut ls) = ([0f32; 16], [0f32; 16]);
-    _mm512_storeu_ps(ms.as_mut_ptr(), m);
-    _mm512_storeu_ps(ls.as_mut_ptr(), l);
-    for (i, st) in states.iter_mut().enumerate() {
-        st.m = ms[i];
-        st.l = ls[i];
-        for t in 0..d {
-            st.acc[t] = *acc.add(t * LANES + i);
+    for x in 0..sets {
+        let (mut mv, mut lv) = ([0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(mv.as_mut_ptr(), ms[x]);
+        _mm512_storeu_ps(lv.as_mut_ptr(), ls[x]);
+        for i in 0..LANES {
+            let st = &mut states[x * LANES + i];
+            st.m = mv[i];
+            st.l = lv[i];
+            let base = x * d * LANES + i;
+            for t in 0..d {
+                st.acc[t] = *acc0.add(base + t * LANES);
+            }
         }
     }
 }

@@ -128,21 +128,49 @@ struct RowsMut<'a> {
 
 impl RowsMut<'_> {
     fn quantize(&mut self, width: usize) {
+        // SAFETY: AVX2 was detected (asserted in `fill`), AVX-512 F where `wide`; every
+        // slice is whole 32-blocks.
+        unsafe {
+            if super::LEVEL.wide() {
+                self.quantize_avx512(width)
+            } else {
+                self.quantize_avx2(width)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn quantize_avx2(&mut self, width: usize) {
+        self.quantize_by::<false>(width)
+    }
+
+    #[target_feature(enable = "avx2,avx512f")]
+    unsafe fn quantize_avx512(&mut self, width: usize) {
+        self.quantize_by::<true>(width)
+    }
+
+    /// The rows' blocks on 8 or 16 (`WIDE`) lanes, inlined into the caller's features: as
+    /// calls per 32-block the two kernels cost about as much as their work.
+    #[inline(always)]
+    unsafe fn quantize_by<const WIDE: bool>(&mut self, width: usize) {
         let per = width / QK;
         for sb in 0..self.d.len() {
             let xs = &self.x[sb * width..(sb + 1) * width];
-            // SAFETY: AVX2 was detected (asserted in `fill`); every slice is whole 32-blocks.
             let amax = xs
                 .chunks_exact(QK)
-                .map(|b| unsafe { amax_avx2(b) })
+                .map(|b| if WIDE { amax16(b) } else { amax8(b) })
                 .fold(0f32, f32::max);
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0;
             for (j, b) in xs.chunks_exact(QK).enumerate() {
                 let at = sb * per + j;
-                // SAFETY: as above.
-                let (h0, h1) = unsafe { quantize_avx2(b, id, &mut self.q[at * QK..(at + 1) * QK]) };
+                let q = &mut self.q[at * QK..(at + 1) * QK];
+                let (h0, h1) = if WIDE {
+                    quantize16(b, id, q)
+                } else {
+                    quantize8(b, id, q)
+                };
                 self.bsum[at] = h0 + h1;
                 // |h| <= 16 * 127: both fit in i16.
                 self.hpair[at] = (h0 & 0xFFFF) | (h1 << 16);
@@ -160,9 +188,43 @@ impl RowsMut<'_> {
     }
 }
 
+/// Largest |x| of one 32-block, 16 lanes (max is exact, so any order gives its bits).
+#[inline(always)]
+unsafe fn amax16(xs: &[f32]) -> f32 {
+    let p = xs[..QK].as_ptr();
+    let m = _mm512_max_ps(
+        _mm512_abs_ps(_mm512_loadu_ps(p)),
+        _mm512_abs_ps(_mm512_loadu_ps(p.add(16))),
+    );
+    _mm512_reduce_max_ps(m)
+}
+
+/// `quantize8`'s operations on 16 lanes, then narrowed by saturation (the values are within
+/// +-127 either way).
+#[inline(always)]
+unsafe fn quantize16(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32) {
+    let (p, out) = (xs[..QK].as_ptr(), q[..QK].as_mut_ptr());
+    let id = _mm512_set1_ps(id);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let one = _mm512_castps_si512(_mm512_set1_ps(1.0));
+    let half = _mm512_set1_ps(0.5);
+    let r: [__m512i; 2] = std::array::from_fn(|i| {
+        let y = _mm512_mul_ps(_mm512_loadu_ps(p.add(16 * i)), id);
+        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+        let fr = _mm512_abs_ps(_mm512_sub_ps(y, t));
+        let step = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one);
+        let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(fr, half);
+        let up = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(ge, step));
+        _mm512_cvtps_epi32(_mm512_add_ps(t, up))
+    });
+    _mm_storeu_si128(out as *mut __m128i, _mm512_cvtsepi32_epi8(r[0]));
+    _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(r[1]));
+    (_mm512_reduce_add_epi32(r[0]), _mm512_reduce_add_epi32(r[1]))
+}
+
 /// Largest |x| of one 32-block.
-#[target_feature(enable = "avx2")]
-unsafe fn amax_avx2(xs: &[f32]) -> f32 {
+#[inline(always)]
+unsafe fn amax8(xs: &[f32]) -> f32 {
     let p = xs.as_ptr();
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     let v: [__m256; 4] = std::array::from_fn(|i| _mm256_and_ps(_mm256_loadu_ps(p.add(8 * i)), abs));
@@ -173,8 +235,8 @@ unsafe fn amax_avx2(xs: &[f32]) -> f32 {
 }
 
 /// One 32-block `round(x * id)` into `q`; returns the sums of its two halves.
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_avx2(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32) {
+#[inline(always)]
+unsafe fn quantize8(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32) {
     let p = xs.as_ptr();
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     let id = _mm256_set1_ps(id);
