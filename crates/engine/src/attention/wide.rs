@@ -1,4 +1,4 @@
-//! Sixteen queries on the same f32 keys with AVX-512, one query per lane throughout: scores,
+//! Sixteens of queries on the same keys with AVX-512, one query per lane throughout: scores,
 //! softmax bookkeeping and value sums are all vertical operations, with no reduction shuffles
 //! and no branch per query. Each lane does the scalar path's operations in its order
 //! (`fold_scalar`): the score is `dot`'s 16 lane sums added by its fixed tree, a key raises the
