@@ -897,13 +897,12 @@ pub fn attend_batch(
         }
     }
     let total: usize = groups.iter().map(|(_, qs)| qs.len()).sum();
+    let threads = rayon::current_num_threads();
     // Enough tasks to balance two threads (a batch of 32 on SmolLM2 made nine equal tasks:
     // one thread idle for a ninth of the call), at least two queries each so that a lone
     // sequence's heads still read their keys in lockstep; each group cut in equal chunks,
     // of whole eights once they are longer than four.
-    let per_task = total
-        .div_ceil(8 * rayon::current_num_threads())
-        .clamp(2, 32);
+    let per_task = total.div_ceil(8 * threads).clamp(2, 32);
     let lanes = if cfg!(target_arch = "x86_64") && crate::kernels::LEVEL.wide() {
         16
     } else {
@@ -911,11 +910,10 @@ pub fn attend_batch(
     };
     // A group of eight or fewer (a lone sequence's heads of one KV head) stays whole when
     // there are groups enough for the threads: each task converts and reads the keys once.
-    let whole_small = groups.len() >= rayon::current_num_threads();
+    let whole_small = groups.len() >= threads;
     // Large groups on AVX-512 go in tasks of up to `most` sixteens, which convert each block
     // of keys once for all of them; the tasks shrink as the sixteens left run out (guided
     // self-scheduling: big ones first, single sixteens last to even out the threads).
-    let threads = rayon::current_num_threads();
     let most = simd::sixteens(head_dim);
     let large = |qs: &[Query]| most > 1 && qs.len() >= 2 * lanes;
     let mut left: usize = groups
