@@ -379,52 +379,63 @@ mod simd {
         }
     }
 
-    /// When every query takes the same keys (a shared prefix) and the CPU has AVX-512, the
-    /// leading sixteens of `states` consume them in one pass each, the f16 keys converted a
-    /// block at a time inside the kernel: no tile copies, and the query and state transposes
-    /// paid once per range. Returns how many states were done.
-    pub fn whole_range(
+    /// How many leading states `sixteens_over` takes: the whole sixteens on AVX-512, none
+    /// elsewhere.
+    pub fn wide_lead(states: &[State]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::LEVEL.wide() && states.first().is_some_and(fast) {
+            return states.len() / super::wide::LANES * super::wide::LANES;
+        }
+        let _ = states;
+        0
+    }
+
+    /// The states (`wide_lead` of them: whole sixteens) consume keys `lo..hi` in one pass per
+    /// `attend16` call, the f16 keys converted a block at a time inside the kernel: no tile
+    /// copies, and the query and state transposes paid once for the whole span.
+    pub fn sixteens_over(
         states: &mut [State],
         rows: &[f32],
         keys: &[f16],
         values: &[f16],
-        ranges: &[(usize, usize)],
-    ) -> usize {
+        (lo, hi): (usize, usize),
+    ) {
+        assert_eq!(
+            wide_lead(states),
+            states.len(),
+            "sixteens_over takes whole sixteens on AVX-512"
+        );
+        if hi <= lo || states.is_empty() {
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::LEVEL.wide()
-            && states.len() >= super::wide::LANES
-            && fast(&states[0])
-            && ranges.iter().all(|r| *r == ranges[0])
         {
-            let (d, (lo, hi)) = (states[0].dim, ranges[0]);
-            let whole = states.len() / super::wide::LANES * super::wide::LANES;
+            let d = states[0].dim;
             assert!(
                 keys.len().min(values.len()) >= hi * d,
                 "attention keys shorter than {hi} rows"
             );
-            if hi > lo {
-                let (k, v) = (keys[lo * d..].as_ptr(), values[lo * d..].as_ptr());
-                let step = super::wide::LANES * super::wide::sets_for(d);
-                for at in (0..whole).step_by(step) {
-                    let end = whole.min(at + step);
-                    // SAFETY: AVX-512 F detected; whole sixteens of states and rows from
-                    // `at`; the keys and values hold `hi - lo` rows of `d` (a multiple of 16)
-                    // from `lo`.
-                    unsafe {
-                        wide16::<true>(
-                            &mut states[at..end],
-                            &rows[at * d..end * d],
-                            k as *const u8,
-                            v as *const u8,
-                            hi - lo,
-                        )
-                    };
-                }
+            assert!(rows.len() >= states.len() * d, "a row per state");
+            let (k, v) = (keys[lo * d..].as_ptr(), values[lo * d..].as_ptr());
+            let step = super::wide::LANES * super::wide::sets_for(d);
+            for at in (0..states.len()).step_by(step) {
+                let end = states.len().min(at + step);
+                // SAFETY: AVX-512 F detected (`wide_lead`); whole sixteens of states and rows
+                // from `at`; the keys and values hold `hi - lo` rows of `d` (a multiple of 16,
+                // `fast`) from `lo`.
+                unsafe {
+                    wide16::<true>(
+                        &mut states[at..end],
+                        &rows[at * d..end * d],
+                        k as *const u8,
+                        v as *const u8,
+                        hi - lo,
+                    )
+                };
             }
-            return whole;
         }
-        let _ = (states, rows, keys, values, ranges);
-        0
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (rows, keys, values);
     }
 
     /// Eight dot-product vectors (key `j`'s 16 lanes already folded to 8 in `x[j]`) to the
@@ -1040,8 +1051,9 @@ thread_local! {
     static STATES: std::cell::Cell<Vec<State>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `ranges[i]` (`lo..hi`),
-/// tile by tile: a tile is converted from f16 once and read by every query that sees it.
+/// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `ranges[i]` (`lo..hi`):
+/// the span every query of the leading sixteens sees in one pass (AVX-512), the rest tile by
+/// tile, a tile converted from f16 once and read by every query that sees it.
 fn attend_shared(
     states: &mut [State],
     rows: &[f32],
@@ -1060,11 +1072,42 @@ fn attend_shared(
         }
         return;
     }
-    let lead = simd::whole_range(states, rows, keys, values, ranges);
-    let (states, rows, ranges) = (&mut states[lead..], &rows[lead * d..], &ranges[lead..]);
-    if states.is_empty() {
-        return;
+    // On AVX-512 the leading sixteens take the keys they all see (a causal chunk's earlier
+    // rows, a shared prefix) in one `attend16` pass: a pass per tile transposed their queries
+    // and states in and out each time, a third of `attend16` in a Gemma 3 prefill. Each
+    // query's keys before that span go first and the rest after, so every query still takes
+    // its keys in order.
+    let lead = simd::wide_lead(states);
+    let span = (
+        ranges[..lead].iter().map(|r| r.0).max().unwrap_or(0),
+        ranges[..lead].iter().map(|r| r.1).min().unwrap_or(0),
+    );
+    if lead == 0 || span.1 <= span.0 {
+        return tiles(states, rows, keys, values, ranges);
     }
+    let heads: Vec<(usize, usize)> = ranges[..lead].iter().map(|r| (r.0, span.0)).collect();
+    tiles(&mut states[..lead], &rows[..lead * d], keys, values, &heads);
+    simd::sixteens_over(&mut states[..lead], &rows[..lead * d], keys, values, span);
+    let rest: Vec<(usize, usize)> = ranges
+        .iter()
+        .enumerate()
+        .map(|(i, &(lo, hi))| if i < lead { (span.1, hi) } else { (lo, hi) })
+        .collect();
+    tiles(states, rows, keys, values, &rest);
+}
+
+/// `attend_shared`'s tile loop: each query `i` consumes keys `ranges[i]`, tile by tile; the
+/// queries that see the same keys of a tile take them in one call.
+fn tiles(
+    states: &mut [State],
+    rows: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    ranges: &[(usize, usize)],
+) {
+    let Some(d) = states.first().map(|s| s.dim) else {
+        return;
+    };
     // Few queries convert f16 in registers; more share one f32 copy of each tile, except on
     // AVX-512, where `attend_few` converts blocks of sixteen keys into L1 itself.
     let convert = states.len() > 4 && !simd::converts_blocks();
@@ -1561,6 +1604,43 @@ mod tests {
                 assert!(
                     same_bits(&st.finish(), &alone.finish()),
                     "head size {d}, {queries} queries, query {i}"
+                );
+            }
+        }
+    }
+
+    /// A prefill chunk's queries (a few heads per row, each row one key further, a window's
+    /// first key rising with it): the span all the leading sixteens see goes in one pass,
+    /// each query's keys before and after it by tiles, and every query keeps its scalar bits.
+    #[test]
+    fn a_causal_chunk_split_around_the_common_span_matches_each_alone_bitwise() {
+        for (n, d, heads, window) in [
+            (150, 64, 3, None),
+            (150, 64, 3, Some(40)),
+            (90, 256, 4, Some(70)),
+            (70, 128, 2, None),
+        ] {
+            let (_, k, v) = setup(n, d);
+            let rows_in_chunk = 21;
+            let queries = rows_in_chunk * heads;
+            let mut seed = 37;
+            let rows: Vec<f32> = (0..queries * d).map(|_| lcg(&mut seed) * 0.6).collect();
+            // Row `t` of the chunk sits at position `n - rows_in_chunk + t`.
+            let ranges: Vec<(usize, usize)> = (0..queries)
+                .map(|i| {
+                    let hi = n - rows_in_chunk + i / heads + 1;
+                    (window.map_or(0, |w| hi.saturating_sub(w)), hi)
+                })
+                .collect();
+            let mut states: Vec<State> = (0..queries).map(|_| State::new(d)).collect();
+            attend_shared(&mut states, &rows, &k, &v, &ranges);
+            for (i, (st, &(lo, hi))) in states.iter().zip(&ranges).enumerate() {
+                let mut alone = State::new(d);
+                let r = &rows[i * d..(i + 1) * d];
+                attend_impl(&mut alone, r, &k[lo * d..], &v[lo * d..], hi - lo);
+                assert!(
+                    same_bits(&st.finish(), &alone.finish()),
+                    "head size {d}, window {window:?}, query {i}, keys {lo}..{hi}"
                 );
             }
         }
