@@ -1116,10 +1116,12 @@ fn tiles(
     } else {
         (Vec::new(), Vec::new())
     };
+    // Without a copy a tile only groups the calls: one per run of queries is enough.
+    let tile = if convert { PREFIX_TILE } else { usize::MAX };
     let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
     let mut j0 = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     while j0 < longest {
-        let n = PREFIX_TILE.min(longest - j0);
+        let n = tile.min(longest - j0);
         let (k, v) = (&keys[j0 * d..(j0 + n) * d], &values[j0 * d..(j0 + n) * d]);
         if convert {
             simd::widen(k, &mut kt[..n * d]);
