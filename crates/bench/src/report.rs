@@ -62,7 +62,10 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
          hand. Every number was measured on the machine named with it, baselines in the same run.\n"
     );
     engine_section(dir, &mut md);
-    ttft_section(dir, &mut md)?;
+    // The AVX2 EPYC's run, then the Xeon's where there is one.
+    for sub in ["", "xeon/"] {
+        ttft_section(dir, sub, &mut md)?;
+    }
     window_section(dir, &mut md);
     // The AVX2 EPYC's run, then those of the other machines where there are any.
     for sub in ["", "avx512/", "xeon/"] {
@@ -173,14 +176,14 @@ fn engine_section(dir: &Path, md: &mut String) {
     }
 }
 
-fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
-    let Some(v) = load(dir, "ttft.json") else {
+fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError> {
+    let Some(v) = load(dir, &format!("{sub}ttft.json")) else {
         return Ok(());
     };
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         md,
-        "## TTFT over link profiles (`edgeprompt-bench ttft`)\n\n{}; codec {}\n\n\
+        "## TTFT over link profiles (`edgeprompt-bench ttft`, `{sub}ttft.json`)\n\n{}; codec {}\n\n\
          | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | non-pipelined s | planner s | planner error | regime |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
@@ -221,15 +224,15 @@ fn ttft_section(dir: &Path, md: &mut String) -> Result<(), BenchError> {
             md,
             "\n**Planner validation** (EdgePrompt eqs. 6-7 from measured per-layer compute and the link's \
              bandwidth/RTT vs the measured pipelined TTFT): {within}/{} points within {:.0} %, mean |error| \
-             {:.1} %, max {:.1} %. ![planner](results/planner-validation.svg)\n\n\
-             Plots: ![5g](results/ttft-5g.svg) ![constrained](results/ttft-constrained.svg) \
-             ![timeline](results/pipeline-timeline.svg)\n",
+             {:.1} %, max {:.1} %. ![planner](results/{sub}planner-validation.svg)\n\n\
+             Plots: ![5g](results/{sub}ttft-5g.svg) ![constrained](results/{sub}ttft-constrained.svg) \
+             ![timeline](results/{sub}pipeline-timeline.svg)\n",
             errors.len(),
             100.0 * PLANNER_GOAL,
             100.0 * mean,
             100.0 * max
         );
-        planner_plot(dir, &v, &rows)?;
+        planner_plot(&dir.join(sub), &v, &rows)?;
     }
     Ok(())
 }
