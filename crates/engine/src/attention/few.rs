@@ -161,6 +161,8 @@ unsafe fn softmax(s: __m512, valid: __mmask16, m: f32, nb: usize, w: &mut Weight
 /// Queries whose `l` chains run interleaved: a query's sixteen dependent adds per block, one
 /// query after another, were a tenth of `attend_few`'s time.
 const SUMS: usize = 8;
+// `attend_few` hands `sum_weights` whole runs of `SUMS` of its `MAX_QUERIES` weights.
+const _: () = assert!(MAX_QUERIES.is_multiple_of(SUMS));
 
 /// `l[x]` (query `x` of `w`) takes its block's weights key by key: `l *= c` where the key
 /// grew, then `l += p`. Key outer, query inner: the queries' chains overlap; each query's
