@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::acts::Acts;
 use super::gemm::{
-    code, each_row, opaque_zero, plane_chunks, prefetch, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
+    code, each_row, opaque_zero, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
 };
 use super::repack::ROWS;
 use super::{Format, QK};
@@ -239,7 +239,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
         _ => Format::Q8_0,
     };
     let has_min = F == Q4_1;
-    let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
+    let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
     let mut acc = [[[opaque_zero(_mm512_setzero_ps()); 8]; P]; MT];
@@ -264,10 +264,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
             v[p] = weights::<F>(h[p].0.add(hb), h[p].1.add(hb));
         }
         if MT == 1 {
-            for &(x, y) in &h {
-                prefetch(x.add(hb), pb);
-                prefetch(y.add(hb), pb);
-            }
+            prefetch_run(group.as_ptr(), 2 * P * b * sb, 2 * P * sb);
         }
         each_row!(MT, i, {
             // The zero points' share, `-zero * bsum`, starts the exact integer sum.
@@ -324,10 +321,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             let pl: [(*const u8, *const u8); P] =
                 std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
             if MT == 1 {
-                for &(x, y) in &pl {
-                    prefetch(x, pb);
-                    prefetch(y, pb);
-                }
+                let per = sb / bps;
+                prefetch_run(group.as_ptr(), 2 * P * (s * sb + bi * per), 2 * P * per);
             }
             let mut v = [[zero; 8]; P];
             for p in 0..P {
