@@ -62,8 +62,8 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
          hand. Every number was measured on the machine named with it, baselines in the same run.\n"
     );
     engine_section(dir, &mut md);
-    // The AVX2 EPYC's run, then the Xeon's where there is one.
-    for sub in ["", "xeon/"] {
+    // The AVX2 EPYC's run, then those of the other machines where there are any.
+    for sub in ["", "avx512/", "xeon/"] {
         ttft_section(dir, sub, &mut md)?;
     }
     window_section(dir, &mut md);
