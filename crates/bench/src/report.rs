@@ -184,8 +184,8 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
     let _ = writeln!(
         md,
         "## TTFT over link profiles (`edgeprompt-bench ttft`, `{sub}ttft.json`)\n\n{}; codec {}\n\n\
-         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | non-pipelined s | planner s | planner error | regime |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | non-pipelined s | planner s | planner error | regime | exact split: cloud layers from, s (predicted) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         v["codec"].as_str().unwrap_or("?")
     );
@@ -201,7 +201,7 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
         let llama = r["llama_edge_only_s"].as_f64();
         let _ = writeln!(
             md,
-            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {} | {:.2} | {pred:.2} | {:+.1} % | {} |",
+            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {} | {:.2} | {pred:.2} | {:+.1} % | {} | {} |",
             r["profile"].as_str().unwrap_or("?"),
             r["cloud_tokens"],
             r["edge_tokens"],
@@ -213,7 +213,8 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
                 .map_or("-".into(), |t| format!("{t:.2} ({:.2}x)", t / pipe)),
             f(&r["sequential_s"]),
             100.0 * err,
-            r["regime"].as_str().unwrap_or("?")
+            r["regime"].as_str().unwrap_or("?"),
+            split_cell(r)
         );
     }
     if !errors.is_empty() {
@@ -235,6 +236,23 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
         planner_plot(&dir.join(sub), &v, &rows)?;
     }
     Ok(())
+}
+
+/// The planner's exact split for a TTFT row: the first layer loaded (`all local` when it
+/// computes every layer) and the TTFT measured there, with its prediction.
+fn split_cell(r: &serde_json::Value) -> String {
+    let (Some(k), Some(t), Some(p)) = (
+        r["planned_split"].as_u64(),
+        r["planned_split_s"].as_f64(),
+        r["predicted_split_s"].as_f64(),
+    ) else {
+        return "-".into();
+    };
+    let from = r["layers"]
+        .as_u64()
+        .filter(|&n| k >= n)
+        .map_or(k.to_string(), |_| "all local".into());
+    format!("{from}, {t:.2} ({p:.2})")
 }
 
 /// Sliding-window layers cut on the wire (`bench ttft` on a Gemma 3 model): the same requests

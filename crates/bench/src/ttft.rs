@@ -11,6 +11,7 @@ use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Message, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
+use edgeprompt_planner::lslm::{plan, SplitInputs};
 use edgeprompt_planner::{predict, Inputs, Regime};
 use serde::Serialize;
 
@@ -50,6 +51,16 @@ pub struct Row {
     pub predicted_sequential_s: f64,
     pub regime: Regime,
     pub kv_bytes_down: usize,
+    /// The exact split the planner picks for this link (`planner::lslm::plan` with the same
+    /// model on both sides, so every split gives the same answer): cloud layers `split..`
+    /// are loaded, the edge computes `0..split` of the cloud prompt meanwhile; `n_layer`
+    /// means edge-only.
+    pub planned_split: Option<usize>,
+    /// The model's layers (a split this high computes them all).
+    pub layers: usize,
+    /// TTFT measured at that split (edge-only's when it is `n_layer`).
+    pub planned_split_s: Option<f64>,
+    pub predicted_split_s: Option<f64>,
     /// Sliding-window models: the same request with the window layers sent whole.
     pub pipelined_uncut_s: Option<f64>,
     pub kv_bytes_down_uncut: Option<usize>,
@@ -125,6 +136,14 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             edge_only.last().unwrap_or(&0.0)
         );
     }
+    // The cloud prompt alone, computed here: what each layer the edge computes instead of
+    // loading costs (the split plan's per-layer prompt compute; layers cost alike).
+    let mut cloud_local = Vec::new();
+    for c in &cases {
+        let t = Instant::now();
+        Sequence::new(&model).prefill_chunked(&model, &c.cloud_ids, 512)?;
+        cloud_local.push(t.elapsed().as_secs_f64());
+    }
     let mut llama_edge_only = Vec::new();
     for c in &cases {
         let ids: Vec<u32> = c.cloud_ids.iter().chain(&c.edge_ids).copied().collect();
@@ -158,7 +177,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 Some(a) => Some(Link::start("127.0.0.1:0", a.to_string(), p).await?),
                 None => None,
             };
-            for ((c, &eo), &llama) in cases.iter().zip(&edge_only).zip(&llama_edge_only) {
+            for (((c, &eo), &llama), &local) in cases.iter().zip(&edge_only).zip(&llama_edge_only).zip(&cloud_local) {
                 let (pipe, tl) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, 0).await?;
                 let (seq, _) = nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, false, 0).await?;
                 let served = match model.chat {
@@ -189,14 +208,31 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     edge_layer_secs: l.iter().map(|x| x.compute_end - x.compute_start).collect(),
                     head_secs: (pipe - l.last().map_or(0.0, |x| x.compute_end)).max(0.0),
                 });
+                let n = l.len();
+                let split_plan = plan(&SplitInputs {
+                    prompt_layer_secs: vec![local / n.max(1) as f64; n],
+                    private_layer_secs: l.iter().map(|x| x.compute_end - x.compute_start).collect(),
+                    layer_bytes: l.iter().map(|x| x.wire_bytes).collect(),
+                    bandwidth_bps: p.bandwidth_bps as f64,
+                    rtt_secs: p.rtt.as_secs_f64(),
+                    cloud_secs: 0.0,
+                    head_secs: (pipe - l.last().map_or(0.0, |x| x.compute_end)).max(0.0),
+                    min_split: 0,
+                });
+                let split_s = match split_plan.split {
+                    k if k >= n => eo,
+                    k => nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, k).await?.0,
+                };
                 eprintln!(
-                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | served cold {} | sequential {seq:.3} s | predicted {:.3} s ({:?})",
+                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | served cold {} | sequential {seq:.3} s | predicted {:.3} s ({:?}) | split at {} {split_s:.3} s (predicted {:.3} s)",
                     c.cloud_ids.len(),
                     c.edge_ids.len(),
                     pipe / eo,
                     served.map_or("-".into(), |t| format!("{t:.3} s ({:.2}x pipelined)", t / pipe)),
                     pred.pipelined_secs,
-                    pred.regime
+                    pred.regime,
+                    split_plan.split,
+                    split_plan.ttft_secs
                 );
                 if timeline_example.is_none() && name == "constrained" && std::ptr::eq(c, cases.last().unwrap_or(c)) {
                     timeline_example = Some(tl.clone());
@@ -214,6 +250,10 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     predicted_sequential_s: pred.sequential_secs,
                     regime: pred.regime,
                     kv_bytes_down: tl.bytes_down(),
+                    planned_split: Some(split_plan.split),
+                    layers: n,
+                    planned_split_s: Some(split_s),
+                    predicted_split_s: Some(split_plan.ttft_secs),
                     pipelined_uncut_s: uncut.map(|u| u.0),
                     kv_bytes_down_uncut: uncut.map(|u| u.1),
                 });
