@@ -57,12 +57,14 @@ pub struct ServeArgs {
     /// before they are ended and the process exits.
     #[arg(long, default_value_t = 30)]
     drain_secs: u64,
-    /// CE-LSLM: take layers from this one on from the cloud (a larger model's KV mapped to
-    /// this model's by the cloud's adapters, `edgeprompt align`) and compute the layers below
-    /// it here. 0: every layer from the cloud, exact. auto: per cloud prompt, the split the
-    /// planner predicts fastest on the measured link, never below the quality floor
-    /// (--lslm-table, --split-min-agreement).
-    #[arg(long, default_value = "0")]
+    /// Take the cloud prompt's layers from this one on from the cloud and compute the layers
+    /// below it here. auto: per cloud prompt, the split the planner predicts fastest on the
+    /// measured link and this machine's measured compute. A cloud running this same model
+    /// streams its exact KV from any layer, so every split gives the same answer. A cloud
+    /// mapping a larger model's KV to this one (CE-LSLM, `edgeprompt align`) is never asked
+    /// below the quality floor (--lslm-table, --split-min-agreement). A number fixes the
+    /// split; 0 takes every layer from the cloud.
+    #[arg(long, default_value = "auto")]
     cloud_layers_from: String,
     /// The CE-LSLM quality table `edgeprompt-bench lslm` writes (for --cloud-layers-from auto).
     #[arg(long, default_value = "docs/results/lslm.json")]
@@ -104,20 +106,33 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     )?);
     let n_layer = model.cfg.n_layer;
     let (cloud_layers_from, auto_split) = match a.cloud_layers_from.as_str() {
+        // Without a cloud every layer is computed here.
+        "auto" if a.cloud.is_none() => (0, None),
         "auto" => {
+            // A table for another model (or none) leaves no CE-LSLM floor: the cloud is
+            // expected to run this model, and its headers are checked for it.
             let floor = AutoSplit::floor_from_table(
                 &a.lslm_table,
                 &model.cfg.name,
                 n_layer,
                 a.split_min_agreement,
-            )?;
+            );
             let per = AutoSplit::measure(&model)?;
+            match &floor {
+                Ok(f) => eprintln!(
+                    "cloud layers from auto: a cloud mapping a larger model's KV is asked from layer {f} on (agreement >= {} in {}); one running this model, from any layer",
+                    a.split_min_agreement,
+                    a.lslm_table.display(),
+                ),
+                Err(e) => eprintln!(
+                    "cloud layers from auto: no CE-LSLM floor for this model ({e}); the cloud must run this model, and is asked from any layer"
+                ),
+            }
             eprintln!(
-                "cloud layers from auto: layers {floor}.. may come from the cloud (agreement >= {} in {}); prefill here {:.1} us per token per layer",
-                a.split_min_agreement,
-                a.lslm_table.display(),
+                "cloud layers from auto: prefill here {:.1} us per token per layer",
                 per * 1e6
             );
+            let floor = floor.unwrap_or(0);
             (0, Some(Arc::new(AutoSplit::new(&model, floor, per))))
         }
         n => {

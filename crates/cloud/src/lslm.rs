@@ -53,6 +53,7 @@ pub(crate) fn layout(set: &AdapterSet, first: u32) -> Result<Layout, Status> {
         first_layer: 0,
         // Adapters map full-attention models: nothing is cut.
         windows: vec![None; m.slm.n_layer],
+        mapped: true,
     }
     .from_layer(first)?;
     if layout.first_layer < set.min_split() {

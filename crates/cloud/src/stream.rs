@@ -51,6 +51,8 @@ pub struct Layout {
     /// Per layer, its sliding window if it has one: only the tail of the prompt a later
     /// token can see is sent.
     pub windows: Vec<Option<usize>>,
+    /// A larger model's KV mapped to the edge model's (CE-LSLM), not the model's own.
+    pub mapped: bool,
 }
 
 impl Layout {
@@ -64,6 +66,7 @@ impl Layout {
             head_dim: c.head_dim,
             first_layer: 0,
             windows: (0..c.n_layer).map(|l| c.window_of(l)).collect(),
+            mapped: false,
         }
     }
 
@@ -120,6 +123,7 @@ pub fn header(
                     .collect(),
                 false => Vec::new(),
             },
+            mapped: layout.mapped,
         })),
     }
 }

@@ -22,6 +22,9 @@ pub struct CloudHeader {
     pub content_address: String,
     /// Per layer, the first position the stream carries (sliding-window layers are cut).
     pub layer_starts: Vec<usize>,
+    /// CE-LSLM: a larger cloud model's KV mapped to this model's (false: this model's own,
+    /// exact).
+    pub mapped: bool,
 }
 
 /// One layer of cloud KV, complete and verified, with when it arrived and its wire size.
@@ -174,6 +177,7 @@ impl CloudClient {
             codec: h.codec,
             content_address: hex::encode(&h.content_address),
             layer_starts: starts,
+            mapped: h.mapped,
         };
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
         let mut re = Reassembler::new(

@@ -102,7 +102,7 @@ impl Metrics {
         );
         registry.register(
             "cloud_layers_from",
-            "CE-LSLM: the first layer taken from the cloud in the last fetch (--cloud-layers-from auto)",
+            "The first layer taken from the cloud in the last fetch; the layers below it were computed here (--cloud-layers-from auto)",
             m.cloud_layers_from.clone(),
         );
         registry.register(

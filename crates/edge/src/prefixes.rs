@@ -212,26 +212,30 @@ impl Prefixes {
     }
 
     /// Where this edge keeps a prompt's KV: its content address, marked when the deep layers
-    /// are CE-LSLM's mapped ones (not the exact KV that address names to other edges).
+    /// are (or may be) CE-LSLM's mapped ones, not the exact KV that address names to other
+    /// edges.
     fn key(&self, address: &str) -> String {
         match (self.cfg.cloud_layers_from, &self.cfg.auto_split) {
+            (_, Some(a)) if !a.may_map() => address.to_string(),
             (_, Some(_)) => format!("{address}-lslm-auto"),
             (0, None) => address.to_string(),
             (n, None) => format!("{address}-lslm{n}"),
         }
     }
 
-    /// Whether the deep layers come mapped from a larger cloud model (CE-LSLM).
+    /// Whether the deep layers may come mapped from a larger cloud model (CE-LSLM): a fixed
+    /// split, or an automatic one that may map (`AutoSplit::may_map`).
     fn lslm(&self) -> bool {
-        self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.is_some()
+        self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.as_ref().is_some_and(|a| a.may_map())
     }
 
-    /// The first layer to take from the cloud for a prompt of `tokens` (None: length unknown).
-    fn cloud_first_layer(&self, tokens: Option<usize>) -> usize {
+    /// The first layer to take from the cloud for a prompt of `tokens`, first asked for by a
+    /// request with `private` tokens of its own (None: not known).
+    fn cloud_first_layer(&self, tokens: Option<usize>, private: Option<usize>) -> usize {
         let Some(auto) = &self.cfg.auto_split else {
             return self.cfg.cloud_layers_from;
         };
-        let c = auto.choose(tokens);
+        let c = auto.choose_for(tokens, private);
         tracing::info!(split = c.split, "cloud layers from auto: {}", c.reason);
         self.metrics.cloud_layers_from.set(c.split as i64);
         c.split
@@ -256,13 +260,13 @@ impl Prefixes {
     /// The KV of a rendered system turn (`ids`), by content address.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let (key, prompt) = self.system_ref(ids);
-        self.lookup(&key, prompt, Some(ids), None).await
+        self.lookup(&key, prompt, Some(ids), None, None).await
     }
 
     /// The KV of a cloud prompt named by its id.
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         let key = self.id_key(id)?;
-        self.lookup(&key, PromptRef::Id(id.into()), None, None)
+        self.lookup(&key, PromptRef::Id(id.into()), None, None, None)
             .await
     }
 
@@ -272,14 +276,34 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<PromptKv, LookupError> {
+        self.for_system_ahead_of(ids, None).await
+    }
+
+    /// `for_system_streaming` for a request with `private` tokens of its own: a fetch it
+    /// starts plans its split for it (`--cloud-layers-from auto`).
+    pub async fn for_system_ahead_of(
+        self: &Arc<Self>,
+        ids: &[u32],
+        private: Option<usize>,
+    ) -> Result<PromptKv, LookupError> {
         let (key, prompt) = self.system_ref(ids);
-        self.resolve(key, prompt, Some(ids.to_vec())).await
+        self.resolve(key, prompt, Some(ids.to_vec()), private).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
+        self.for_id_ahead_of(id, None).await
+    }
+
+    /// `for_id_streaming` for a request with `private` tokens of its own.
+    pub async fn for_id_ahead_of(
+        self: &Arc<Self>,
+        id: &str,
+        private: Option<usize>,
+    ) -> Result<PromptKv, LookupError> {
         let key = self.id_key(id)?;
-        self.resolve(key, PromptRef::Id(id.into()), None).await
+        self.resolve(key, PromptRef::Id(id.into()), None, private)
+            .await
     }
 
     /// Whole from memory; else the lookup runs in the background (joined by every request on
@@ -290,9 +314,12 @@ impl Prefixes {
         key: String,
         prompt: PromptRef,
         ids: Option<Vec<u32>>,
+        private: Option<usize>,
     ) -> Result<PromptKv, LookupError> {
         if self.cell(&key).initialized() {
-            let r = self.lookup(&key, prompt, ids.as_deref(), None).await?;
+            let r = self
+                .lookup(&key, prompt, ids.as_deref(), None, private)
+                .await?;
             return Ok(PromptKv::Ready(r.prefix));
         }
         let slot = match self.streams.lock() {
@@ -305,7 +332,9 @@ impl Prefixes {
         let mut watch = slot.subscribe();
         let me = self.clone();
         let task = tokio::spawn(async move {
-            let got = me.lookup(&key, prompt, ids.as_deref(), Some(&slot)).await;
+            let got = me
+                .lookup(&key, prompt, ids.as_deref(), Some(&slot), private)
+                .await;
             me.settle(&key, &slot, &got);
             got
         });
@@ -344,6 +373,7 @@ impl Prefixes {
         prompt: PromptRef,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
+        private: Option<usize>,
     ) -> Result<Resolved, LookupError> {
         let cell = self.cell(key);
         let id = match &prompt {
@@ -355,7 +385,7 @@ impl Prefixes {
         let prefix = cell
             .get_or_try_init(|| async {
                 let (p, s) = self
-                    .fetch_or_compute(prompt, address.as_deref(), ids, slot)
+                    .fetch_or_compute(prompt, address.as_deref(), ids, slot, private)
                     .await?;
                 source = s;
                 Ok::<_, LookupError>(Arc::new(p))
@@ -375,14 +405,18 @@ impl Prefixes {
             if matches!(source, Source::Peer | Source::Cloud | Source::Local) && !exact_fallback {
                 self.write_disk(&prefix);
             }
+            // Kept under its address: a prompt named by id, or one fetched before the cloud
+            // showed its KV is exact, moves there.
+            let home = self.key(&content_address(&prefix.fingerprint, &prefix.token_ids));
             if let Some(id) = id {
-                let address = self.key(&content_address(&prefix.fingerprint, &prefix.token_ids));
                 if let Ok(mut m) = self.ids.lock() {
-                    m.insert(id, address.clone());
+                    m.insert(id, home.clone());
                 }
+            }
+            if home != key {
                 if let Ok(mut e) = self.entries.lock() {
                     if let Some(entry) = e.remove(key) {
-                        e.insert(address, entry);
+                        e.insert(home, entry);
                     }
                 }
             }
@@ -472,6 +506,7 @@ impl Prefixes {
         address: Option<&str>,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
+        private: Option<usize>,
     ) -> Result<(PrefixKv, Source), LookupError> {
         if let Some(a) = address {
             if let Some(p) = self.read_disk(a).await {
@@ -490,7 +525,7 @@ impl Prefixes {
                 }
             }
         }
-        let first = self.cloud_first_layer(ids.map(<[u32]>::len));
+        let first = self.cloud_first_layer(ids.map(<[u32]>::len), private);
         let fetched = match (&self.cfg.cloud_url, ids) {
             // The planner computes every layer here: the cloud has nothing to add.
             (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
@@ -560,10 +595,25 @@ impl Prefixes {
             .fetch_from(&self.model, prompt, &[codec], false, first)
             .await?;
         let header_at = Instant::now();
-        let mut wire = (0usize, header_at);
+        // The link is timed from the first layer's arrival to the last's, over the bytes
+        // after the first: the header shares its first packets (or a shaper's first buffer)
+        // with the first layer, so timing from the header overstates a small fetch's rate.
+        let mut wire: Option<(Instant, usize, Instant)> = None;
         if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
             return Err(EdgeError::Stream(
                 "the cloud's prompt tokens differ from this edge's tokenization".into(),
+            ));
+        }
+        // Mapped KV must never be kept where exact KV is expected (and served to peers).
+        let exact_expected = !self.lslm();
+        if let Some(a) = &self.cfg.auto_split {
+            if self.cfg.cloud_url.as_deref() == Some(url) {
+                a.learn(header.mapped);
+            }
+        }
+        if header.mapped && exact_expected {
+            return Err(EdgeError::Stream(
+                "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
             ));
         }
         // Requests waiting on this prompt follow its layers from here on.
@@ -589,19 +639,24 @@ impl Prefixes {
                 .map_err(|_| EdgeError::Stream("the cloud stream stalled".into()))?
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
-            wire = (wire.0 + a.wire_bytes, a.at);
+            wire = Some(match wire {
+                None => (a.at, 0, a.at),
+                Some((first, bytes, _)) => (first, bytes + a.wire_bytes, a.at),
+            });
             let kv = Arc::new(a.kv);
             if let Some(s) = &stream {
                 s.put(a.layer, kv.clone(), a.wire_bytes);
             }
             deep.push(kv);
         }
-        let secs = wire.1.saturating_duration_since(header_at).as_secs_f64();
+        let (bytes, secs) = wire.map_or((0, 0.0), |(first, bytes, last)| {
+            (bytes, last.saturating_duration_since(first).as_secs_f64())
+        });
         if let Some(s) = &self.cfg.auto_split {
-            s.observe(header_at - asked, wire.0, secs);
+            s.observe(header_at - asked, bytes, secs);
         }
         if let Some(a) = auto {
-            a.observe(header_at - asked, wire.0, secs);
+            a.observe(header_at - asked, bytes, secs);
             if let Some(l) = a.link() {
                 self.metrics
                     .link_bytes_per_second
@@ -613,11 +668,13 @@ impl Prefixes {
             .map_err(|e| EdgeError::Stream(e.to_string()))?
             .map_err(|e| EdgeError::Stream(e.to_string()))?;
         layers.extend(deep);
+        // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
         Ok(PrefixKv {
             fingerprint: self.model.fingerprint.clone(),
             token_ids: header.token_ids,
             layers,
-        })
+        }
+        .window_cut(&self.model.cfg))
     }
 
     async fn compute(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {

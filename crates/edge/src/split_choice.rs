@@ -1,10 +1,13 @@
-//! `--cloud-layers-from auto`: CE-LSLM's split for each cloud fetch, chosen by the planner
+//! `--cloud-layers-from auto`: the split for each cloud fetch, chosen by the planner
 //! (`edgeprompt_planner::lslm`, CE-LSLM eq. 20) from the link this edge measures and its own
-//! per-layer compute, never loading a layer below the split whose measured next-token
-//! agreement with the small model alone reaches the floor (the quality run of
-//! `edgeprompt-bench lslm`, `docs/results/lslm.json`).
+//! per-layer compute. A cloud running this edge's own model streams exact KV from any layer,
+//! so every split is exact and only speed decides. A cloud mapping a larger model's KV
+//! (CE-LSLM) is never asked below the split whose measured next-token agreement with the small
+//! model alone reaches the floor (the quality run of `edgeprompt-bench lslm`,
+//! `docs/results/lslm.json`). Which of the two the cloud is, its stream headers say.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use edgeprompt_engine::sequence::PrefillPass;
@@ -16,8 +19,8 @@ use crate::{EdgeError, Result};
 
 /// Prompt length assumed when a fetch names the prompt by id (its length is not known yet).
 const ASSUMED_TOKENS: usize = 1024;
-/// Private prompt length the plan assumes: the split is chosen once per cloud prompt, for every
-/// request on it, before any of them is known.
+/// Private prompt length the plan assumes when the request that starts a fetch does not say
+/// (the split is chosen once per cloud prompt, for the request that first asks for it).
 const ASSUMED_PRIVATE: usize = 128;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -27,10 +30,23 @@ pub struct SplitChoice {
     pub reason: String,
 }
 
+/// What the cloud's layers are for this edge's model, as its last stream header said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudKv {
+    /// No header seen yet.
+    Unknown,
+    /// This model's own KV: every split gives the same bits.
+    Exact,
+    /// A larger model's KV mapped through adapters (CE-LSLM).
+    Mapped,
+}
+
 #[derive(Debug)]
 pub struct AutoSplit {
-    /// The lowest split the quality floor allows.
-    pub min_split: usize,
+    /// The lowest split the CE-LSLM quality floor allows, for a cloud that maps.
+    lslm_floor: usize,
+    /// `CloudKv` as a number (0 unknown, 1 exact, 2 mapped).
+    cloud_kv: AtomicU8,
     n_layer: usize,
     /// Edge compute per prompt token per layer, seconds.
     token_layer_secs: f64,
@@ -40,10 +56,13 @@ pub struct AutoSplit {
 }
 
 impl AutoSplit {
-    pub fn new(model: &Model, min_split: usize, token_layer_secs: f64) -> Self {
+    /// `lslm_floor`: the lowest split a cloud that maps a larger model's KV may be asked for
+    /// (`floor_from_table`); 0 for an edge that only talks to clouds running its own model.
+    pub fn new(model: &Model, lslm_floor: usize, token_layer_secs: f64) -> Self {
         let c = &model.cfg;
         Self {
-            min_split: min_split.min(c.n_layer),
+            lslm_floor: lslm_floor.min(c.n_layer),
+            cloud_kv: AtomicU8::new(0),
             n_layer: c.n_layer,
             token_layer_secs,
             bytes_per_token_layer: c.n_kv_head * c.head_dim * 2 * 2,
@@ -99,6 +118,40 @@ impl AutoSplit {
         Ok(t.elapsed().as_secs_f64() / (ids.len() * model.cfg.n_layer) as f64)
     }
 
+    /// What the cloud streamed last time.
+    pub fn cloud_kv(&self) -> CloudKv {
+        match self.cloud_kv.load(Ordering::Acquire) {
+            1 => CloudKv::Exact,
+            2 => CloudKv::Mapped,
+            _ => CloudKv::Unknown,
+        }
+    }
+
+    /// A stream header said whether its layers are mapped (CE-LSLM) or this model's own.
+    pub fn learn(&self, mapped: bool) {
+        self.cloud_kv
+            .store(if mapped { 2 } else { 1 }, Ordering::Release);
+    }
+
+    /// Whether the cloud's layers may be mapped (CE-LSLM) rather than exact: as its last
+    /// header said; before any, whether a CE-LSLM floor was configured for this model.
+    pub fn may_map(&self) -> bool {
+        match self.cloud_kv() {
+            CloudKv::Exact => false,
+            CloudKv::Mapped => true,
+            CloudKv::Unknown => self.lslm_floor > 0,
+        }
+    }
+
+    /// The lowest split allowed now: 0 once the cloud has shown it streams this model's own
+    /// KV; the CE-LSLM floor until then.
+    pub fn min_split(&self) -> usize {
+        match self.cloud_kv() {
+            CloudKv::Exact => 0,
+            CloudKv::Unknown | CloudKv::Mapped => self.lslm_floor,
+        }
+    }
+
     pub fn link(&self) -> Option<LinkEstimate> {
         self.meter.link()
     }
@@ -109,38 +162,49 @@ impl AutoSplit {
 
     /// The split for a cloud prompt of `tokens` (None: named by id, length unknown).
     pub fn choose(&self, tokens: Option<usize>) -> SplitChoice {
+        self.choose_for(tokens, None)
+    }
+
+    /// `choose`, for a first request with `private` tokens of its own (None: assumed 128). Its
+    /// private layers above the split run while the deep layers arrive, so a longer one
+    /// hides more of the stream and moves the split down.
+    pub fn choose_for(&self, tokens: Option<usize>, private: Option<usize>) -> SplitChoice {
         let n = self.n_layer;
+        let min_split = self.min_split();
         let Some(link) = self.link() else {
             return SplitChoice {
-                split: self.min_split,
+                split: min_split,
                 reason: format!(
-                    "no link measured yet: loading every layer the quality floor allows ({}..), this fetch measures it",
-                    self.min_split
+                    "no link measured yet: loading every layer allowed ({min_split}..), this fetch measures it"
                 ),
             };
         };
         let p = tokens.unwrap_or(ASSUMED_TOKENS);
         let x = SplitInputs {
             prompt_layer_secs: vec![p as f64 * self.token_layer_secs; n],
-            private_layer_secs: vec![ASSUMED_PRIVATE as f64 * self.token_layer_secs; n],
+            private_layer_secs: vec![
+                private.unwrap_or(ASSUMED_PRIVATE) as f64
+                    * self.token_layer_secs;
+                n
+            ],
             layer_bytes: vec![p * self.bytes_per_token_layer; n],
             bandwidth_bps: link.bytes_per_sec * 8.0,
             rtt_secs: link.rtt.as_secs_f64(),
             cloud_secs: 0.0,
             head_secs: 0.0,
-            min_split: self.min_split,
+            min_split,
         };
         let best = plan(&x);
         SplitChoice {
             split: best.split,
             reason: format!(
-                "link {:.0} Mbit/s, RTT {:.0} ms; {p} tokens: layers {}.. from the cloud, predicted {:.3} s (all here {:.3} s; floor {})",
+                "link {:.0} Mbit/s, RTT {:.0} ms; {p} tokens: layers {}.. from the cloud, predicted {:.3} s (all here {:.3} s; floor {min_split}, cloud KV {:?})",
                 link.bytes_per_sec * 8.0 / 1e6,
                 link.rtt.as_secs_f64() * 1e3,
                 best.split,
                 best.ttft_secs,
                 ttft(&x, n),
-                self.min_split
+                self.cloud_kv()
             ),
         }
     }
@@ -152,7 +216,8 @@ mod tests {
 
     fn auto(min_split: usize) -> AutoSplit {
         AutoSplit {
-            min_split,
+            lslm_floor: min_split,
+            cloud_kv: AtomicU8::new(0),
             n_layer: 24,
             // 0.5B-like: ~200 tok/s prefill = 0.2 ms per token per layer.
             token_layer_secs: 0.2e-3,
@@ -173,7 +238,7 @@ mod tests {
         assert!(fast.reason.contains("1000 Mbit/s"), "{}", fast.reason);
         // 100 kbit/s: 41 s per layer; computing every layer here is faster.
         let slow = auto(18);
-        slow.observe(Duration::from_millis(50), 12_500, 1.0);
+        slow.observe(Duration::from_millis(50), 1_250_000, 100.0);
         assert_eq!(slow.choose(Some(1000)).split, 24);
         // Between: at 10 Mbit/s a layer loads in 0.41 s and computes in 0.2 s, so the
         // fastest plan loads the deep layers while computing the shallow ones (~16..).
@@ -181,6 +246,40 @@ mod tests {
         mid.observe(Duration::from_millis(20), 1_250_000, 1.0);
         let c = mid.choose(Some(1000));
         assert!(c.split > 8 && c.split < 24, "{}", c.reason);
+    }
+
+    #[test]
+    fn a_cloud_streaming_this_models_own_kv_lifts_the_floor() {
+        assert!(!auto(0).may_map(), "no CE-LSLM floor: exact KV expected");
+        let a = auto(18);
+        assert_eq!(a.cloud_kv(), CloudKv::Unknown);
+        assert!(a.may_map());
+        assert_eq!(a.choose(None).split, 18, "unknown: the CE-LSLM floor holds");
+        a.learn(true);
+        assert_eq!(a.choose(None).split, 18);
+        a.learn(false);
+        assert_eq!(a.cloud_kv(), CloudKv::Exact);
+        assert!(!a.may_map());
+        assert_eq!(a.choose(None).split, 0, "exact: every split allowed");
+        // On a 10 Mbit/s link the exact split sits below the old floor.
+        a.observe(Duration::from_millis(20), 1_250_000, 1.0);
+        let c = a.choose(Some(1000));
+        assert!(c.split > 8 && c.split < 18, "{}", c.reason);
+    }
+
+    #[test]
+    fn a_longer_private_prompt_hides_more_of_the_stream() {
+        let a = auto(0);
+        a.observe(Duration::from_millis(20), 1_250_000, 1.0);
+        let short = a.choose_for(Some(1000), Some(16));
+        let long = a.choose_for(Some(1000), Some(1024));
+        assert!(
+            long.split < short.split,
+            "{} vs {}",
+            long.reason,
+            short.reason
+        );
+        assert_eq!(a.choose(Some(1000)), a.choose_for(Some(1000), Some(128)));
     }
 
     #[test]

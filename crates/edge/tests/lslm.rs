@@ -16,7 +16,7 @@ use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_edge::split_choice::AutoSplit;
+use edgeprompt_edge::split_choice::{AutoSplit, CloudKv};
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
@@ -328,6 +328,8 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
         // The fetch measured the loopback: loading stays the faster choice, at the floor.
         assert!(auto.link().is_some());
         assert_eq!(auto.choose(Some(cloud_ids.len())).split, split);
+        // The header said the layers are mapped: the floor stays.
+        assert_eq!(auto.cloud_kv(), CloudKv::Mapped);
     });
 }
 

@@ -82,6 +82,10 @@ pub struct Header {
     /// a token after the prompt can still see. Empty: every layer from position 0.
     #[prost(uint32, repeated, tag = "11")]
     pub layer_starts: Vec<u32>,
+    /// CE-LSLM: the layers are a larger cloud model's KV mapped to the edge model's by adapters
+    /// (approximate). False: the edge model's own KV, exact, whatever the first layer.
+    #[prost(bool, tag = "12")]
+    pub mapped: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
