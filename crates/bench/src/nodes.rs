@@ -86,6 +86,17 @@ pub async fn edge(
     cloud: Option<String>,
     codec: Codec,
 ) -> Result<String, BenchError> {
+    edge_with(model, model_id, cloud, codec, None).await
+}
+
+/// `edge`, with `serve --cloud-layers-from auto`'s split choice when `auto_split` is given.
+pub async fn edge_with(
+    model: &Arc<Model>,
+    model_id: &str,
+    cloud: Option<String>,
+    codec: Codec,
+    auto_split: Option<Arc<edgeprompt_edge::split_choice::AutoSplit>>,
+) -> Result<String, BenchError> {
     let state = EdgeServer::start(
         model.clone(),
         ServerConfig {
@@ -104,7 +115,7 @@ pub async fn edge(
             security: Default::default(),
             cloud_layers_from: 0,
             auto_codec: None,
-            auto_split: None,
+            auto_split,
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -184,8 +184,8 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
     let _ = writeln!(
         md,
         "## TTFT over link profiles (`edgeprompt-bench ttft`, `{sub}ttft.json`)\n\n{}; codec {}\n\n\
-         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | non-pipelined s | planner s | planner error | regime | exact split: cloud layers from, s (predicted) |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         | link | cloud + edge tokens | edge-only s | llama.cpp edge-only s | EdgePrompt pipelined s | ratio | vs llama.cpp | served cold s (/ pipelined) | served, auto split: from, s | non-pipelined s | planner s | planner error | regime | exact split: cloud layers from, s (predicted) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         machine_line(&v),
         v["codec"].as_str().unwrap_or("?")
     );
@@ -201,7 +201,7 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
         let llama = r["llama_edge_only_s"].as_f64();
         let _ = writeln!(
             md,
-            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {} | {:.2} | {pred:.2} | {:+.1} % | {} | {} |",
+            "| {} | {} + {} | {eo:.2} | {} | {pipe:.2} | {:.2}x | {} | {} | {} | {:.2} | {pred:.2} | {:+.1} % | {} | {} |",
             r["profile"].as_str().unwrap_or("?"),
             r["cloud_tokens"],
             r["edge_tokens"],
@@ -211,6 +211,7 @@ fn ttft_section(dir: &Path, sub: &str, md: &mut String) -> Result<(), BenchError
             r["served_cold_s"]
                 .as_f64()
                 .map_or("-".into(), |t| format!("{t:.2} ({:.2}x)", t / pipe)),
+            auto_cell(r),
             f(&r["sequential_s"]),
             100.0 * err,
             r["regime"].as_str().unwrap_or("?"),
@@ -248,11 +249,23 @@ fn split_cell(r: &serde_json::Value) -> String {
     ) else {
         return "-".into();
     };
-    let from = r["layers"]
+    format!("{}, {t:.2} ({p:.2})", first_loaded(r, k))
+}
+
+/// `serve`'s own automatic split for a TTFT row: the first layer it loaded and its TTFT.
+fn auto_cell(r: &serde_json::Value) -> String {
+    let (Some(k), Some(t)) = (r["served_auto_split"].as_u64(), r["served_auto_s"].as_f64()) else {
+        return "-".into();
+    };
+    format!("{}, {t:.2}", first_loaded(r, k))
+}
+
+/// A split as the first cloud layer loaded, or `all local` when it computes every layer.
+fn first_loaded(r: &serde_json::Value, k: u64) -> String {
+    r["layers"]
         .as_u64()
         .filter(|&n| k >= n)
-        .map_or(k.to_string(), |_| "all local".into());
-    format!("{from}, {t:.2} ({p:.2})")
+        .map_or(k.to_string(), |_| "all local".into())
 }
 
 /// Sliding-window layers cut on the wire (`bench ttft` on a Gemma 3 model): the same requests

@@ -4,8 +4,10 @@
 //! prediction, all measured in one run on real gRPC through the shaping link.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
+use edgeprompt_edge::split_choice::AutoSplit;
 use edgeprompt_edge::Timeline;
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Message, Sequence};
@@ -46,6 +48,10 @@ pub struct Row {
     /// The same request through a fresh `serve` (cold cache, OpenAI chat, first streamed
     /// token): the scheduler's pipelined cold path. Chat models only.
     pub served_cold_s: Option<f64>,
+    /// The same through a fresh `serve` with its default `--cloud-layers-from auto`, once
+    /// one other prompt's fetch has measured the link: the split it chose and its TTFT.
+    pub served_auto_split: Option<usize>,
+    pub served_auto_s: Option<f64>,
     pub sequential_s: f64,
     pub predicted_pipelined_s: f64,
     pub predicted_sequential_s: f64,
@@ -157,12 +163,17 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         };
         llama_edge_only.push(secs);
     }
+    // What `serve --cloud-layers-from auto` measures at start: this machine's per-layer compute.
+    let per_token_layer = AutoSplit::measure(&model)?;
+    // Another prompt, fetched first by the auto-split server to measure the link.
+    let warm = cut(&model, &edge_src, 256)?;
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();
     let mut profiles = Vec::new();
     let mut timeline_example = None;
     rt.block_on(async {
-        let prompts: Vec<(String, String)> = cases.iter().map(|c| (c.id.clone(), c.system.clone())).collect();
+        let mut prompts: Vec<(String, String)> = cases.iter().map(|c| (c.id.clone(), c.system.clone())).collect();
+        prompts.push(("warm".into(), warm.clone()));
         let cloud_addr = nodes::cloud(&model, &prompts).await?;
         let uncut_addr = match model.cfg.window {
             Some(_) => Some(nodes::cloud_uncut(&model, &prompts).await?),
@@ -187,6 +198,20 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                             .await
                             .map_err(BenchError::Data)?;
                         Some(sample.ttft_s)
+                    }
+                    None => None,
+                };
+                let served_auto = match model.chat {
+                    Some(_) => {
+                        let auto = Arc::new(AutoSplit::new(&model, 0, per_token_layer));
+                        let edge = nodes::edge_with(&model, "bench", Some(url.clone()), s.codec, Some(auto.clone())).await?;
+                        let http = reqwest::Client::new();
+                        crate::serve::one(&http, &edge, "bench", &warm, &user, 1).await.map_err(BenchError::Data)?;
+                        let split = auto.choose_for(Some(c.cloud_ids.len()), Some(c.edge_ids.len())).split;
+                        let (sample, _) = crate::serve::one(&http, &edge, "bench", &c.system, &user, 1)
+                            .await
+                            .map_err(BenchError::Data)?;
+                        Some((split, sample.ttft_s))
                     }
                     None => None,
                 };
@@ -224,11 +249,12 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     k => nodes::edge_ttft(&model, &url, &c.id, &c.edge_ids, s.codec, true, k).await?.0,
                 };
                 eprintln!(
-                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | served cold {} | sequential {seq:.3} s | predicted {:.3} s ({:?}) | split at {} {split_s:.3} s (predicted {:.3} s)",
+                    "  {name:>11} cloud {:4} + edge {}: edge-only {eo:.3} s | pipelined {pipe:.3} s ({:.2}x) | served cold {} | served auto {} | sequential {seq:.3} s | predicted {:.3} s ({:?}) | split at {} {split_s:.3} s (predicted {:.3} s)",
                     c.cloud_ids.len(),
                     c.edge_ids.len(),
                     pipe / eo,
                     served.map_or("-".into(), |t| format!("{t:.3} s ({:.2}x pipelined)", t / pipe)),
+                    served_auto.map_or("-".into(), |(k, t)| format!("from {k} {t:.3} s")),
                     pred.pipelined_secs,
                     pred.regime,
                     split_plan.split,
@@ -245,6 +271,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     llama_edge_only_s: llama,
                     pipelined_s: pipe,
                     served_cold_s: served,
+                    served_auto_split: served_auto.map(|x| x.0),
+                    served_auto_s: served_auto.map(|x| x.1),
                     sequential_s: seq,
                     predicted_pipelined_s: pred.pipelined_secs,
                     predicted_sequential_s: pred.sequential_secs,
