@@ -44,7 +44,9 @@ struct Shared {
 struct Pool {
     shared: &'static Shared,
     helpers: Vec<Thread>,
-    /// One call at a time; a second concurrent caller runs its tasks itself.
+    /// One call at a time; a concurrent caller from outside waits for its turn (running its
+    /// tasks itself instead would put three busy threads on two cores, and the fork-join
+    /// would wait on whichever is descheduled).
     busy: Mutex<()>,
 }
 
@@ -110,7 +112,7 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         return inline();
     }
     let pool = &*POOL;
-    let Ok(_guard) = pool.busy.try_lock() else {
+    let Ok(_guard) = pool.busy.lock() else {
         return inline();
     };
     if pool.helpers.is_empty() {
