@@ -312,10 +312,17 @@ fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<
     )?;
     for (name, p) in &r.profiles {
         let rows: Vec<&Row> = r.rows.iter().filter(|x| &x.profile == name).collect();
-        let series = |label: &str, f: &dyn Fn(&Row) -> f64, dashed: bool| Series {
+        // Points where the row has a value (llama.cpp, served and window runs are optional).
+        let some = |label: &str, f: &dyn Fn(&Row) -> Option<f64>, dashed: bool| Series {
             name: label.into(),
-            points: rows.iter().map(|x| (x.cloud_tokens as f64, f(x))).collect(),
+            points: rows
+                .iter()
+                .filter_map(|x| f(x).map(|v| (x.cloud_tokens as f64, v)))
+                .collect(),
             dashed,
+        };
+        let series = |label: &str, f: &dyn Fn(&Row) -> f64, dashed: bool| {
+            some(label, &|x| Some(f(x)), dashed)
         };
         let svg = line_chart(
             &format!(
@@ -330,23 +337,14 @@ fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<
             "TTFT (s)",
             &[
                 series("edge only", &|x| x.edge_only_s, false),
-                Series {
-                    name: "llama.cpp edge only".into(),
-                    points: rows
-                        .iter()
-                        .filter_map(|x| x.llama_edge_only_s.map(|v| (x.cloud_tokens as f64, v)))
-                        .collect(),
-                    dashed: true,
-                },
+                some("llama.cpp edge only", &|x| x.llama_edge_only_s, true),
                 series("EdgePrompt pipelined", &|x| x.pipelined_s, false),
-                Series {
-                    name: "EdgePrompt, window layers sent whole".into(),
-                    points: rows
-                        .iter()
-                        .filter_map(|x| x.pipelined_uncut_s.map(|v| (x.cloud_tokens as f64, v)))
-                        .collect(),
-                    dashed: true,
-                },
+                some(
+                    "EdgePrompt, window layers sent whole",
+                    &|x| x.pipelined_uncut_s,
+                    true,
+                ),
+                some("served, its own split", &|x| x.served_auto_s, false),
                 series("EdgePrompt sequential", &|x| x.sequential_s, false),
                 series("planner (pipelined)", &|x| x.predicted_pipelined_s, true),
             ],
