@@ -63,23 +63,30 @@ pub struct Report {
 /// How close decode comes to the memory bound and what prefill computes.
 #[derive(Debug, Serialize)]
 pub struct Roofline {
-    /// Streaming read bandwidth measured here on the benchmark's threads, GB/s.
+    /// Streaming read bandwidth measured here on the benchmark's threads, GB/s: the median of
+    /// the probes run right after each round's decode.
     pub stream_read_gbps: f64,
     /// Weight bytes one decode step reads (layers + output head).
     pub weight_bytes_per_token: usize,
-    /// `weight_bytes_per_token * decode tok/s`, GB/s, and its share of the stream bandwidth.
+    /// `weight_bytes_per_token * decode tok/s` (the best round), GB/s.
     pub decode_gbps: f64,
+    /// The median over rounds of each round's decode GB/s over the probe right after it: a
+    /// shared host's bandwidth drifts by the minute, so each decode is judged against its own.
     pub decode_roofline_fraction: f64,
+    /// Per round: (decode GB/s, stream probe GB/s).
+    #[serde(default)]
+    pub rounds: Vec<(f64, f64)>,
     /// Integer ops (2 per multiply-add) per second through the layers at each prompt length.
     pub prefill_gops: Vec<(usize, f64)>,
 }
 
-/// Best-of-5 streaming read of a 512 MiB buffer split over the rayon pool's threads, GB/s.
-fn stream_read_gbps() -> f64 {
+/// Best-of-`passes` streaming read of a 512 MiB buffer split over the rayon pool's threads,
+/// GB/s.
+fn stream_read_gbps(passes: usize) -> f64 {
     use rayon::prelude::*;
     let buf: Vec<u64> = (0..(512usize << 20) / 8).map(|i| i as u64).collect();
     let mut best = 0f64;
-    for _ in 0..5 {
+    for _ in 0..passes {
         let t = Instant::now();
         let sum: u64 = buf
             .par_chunks(1 << 16)
@@ -126,25 +133,58 @@ fn best_of<F: FnMut() -> Result<f64, BenchError>>(n: usize, mut f: F) -> Result<
 /// is the best of its rounds. This host's speed moves 10-30 % between minutes: run one engine's
 /// repeats and then the other's, and a slow minute lands on one engine only (a Qwen 1.5B
 /// run here had llama.cpp at 57 tok/s for prefill 512 and 71 for 1024).
+/// What the rounds measured: the best of each engine, each round's (our decode tok/s, stream
+/// probe GB/s right after it), and our peak RSS outside the probes (None: not measurable).
+struct Turns {
+    ours: Speeds,
+    llama: Option<Speeds>,
+    probes: Vec<(f64, f64)>,
+    peak_rss: Option<u64>,
+}
+
 fn time_in_turns(
     model: &Model,
     ids: &[u32],
     s: &Settings,
     ctx: usize,
-) -> Result<(Speeds, Option<Speeds>), BenchError> {
+) -> Result<Turns, BenchError> {
     let once = Settings {
         repeats: 1,
         ..s.clone()
     };
-    let (mut ours, mut llama) = (None, None);
+    let (mut ours, mut llama, mut probes) = (None, None, Vec::new());
+    // The probe's 512 MiB buffer would be the process's peak (runs at f9045df reported 659 MB
+    // for SmolLM2's 126): the peak restarts after each probe, so it is the engine's own.
+    let mut peak = reset_peak_rss().then_some(0u64);
+    if peak.is_none() {
+        eprintln!("  peak RSS cannot be restarted here; ours is left out");
+    }
     for round in 1..=s.repeats.max(1) {
         eprintln!("  round {round} of {}", s.repeats.max(1));
-        ours = Some(best_speeds(ours, time_ours(model, ids, &once, ctx)?));
+        let speeds = time_ours(model, ids, &once, ctx)?;
+        peak = peak.zip(peak_rss()).map(|(a, b)| a.max(b));
+        probes.push((speeds.decode, stream_read_gbps(3)));
+        reset_peak_rss();
+        ours = Some(best_speeds(ours, speeds));
         if let Some(py) = &s.llama_python {
             llama = Some(best_speeds(llama, time_llama(py, &s.model, ids, &once)?));
         }
     }
-    Ok((ours.unwrap_or_default(), llama))
+    Ok(Turns {
+        ours: ours.unwrap_or_default(),
+        llama,
+        probes,
+        peak_rss: peak,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// The faster of two runs, figure by figure (and the larger memory peak).
@@ -356,29 +396,29 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         s.repeats,
         s.decode_tokens
     );
-    // The stream probe runs before and after our timings and keeps the better: its best of 5
-    // spans a second, the decode figure's best of `repeats` minutes, and on a shared host
-    // one window alone read below what decode then streamed (a roofline share over 100 %).
-    let stream_before = stream_read_gbps();
-    // The probe's 512 MiB buffer is freed but would stay the process's peak (runs at f9045df
-    // reported 659 MB for SmolLM2's 126): the peak restarts here, so it is the engine's own.
-    let peak_reset = reset_peak_rss();
-    if !peak_reset {
-        eprintln!("  peak RSS cannot be restarted here; ours is left out");
-    }
-    let (ours, llama_cpp) = time_in_turns(&model, &ids, s, ctx)?;
-    let rss = peak_rss().filter(|_| peak_reset);
+    // Each round's decode is paired with a stream probe right after it: a single probe
+    // window on a shared host read anywhere from 39 to 65 GB/s (Zen 5, session 27), and
+    // judged against the wrong window decode looked like 59 % or 108 % of the bound.
+    let Turns {
+        ours,
+        llama: llama_cpp,
+        probes,
+        peak_rss: rss,
+    } = time_in_turns(&model, &ids, s, ctx)?;
     let longest = s.prompt_lens.iter().max().copied().unwrap_or(0);
     let kv_bytes_longest =
         model.cfg.n_layer * 2 * model.cfg.n_kv_head * model.cfg.head_dim * 2 * longest;
     let (weight_bytes, macs) = model.traffic();
-    let stream = stream_read_gbps().max(stream_before);
-    let decode_gbps = weight_bytes as f64 * ours.decode / 1e9;
+    let gbps = |tok_s: f64| weight_bytes as f64 * tok_s / 1e9;
+    let rounds: Vec<(f64, f64)> = probes.iter().map(|&(d, p)| (gbps(d), p)).collect();
+    let stream = median(rounds.iter().map(|r| r.1).collect());
+    let decode_gbps = gbps(ours.decode);
     let roofline = Roofline {
         stream_read_gbps: stream,
         weight_bytes_per_token: weight_bytes,
         decode_gbps,
-        decode_roofline_fraction: decode_gbps / stream,
+        decode_roofline_fraction: median(rounds.iter().map(|r| r.0 / r.1).collect()),
+        rounds,
         prefill_gops: ours
             .prefill
             .iter()
@@ -386,9 +426,10 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             .collect(),
     };
     eprintln!(
-        "  roofline: stream read {stream:.1} GB/s; decode reads {:.0} MB/token = {decode_gbps:.1} GB/s ({:.0} %)",
+        "  roofline: stream read {stream:.1} GB/s (median of {:?}); decode reads {:.0} MB/token = {decode_gbps:.1} GB/s; round by round {:.0} % (median)",
+        roofline.rounds.iter().map(|r| (r.1 * 10.0).round() / 10.0).collect::<Vec<_>>(),
         weight_bytes as f64 / 1e6,
-        100.0 * decode_gbps / stream
+        100.0 * roofline.decode_roofline_fraction
     );
     let arch = model.cfg.arch;
     let file_bytes = model.info.file_bytes;

@@ -161,10 +161,24 @@ fn engine_section(dir: &Path, md: &mut String) {
                         .collect()
                 })
                 .unwrap_or_default();
+            // Newer runs pair a probe with each round (`rounds`); older ones probed around them.
+            let rounds: Vec<String> = rf["rounds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| format!("{:.0}/{:.0}", f(&r[0]), f(&r[1])))
+                .collect();
+            let share = match rounds.is_empty() {
+                true => "of it".to_string(),
+                false => format!(
+                    "of the probe right after each round, median (decode/probe GB/s by round: {})",
+                    rounds.join(", ")
+                ),
+            };
             let _ = writeln!(
                 md,
                 "Roofline: streaming read {:.1} GB/s on the same threads; decode streams {:.0} MB of \
-                 weights per token = {:.1} GB/s, **{:.0} %** of it. Prefill through the layers: {} \
+                 weights per token = {:.1} GB/s, **{:.0} %** {share}. Prefill through the layers: {} \
                  GOP/s (int8, 2 ops per multiply-add).\n",
                 f(&rf["stream_read_gbps"]),
                 f(&rf["weight_bytes_per_token"]) / 1e6,
