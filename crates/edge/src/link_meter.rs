@@ -16,7 +16,7 @@ pub struct LinkEstimate {
 /// Fetches the estimate looks back over.
 const WINDOW: usize = 8;
 /// Bytes a fetch must time to count.
-pub const MIN_TIMED_BYTES: usize = 256 << 10;
+const MIN_TIMED_BYTES: usize = 256 << 10;
 
 #[derive(Debug, Default)]
 pub struct LinkMeter {
