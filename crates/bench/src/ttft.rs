@@ -207,7 +207,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                         let edge = nodes::edge_with(&model, "bench", Some(url.clone()), s.codec, Some(auto.clone())).await?;
                         let http = reqwest::Client::new();
                         crate::serve::one(&http, &edge, "bench", &warm, &user, 1).await.map_err(BenchError::Data)?;
-                        let split = auto.choose_for(Some(c.cloud_ids.len()), Some(c.edge_ids.len())).split;
+                        let split = auto.choose(Some(c.cloud_ids.len())).split;
                         let (sample, _) = crate::serve::one(&http, &edge, "bench", &c.system, &user, 1)
                             .await
                             .map_err(BenchError::Data)?;

@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Least next-token agreement with this model alone a split needs (--cloud-layers-from auto).
     #[arg(long, default_value_t = 0.9)]
     split_min_agreement: f64,
+    /// The private prompt length --cloud-layers-from auto plans for (a longer one hides more of
+    /// the stream and moves the split down). Requests' own lengths are never used: the first
+    /// layer asked of the cloud would tell it them.
+    #[arg(long, default_value_t = edgeprompt_edge::split_choice::DEFAULT_PRIVATE_TOKENS)]
+    split_private_tokens: usize,
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
@@ -133,7 +138,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 per * 1e6
             );
             let floor = floor.unwrap_or(0);
-            (0, Some(Arc::new(AutoSplit::new(&model, floor, per))))
+            let auto =
+                AutoSplit::new(&model, floor, per).with_private_tokens(a.split_private_tokens);
+            (0, Some(Arc::new(auto)))
         }
         n => {
             let n: usize = n.parse().with_context(|| {

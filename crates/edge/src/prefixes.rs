@@ -229,13 +229,12 @@ impl Prefixes {
         self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.as_ref().is_some_and(|a| a.may_map())
     }
 
-    /// The first layer to take from the cloud for a prompt of `tokens`, first asked for by a
-    /// request with `private` tokens of its own (None: not known).
-    fn cloud_first_layer(&self, tokens: Option<usize>, private: Option<usize>) -> usize {
+    /// The first layer to take from the cloud for a prompt of `tokens` (None: length unknown).
+    fn cloud_first_layer(&self, tokens: Option<usize>) -> usize {
         let Some(auto) = &self.cfg.auto_split else {
             return self.cfg.cloud_layers_from;
         };
-        let c = auto.choose_for(tokens, private);
+        let c = auto.choose(tokens);
         tracing::info!(split = c.split, "cloud layers from auto: {}", c.reason);
         self.metrics.cloud_layers_from.set(c.split as i64);
         c.split
@@ -260,13 +259,13 @@ impl Prefixes {
     /// The KV of a rendered system turn (`ids`), by content address.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let (key, prompt) = self.system_ref(ids);
-        self.lookup(&key, prompt, Some(ids), None, None).await
+        self.lookup(&key, prompt, Some(ids), None).await
     }
 
     /// The KV of a cloud prompt named by its id.
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         let key = self.id_key(id)?;
-        self.lookup(&key, PromptRef::Id(id.into()), None, None, None)
+        self.lookup(&key, PromptRef::Id(id.into()), None, None)
             .await
     }
 
@@ -276,34 +275,14 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<PromptKv, LookupError> {
-        self.for_system_ahead_of(ids, None).await
-    }
-
-    /// `for_system_streaming` for a request with `private` tokens of its own: a fetch it
-    /// starts plans its split for it (`--cloud-layers-from auto`).
-    pub async fn for_system_ahead_of(
-        self: &Arc<Self>,
-        ids: &[u32],
-        private: Option<usize>,
-    ) -> Result<PromptKv, LookupError> {
         let (key, prompt) = self.system_ref(ids);
-        self.resolve(key, prompt, Some(ids.to_vec()), private).await
+        self.resolve(key, prompt, Some(ids.to_vec())).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
-        self.for_id_ahead_of(id, None).await
-    }
-
-    /// `for_id_streaming` for a request with `private` tokens of its own.
-    pub async fn for_id_ahead_of(
-        self: &Arc<Self>,
-        id: &str,
-        private: Option<usize>,
-    ) -> Result<PromptKv, LookupError> {
         let key = self.id_key(id)?;
-        self.resolve(key, PromptRef::Id(id.into()), None, private)
-            .await
+        self.resolve(key, PromptRef::Id(id.into()), None).await
     }
 
     /// Whole from memory; else the lookup runs in the background (joined by every request on
@@ -314,12 +293,9 @@ impl Prefixes {
         key: String,
         prompt: PromptRef,
         ids: Option<Vec<u32>>,
-        private: Option<usize>,
     ) -> Result<PromptKv, LookupError> {
         if self.cell(&key).initialized() {
-            let r = self
-                .lookup(&key, prompt, ids.as_deref(), None, private)
-                .await?;
+            let r = self.lookup(&key, prompt, ids.as_deref(), None).await?;
             return Ok(PromptKv::Ready(r.prefix));
         }
         let slot = match self.streams.lock() {
@@ -332,9 +308,7 @@ impl Prefixes {
         let mut watch = slot.subscribe();
         let me = self.clone();
         let task = tokio::spawn(async move {
-            let got = me
-                .lookup(&key, prompt, ids.as_deref(), Some(&slot), private)
-                .await;
+            let got = me.lookup(&key, prompt, ids.as_deref(), Some(&slot)).await;
             me.settle(&key, &slot, &got);
             got
         });
@@ -373,7 +347,6 @@ impl Prefixes {
         prompt: PromptRef,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
-        private: Option<usize>,
     ) -> Result<Resolved, LookupError> {
         let cell = self.cell(key);
         let id = match &prompt {
@@ -385,7 +358,7 @@ impl Prefixes {
         let prefix = cell
             .get_or_try_init(|| async {
                 let (p, s) = self
-                    .fetch_or_compute(prompt, address.as_deref(), ids, slot, private)
+                    .fetch_or_compute(prompt, address.as_deref(), ids, slot)
                     .await?;
                 source = s;
                 Ok::<_, LookupError>(Arc::new(p))
@@ -506,7 +479,6 @@ impl Prefixes {
         address: Option<&str>,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
-        private: Option<usize>,
     ) -> Result<(PrefixKv, Source), LookupError> {
         if let Some(a) = address {
             if let Some(p) = self.read_disk(a).await {
@@ -525,7 +497,7 @@ impl Prefixes {
                 }
             }
         }
-        let first = self.cloud_first_layer(ids.map(<[u32]>::len), private);
+        let first = self.cloud_first_layer(ids.map(<[u32]>::len));
         let fetched = match (&self.cfg.cloud_url, ids) {
             // The planner computes every layer here: the cloud has nothing to add.
             (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {

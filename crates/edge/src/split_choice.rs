@@ -19,9 +19,9 @@ use crate::{EdgeError, Result};
 
 /// Prompt length assumed when a fetch names the prompt by id (its length is not known yet).
 const ASSUMED_TOKENS: usize = 1024;
-/// Private prompt length the plan assumes when the request that starts a fetch does not say
-/// (the split is chosen once per cloud prompt, for the request that first asks for it).
-const ASSUMED_PRIVATE: usize = 128;
+/// Private prompt length the plan assumes unless configured (`with_private_tokens`). Never
+/// the request's own: the first layer asked of the cloud would tell it that length.
+pub const DEFAULT_PRIVATE_TOKENS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitChoice {
@@ -50,8 +50,10 @@ pub struct AutoSplit {
     n_layer: usize,
     /// Edge compute per prompt token per layer, seconds.
     token_layer_secs: f64,
-    /// Wire bytes per token per layer of the mapped KV (f16, the edge model's shape).
+    /// Wire bytes per token per layer of the KV (f16, the edge model's shape).
     bytes_per_token_layer: usize,
+    /// The private prompt length the split is planned for.
+    private_tokens: usize,
     meter: LinkMeter,
 }
 
@@ -66,8 +68,16 @@ impl AutoSplit {
             n_layer: c.n_layer,
             token_layer_secs,
             bytes_per_token_layer: c.n_kv_head * c.head_dim * 2 * 2,
+            private_tokens: DEFAULT_PRIVATE_TOKENS,
             meter: LinkMeter::default(),
         }
+    }
+
+    /// Plan for private prompts of `n` tokens: a longer one hides more of the stream behind
+    /// its own prefill and moves the split down.
+    pub fn with_private_tokens(mut self, n: usize) -> Self {
+        self.private_tokens = n;
+        self
     }
 
     /// The lowest split whose agreement with the edge model alone, and every deeper split's,
@@ -162,13 +172,6 @@ impl AutoSplit {
 
     /// The split for a cloud prompt of `tokens` (None: named by id, length unknown).
     pub fn choose(&self, tokens: Option<usize>) -> SplitChoice {
-        self.choose_for(tokens, None)
-    }
-
-    /// `choose`, for a first request with `private` tokens of its own (None: assumed 128). Its
-    /// private layers above the split run while the deep layers arrive, so a longer one
-    /// hides more of the stream and moves the split down.
-    pub fn choose_for(&self, tokens: Option<usize>, private: Option<usize>) -> SplitChoice {
         let n = self.n_layer;
         let min_split = self.min_split();
         let Some(link) = self.link() else {
@@ -182,11 +185,7 @@ impl AutoSplit {
         let p = tokens.unwrap_or(ASSUMED_TOKENS);
         let x = SplitInputs {
             prompt_layer_secs: vec![p as f64 * self.token_layer_secs; n],
-            private_layer_secs: vec![
-                private.unwrap_or(ASSUMED_PRIVATE) as f64
-                    * self.token_layer_secs;
-                n
-            ],
+            private_layer_secs: vec![self.private_tokens as f64 * self.token_layer_secs; n],
             layer_bytes: vec![p * self.bytes_per_token_layer; n],
             bandwidth_bps: link.bytes_per_sec * 8.0,
             rtt_secs: link.rtt.as_secs_f64(),
@@ -222,6 +221,7 @@ mod tests {
             // 0.5B-like: ~200 tok/s prefill = 0.2 ms per token per layer.
             token_layer_secs: 0.2e-3,
             bytes_per_token_layer: 512,
+            private_tokens: 128,
             meter: LinkMeter::default(),
         }
     }
@@ -269,17 +269,18 @@ mod tests {
 
     #[test]
     fn a_longer_private_prompt_hides_more_of_the_stream() {
-        let a = auto(0);
-        a.observe(Duration::from_millis(20), 1_250_000, 1.0);
-        let short = a.choose_for(Some(1000), Some(16));
-        let long = a.choose_for(Some(1000), Some(1024));
+        let plan = |private| {
+            let a = auto(0).with_private_tokens(private);
+            a.observe(Duration::from_millis(20), 1_250_000, 1.0);
+            a.choose(Some(1000))
+        };
+        let (short, long) = (plan(16), plan(1024));
         assert!(
             long.split < short.split,
             "{} vs {}",
             long.reason,
             short.reason
         );
-        assert_eq!(a.choose(Some(1000)), a.choose_for(Some(1000), Some(128)));
     }
 
     #[test]

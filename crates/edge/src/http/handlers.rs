@@ -144,23 +144,11 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
         )?),
         None => None,
     };
-    // The private part first: a cold cloud prompt's split is planned for its length.
-    let private_text = match (&req.common.cloud_prompt, &system_ids) {
-        (None, None) => chat.render(&messages, true).map_err(tmpl)?,
-        // The split only needs the system turn's place in the template, not its words.
-        _ => {
-            chat.split(system.as_deref().unwrap_or("-"), &messages)
-                .map_err(tmpl)?
-                .edge
-        }
-    };
-    let prompt = encode(s, &private_text)?;
-    let private = Some(prompt.len());
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
         (Some(id), ids) => {
             let p = s
                 .prefixes
-                .for_id_ahead_of(id, private)
+                .for_id_streaming(id)
                 .await
                 .map_err(lookup_error)?;
             if ids.as_ref().is_some_and(|ids| ids != p.token_ids()) {
@@ -172,12 +160,22 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
         }
         (None, Some(ids)) => Some(
             s.prefixes
-                .for_system_ahead_of(ids, private)
+                .for_system_streaming(ids)
                 .await
                 .map_err(lookup_error)?,
         ),
         (None, None) => None,
     };
+    let private_text = match &prefix {
+        // The split only needs the system turn's place in the template, not its words.
+        Some(_) => {
+            chat.split(system.as_deref().unwrap_or("-"), &messages)
+                .map_err(tmpl)?
+                .edge
+        }
+        None => chat.render(&messages, true).map_err(tmpl)?,
+    };
+    let prompt = encode(s, &private_text)?;
     run(s, Kind::Chat, id, req.common, prefix, prompt, None).await
 }
 
@@ -194,24 +192,24 @@ async fn completions_inner(
         PromptText::Batch(mut v) if v.len() == 1 => v.remove(0),
         PromptText::Batch(_) => return Err(ApiError::bad_request("send one prompt per request")),
     };
+    let prefix = match &req.common.cloud_prompt {
+        Some(id) => Some(
+            s.prefixes
+                .for_id_streaming(id)
+                .await
+                .map_err(lookup_error)?,
+        ),
+        None => None,
+    };
     // A prompt of its own starts with BOS where the model wants one; after a cloud prompt it
     // continues that prompt's text.
-    let prompt = match &req.common.cloud_prompt {
+    let prompt = match prefix {
         Some(_) => encode(s, &text)?,
         None => s
             .model
             .tokenizer
             .encode_prompt(&text)
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
-    };
-    let prefix = match &req.common.cloud_prompt {
-        Some(id) => Some(
-            s.prefixes
-                .for_id_ahead_of(id, Some(prompt.len()))
-                .await
-                .map_err(lookup_error)?,
-        ),
-        None => None,
     };
     // Echo answers the prompt as sent (after a cloud prompt: this request's part of it).
     let echo = (req.common.echo == Some(true)).then_some(text);
