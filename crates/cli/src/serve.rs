@@ -130,7 +130,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     a.lslm_table.display(),
                 ),
                 Err(e) => eprintln!(
-                    "cloud layers from auto: no CE-LSLM floor for this model ({e}); the cloud must run this model, and is asked from any layer"
+                    "cloud layers from auto: the cloud is expected to run this model (its KV is exact from any layer; a mapped stream is refused); no CE-LSLM floor applies ({e})"
                 ),
             }
             eprintln!(
