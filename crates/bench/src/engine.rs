@@ -74,7 +74,6 @@ pub struct Roofline {
     /// shared host's bandwidth drifts by the minute, so each decode is judged against its own.
     pub decode_roofline_fraction: f64,
     /// Per round: (decode GB/s, stream probe GB/s).
-    #[serde(default)]
     pub rounds: Vec<(f64, f64)>,
     /// Integer ops (2 per multiply-add) per second through the layers at each prompt length.
     pub prefill_gops: Vec<(usize, f64)>,
@@ -129,10 +128,6 @@ fn best_of<F: FnMut() -> Result<f64, BenchError>>(n: usize, mut f: F) -> Result<
     Ok(best)
 }
 
-/// Ours and llama.cpp take turns, one pass over every length each per round, and each figure
-/// is the best of its rounds. This host's speed moves 10-30 % between minutes: run one engine's
-/// repeats and then the other's, and a slow minute lands on one engine only (a Qwen 1.5B
-/// run here had llama.cpp at 57 tok/s for prefill 512 and 71 for 1024).
 /// What the rounds measured: the best of each engine, each round's (our decode tok/s, stream
 /// probe GB/s right after it), and our peak RSS outside the probes (None: not measurable).
 struct Turns {
@@ -142,6 +137,10 @@ struct Turns {
     peak_rss: Option<u64>,
 }
 
+/// Ours and llama.cpp take turns, one pass over every length each per round, and each figure
+/// is the best of its rounds. This host's speed moves 10-30 % between minutes: run one engine's
+/// repeats and then the other's, and a slow minute lands on one engine only (a Qwen 1.5B
+/// run here had llama.cpp at 57 tok/s for prefill 512 and 71 for 1024).
 fn time_in_turns(
     model: &Model,
     ids: &[u32],
