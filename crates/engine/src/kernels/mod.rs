@@ -11,6 +11,7 @@ mod acts;
 mod formats;
 mod gemm;
 mod gemm_wide;
+mod regions;
 mod repack;
 mod simd;
 
@@ -273,12 +274,40 @@ fn matmul_simd(
     }
     let acts = &*acts;
     let groups: Vec<usize> = ws.iter().map(|w| w.n.div_ceil(repack::ROWS)).collect();
-    let tasks = guided(&groups, rayon::current_num_threads().max(1));
+    let threads = rayon::current_num_threads().max(1);
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
+    let run = |j: usize, g0: usize, g1: usize| {
+        ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
+    };
+    if m == 1 {
+        // A single row streams the weights once: each thread reads its own region.
+        let regions = regions::Regions::new(groups.iter().sum(), threads, MIN_TASK);
+        crate::pool::run(regions.parts(), &|w| {
+            while let Some((a, b)) = regions.next(w) {
+                for_pieces(&groups, a, b, &run);
+            }
+        });
+        return;
+    }
+    let tasks = guided(&groups, threads);
     crate::pool::run(tasks.len(), &|t| {
         let (j, g0, g1) = tasks[t];
-        ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
+        run(j, g0, g1);
     });
+}
+
+/// `f(matrix, first group, end group)` for each matrix's part of the groups `a..b`, counted
+/// over the matrices' groups one after another.
+#[cfg(target_arch = "x86_64")]
+fn for_pieces(groups: &[usize], a: usize, b: usize, f: &dyn Fn(usize, usize, usize)) {
+    let mut base = 0;
+    for (j, &n) in groups.iter().enumerate() {
+        let (lo, hi) = (a.max(base), b.min(base + n));
+        if lo < hi {
+            f(j, lo - base, hi - base);
+        }
+        base += n;
+    }
 }
 
 /// A tile kernel (`gemm`, `gemm_wide`).
@@ -289,7 +318,8 @@ type TileFn = unsafe fn(&gemm::Tile);
 #[cfg(target_arch = "x86_64")]
 const MIN_TASK: usize = 4;
 
-/// Tasks `(matrix, first group, end group)` over the matrices' groups in order, largest first:
+/// Tasks `(matrix, first group, end group)` for calls of several rows (prefill, batched
+/// decode), over the matrices' groups in order, largest first:
 /// each takes `1 / (2 * threads)` of what is left (at least `MIN_TASK` groups), so the last
 /// tasks are short and the threads finish close together (equal tasks left one thread waiting
 /// for up to a whole task at the end of each call; decode makes ~120 calls a token). A task

@@ -211,6 +211,35 @@ fn reused_outputs_keep_nothing_of_before() {
     }
 }
 
+/// A single row over several matrices of one call: the threads' regions and the chunks they
+/// take from each other's ends cross the matrices' edges, and every output keeps the portable
+/// bits.
+#[test]
+fn single_rows_over_many_matrices_give_the_portable_bits() {
+    let mut seed = 41;
+    let k = 512;
+    for f in [Format::Q5_0, Format::Q4K] {
+        let ws: Vec<QMatrix> = [100, 37, 260, 9]
+            .iter()
+            .map(|&n| random_matrix(f, n, k, &mut seed))
+            .collect();
+        let refs: Vec<&QMatrix> = ws.iter().collect();
+        let x = random_x(1, k, &mut seed);
+        let mut outs = vec![Vec::new(); ws.len()];
+        for _ in 0..20 {
+            matmul_many_into(&refs, &x, 1, &mut outs);
+            for (w, got) in ws.iter().zip(&outs) {
+                let mut want = vec![0f32; w.n];
+                w.matmul_portable(&x, 1, &mut want);
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+}
+
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     match *LEVEL {
