@@ -30,7 +30,12 @@ def main():
     host_rss = status_bytes("VmRSS")
     llm = Llama(model_path=model, n_ctx=max(lens) + n_decode + 8, n_threads=threads,
                 n_threads_batch=threads, n_batch=512, verbose=False)
-    out = {"llama_cpp_python": llama_cpp.__version__, "prefill": {}, "decode": None}
+    # The SIMD llama.cpp was built for, e.g. "AVX2/AVX512/AVX512_VNNI": a run with our kernels
+    # held to AVX2 pairs with a llama.cpp built without AVX-512.
+    info = llama_cpp.llama_print_system_info().decode()
+    simd = [p.split("=")[0].strip() for p in info.split("|") if p.strip().endswith("= 1")]
+    out = {"llama_cpp_python": llama_cpp.__version__, "prefill": {}, "decode": None,
+           "simd": "/".join(s.split(":")[-1].strip() for s in simd if "AVX" in s)}
     # One short untimed pass first: llama.cpp maps the weights from the file, and a process that
     # times a single pass (the bench's rounds take turns with ours) would count their first touch.
     llm.eval(ids[:16])

@@ -33,6 +33,9 @@ pub struct Speeds {
     /// Peak RSS of this engine in its own process (llama.cpp only), bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rss_bytes: Option<u64>,
+    /// The SIMD this engine was built for (llama.cpp only, e.g. `AVX2/AVX512/AVX512_VNNI`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simd: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -200,6 +203,7 @@ fn best_speeds(a: Option<Speeds>, b: Speeds) -> Speeds {
             .collect(),
         decode: a.decode.max(b.decode),
         rss_bytes: a.rss_bytes.max(b.rss_bytes),
+        simd: a.simd.or(b.simd),
     }
 }
 
@@ -348,6 +352,7 @@ fn time_llama(
             .as_f64()
             .ok_or_else(|| BenchError::Llama("no decode time".into()))?;
     sp.rss_bytes = v["rss_bytes"].as_u64();
+    sp.simd = v["simd"].as_str().map(String::from);
     eprintln!("  llama.cpp decode:        {:8.1} tok/s", sp.decode);
     Ok(sp)
 }

@@ -36,8 +36,12 @@ pub(crate) fn machine_line(v: &Value) -> String {
         Value::Null => String::new(),
         t => format!("; threads {t}"),
     };
+    // Results from before the field have no kernel path: the best the CPU had.
+    let kernels = m["kernels"]
+        .as_str()
+        .map_or(String::new(), |k| format!("; kernels {k}"));
     format!(
-        "{} ({} cores, {}), rev `{}`; model {}{threads}",
+        "{} ({} cores, {}{kernels}), rev `{}`; model {}{threads}",
         m["cpu"].as_str().unwrap_or("?"),
         m["cores"],
         m["simd"]
@@ -103,19 +107,23 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
 fn engine_section(dir: &Path, md: &mut String) {
     let mut any = false;
     // Each model as run on the AVX2 EPYC (`docs/results/`), the AVX-512 EPYC
-    // (`docs/results/avx512/`) and the AVX-512 Xeon (`docs/results/xeon/`), where there are
-    // such runs.
+    // (`docs/results/avx512/`; `avx512-as-avx2/`: the same machine with our kernels held to
+    // AVX2 and a llama.cpp built without AVX-512) and the AVX-512 Xeon (`docs/results/xeon/`),
+    // where there are such runs.
     let models = ["smollm2", "qwen05", "qwen15", "gemma3"];
-    let names = models
-        .iter()
-        .flat_map(|m| ["", "avx512/", "xeon/"].map(|sub| format!("{sub}engine-{m}.json")));
+    let names = models.iter().flat_map(|m| {
+        ["", "avx512/", "avx512-as-avx2/", "xeon/"].map(|sub| format!("{sub}engine-{m}.json"))
+    });
     for name in names {
         let Some(v) = load(dir, &name) else { continue };
         if !any {
             let _ = writeln!(md, "## Engine speed (`edgeprompt-bench engine`)\n");
             any = true;
         }
-        let _ = writeln!(md, "{} (`{name}`)\n", machine_line(&v));
+        let llama_simd = v["llama_cpp"]["simd"]
+            .as_str()
+            .map_or(String::new(), |s| format!("; llama.cpp built for {s}"));
+        let _ = writeln!(md, "{}{llama_simd} (`{name}`)\n", machine_line(&v));
         let _ = writeln!(md, "| | ours tok/s | candle 0.11 tok/s | llama.cpp tok/s | ours / llama.cpp |\n| --- | --- | --- | --- | --- |");
         let prefill = |who: &str| -> Vec<(u64, f64)> {
             v[who]["prefill"]

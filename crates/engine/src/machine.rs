@@ -8,6 +8,8 @@ pub struct Machine {
     pub cpu: String,
     pub cores: usize,
     pub simd: Vec<&'static str>,
+    /// The kernel path the engine runs (`EDGEPROMPT_AVX2` and the like hold it below `simd`).
+    pub kernels: &'static str,
     pub git_rev: String,
 }
 
@@ -40,6 +42,7 @@ impl Machine {
             cpu,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             simd,
+            kernels: crate::kernels::LEVEL.name(),
             git_rev,
         }
     }
@@ -92,15 +95,17 @@ fn git_rev() -> String {
     rev
 }
 
-/// `AMD EPYC (2 cores, avx2/avx512f), rev abc1234`: the line results are printed under.
+/// `AMD EPYC (2 cores, avx2/avx512f; kernels avx2), rev abc1234`: the line results are
+/// printed under.
 impl std::fmt::Display for Machine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({} cores, {}), rev {}",
+            "{} ({} cores, {}; kernels {}), rev {}",
             self.cpu,
             self.cores,
             self.simd.join("/"),
+            self.kernels,
             self.git_rev
         )
     }

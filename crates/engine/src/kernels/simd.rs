@@ -29,6 +29,16 @@ impl Level {
     pub fn wide(self) -> bool {
         self == Level::Avx512
     }
+
+    /// The path's name in benchmark results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Portable => "portable",
+            Level::Avx2 => "avx2",
+            Level::Avx512Vnni => "avx512vnni-256",
+            Level::Avx512 => "avx512",
+        }
+    }
 }
 
 /// The kernel path this CPU runs, detected once. `EDGEPROMPT_PORTABLE` forces the scalar one,
