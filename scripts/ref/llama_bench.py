@@ -32,10 +32,11 @@ def main():
                 n_threads_batch=threads, n_batch=512, verbose=False)
     # The SIMD llama.cpp was built for, e.g. "AVX2/AVX512/AVX512_VNNI": a run with our kernels
     # held to AVX2 pairs with a llama.cpp built without AVX-512.
+    # (the info reads "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | ...").
     info = llama_cpp.llama_print_system_info().decode()
-    simd = [p.split("=")[0].strip() for p in info.split("|") if p.strip().endswith("= 1")]
+    on = [p.split("=")[0].split(":")[-1].strip() for p in info.split("|") if p.strip().endswith("= 1")]
     out = {"llama_cpp_python": llama_cpp.__version__, "prefill": {}, "decode": None,
-           "simd": "/".join(s.split(":")[-1].strip() for s in simd if "AVX" in s)}
+           "simd": "/".join(name for name in on if "AVX" in name)}
     # One short untimed pass first: llama.cpp maps the weights from the file, and a process that
     # times a single pass (the bench's rounds take turns with ours) would count their first touch.
     llm.eval(ids[:16])
