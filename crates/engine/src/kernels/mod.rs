@@ -319,11 +319,11 @@ type TileFn = unsafe fn(&gemm::Tile);
 const MIN_TASK: usize = 4;
 
 /// Tasks `(matrix, first group, end group)` for calls of several rows (prefill, batched
-/// decode), over the matrices' groups in order, largest first:
+/// decode; single rows take `regions`), over the matrices' groups in order, largest first:
 /// each takes `1 / (2 * threads)` of what is left (at least `MIN_TASK` groups), so the last
 /// tasks are short and the threads finish close together (equal tasks left one thread waiting
-/// for up to a whole task at the end of each call; decode makes ~120 calls a token). A task
-/// never spans two matrices; which thread runs a task never changes a bit.
+/// for up to a whole task at the end of each call). A task never spans two matrices; which
+/// thread runs a task never changes a bit.
 #[cfg(target_arch = "x86_64")]
 fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
     let mut left: usize = groups.iter().sum();
