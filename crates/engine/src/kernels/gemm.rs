@@ -33,7 +33,7 @@ pub(super) fn tile_rows(left: usize) -> usize {
     }
 }
 
-/// How far ahead single-row calls prefetch. 16-32 KiB measured alike on Zen 5 and beat 4 KiB
+/// How far ahead streaming calls prefetch. 16-32 KiB measured alike on Zen 5 and beat 4 KiB
 /// by 10-40 % on one core; 24 KiB stays inside a 32 KiB L1.
 const AHEAD: usize = 24 << 10;
 
@@ -90,6 +90,9 @@ pub(super) struct Tile<'a> {
     pub out: *mut f32,
     pub ldo: usize,
     pub cols: usize,
+    /// Prefetch the run of groups ahead: the first tile over each group of a call that
+    /// streams its weights (`run_groups`). Single-row tiles always do.
+    pub prefetch: bool,
 }
 
 /// The tile by the AVX2 (`maddubs`) integer dots.
@@ -145,13 +148,14 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         out,
         ldo,
         cols,
+        prefetch,
         ..
     } = *t;
     match code(t.f) {
-        Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols),
-        Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols),
-        Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols),
-        _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols),
+        Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
     }
 }
 
@@ -166,15 +170,16 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         out,
         ldo,
         cols,
+        prefetch,
     } = *t;
     // 32-block formats run `tile_n`, K formats `tile_k`; each for the four tile heights.
     macro_rules! go {
         ($kernel:ident, $c:expr $(, $p:expr)?) => {
             match mt {
-                1 => $kernel::<D, $c, 1 $(, $p)?>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<D, $c, 2 $(, $p)?>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<D, $c, 4 $(, $p)?>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<D, $c, 8 $(, $p)?>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<D, $c, 1 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
+                2 => $kernel::<D, $c, 2 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
+                4 => $kernel::<D, $c, 4 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
+                _ => $kernel::<D, $c, 8 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
             }
         };
     }
@@ -477,6 +482,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: bool,
 ) {
     let f = match F {
         Q4_0 => Format::Q4_0,
@@ -504,7 +510,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
             v[p] = weights::<F>(hdr.add(hb));
             q[p] = if F == Q8_0 { D::q8_prep(&v[p]) } else { v[p] };
         }
-        if MT == 1 {
+        if MT == 1 || pf {
             prefetch_run(group.as_ptr(), P * b * sb, P * sb);
         }
         each_row!(MT, i, {
@@ -576,6 +582,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: bool,
 ) {
     let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
     let (bps, hb, pb, sb) = (
@@ -594,7 +601,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         for bi in 0..bps {
             let b = s * bps + bi;
             let plane = hdr.add(hb + bi * pb);
-            if MT == 1 {
+            if MT == 1 || pf {
                 let per = sb / bps;
                 prefetch_run(gp, s * sb + bi * per, per);
             }

@@ -55,20 +55,21 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         out,
         ldo,
         cols,
+        prefetch,
     } = *t;
     macro_rules! go {
         ($kernel:ident, $c:expr, $p:expr) => {
             match mt {
-                1 => $kernel::<$c, 1, $p>(group, acts, i0, out, ldo, cols),
-                2 => $kernel::<$c, 2, $p>(group, acts, i0, out, ldo, cols),
-                4 => $kernel::<$c, 4, $p>(group, acts, i0, out, ldo, cols),
-                _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols),
+                1 => $kernel::<$c, 1, $p>(group, acts, i0, out, ldo, cols, prefetch),
+                2 => $kernel::<$c, 2, $p>(group, acts, i0, out, ldo, cols, prefetch),
+                4 => $kernel::<$c, 4, $p>(group, acts, i0, out, ldo, cols, prefetch),
+                _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols, prefetch),
             }
         };
         // The 32-block tiles also take sixteen rows (`run_groups`).
         ($kernel:ident, $c:expr, $p:expr, 16) => {
             match mt {
-                16 => $kernel::<$c, 16, $p>(group, acts, i0, out, ldo, cols),
+                16 => $kernel::<$c, 16, $p>(group, acts, i0, out, ldo, cols, prefetch),
                 _ => go!($kernel, $c, $p),
             }
         };
@@ -231,6 +232,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: bool,
 ) {
     let f = match F {
         Q4_0 => Format::Q4_0,
@@ -263,7 +265,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
             }
             v[p] = weights::<F>(h[p].0.add(hb), h[p].1.add(hb));
         }
-        if MT == 1 {
+        if MT == 1 || pf {
             prefetch_run(group.as_ptr(), 2 * P * b * sb, 2 * P * sb);
         }
         each_row!(MT, i, {
@@ -299,6 +301,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: bool,
 ) {
     let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
     let (bps, hb, pb, sb) = (
@@ -320,7 +323,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             let b = s * bps + bi;
             let pl: [(*const u8, *const u8); P] =
                 std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
-            if MT == 1 {
+            if MT == 1 || pf {
                 let per = sb / bps;
                 prefetch_run(group.as_ptr(), 2 * P * (s * sb + bi * per), 2 * P * per);
             }

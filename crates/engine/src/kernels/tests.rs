@@ -240,6 +240,44 @@ fn single_rows_over_many_matrices_give_the_portable_bits() {
     }
 }
 
+/// Calls of a few rows (served batches) stream like single rows, over regions with the first
+/// row tile of each group prefetching; longer calls take the guided tasks. Every path keeps the
+/// portable bits on both sides of that line.
+#[test]
+fn several_rows_over_many_matrices_give_the_portable_bits() {
+    let mut seed = 43;
+    let k = 512;
+    for f in [Format::Q4_1, Format::Q8_0, Format::Q4K, Format::Q6K] {
+        let ws: Vec<QMatrix> = [100, 37, 260, 9]
+            .iter()
+            .map(|&n| random_matrix(f, n, k, &mut seed))
+            .collect();
+        let refs: Vec<&QMatrix> = ws.iter().collect();
+        for m in [2, 3, 8, 17, 64, 65] {
+            let x = random_x(m, k, &mut seed);
+            let want: Vec<Vec<f32>> = ws
+                .iter()
+                .map(|w| {
+                    let mut out = vec![0f32; m * w.n];
+                    w.matmul_portable(&x, m, &mut out);
+                    out
+                })
+                .collect();
+            for level in simd_levels() {
+                for _ in 0..3 {
+                    let got = matmul_at(level, &refs, &x, m);
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{f:?} m={m} {level:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     match *LEVEL {
