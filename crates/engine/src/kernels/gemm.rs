@@ -482,7 +482,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
-    pf: bool,
+    prefetch: bool,
 ) {
     let f = match F {
         Q4_0 => Format::Q4_0,
@@ -510,7 +510,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
             v[p] = weights::<F>(hdr.add(hb));
             q[p] = if F == Q8_0 { D::q8_prep(&v[p]) } else { v[p] };
         }
-        if MT == 1 || pf {
+        if MT == 1 || prefetch {
             prefetch_run(group.as_ptr(), P * b * sb, P * sb);
         }
         each_row!(MT, i, {
@@ -582,7 +582,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
-    pf: bool,
+    prefetch: bool,
 ) {
     let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
     let (bps, hb, pb, sb) = (
@@ -601,7 +601,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         for bi in 0..bps {
             let b = s * bps + bi;
             let plane = hdr.add(hb + bi * pb);
-            if MT == 1 || pf {
+            if MT == 1 || prefetch {
                 let per = sb / bps;
                 prefetch_run(gp, s * sb + bi * per, per);
             }

@@ -232,7 +232,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
-    pf: bool,
+    prefetch: bool,
 ) {
     let f = match F {
         Q4_0 => Format::Q4_0,
@@ -265,7 +265,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
             }
             v[p] = weights::<F>(h[p].0.add(hb), h[p].1.add(hb));
         }
-        if MT == 1 || pf {
+        if MT == 1 || prefetch {
             prefetch_run(group.as_ptr(), 2 * P * b * sb, 2 * P * sb);
         }
         each_row!(MT, i, {
@@ -301,7 +301,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
-    pf: bool,
+    prefetch: bool,
 ) {
     let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
     let (bps, hb, pb, sb) = (
@@ -323,7 +323,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             let b = s * bps + bi;
             let pl: [(*const u8, *const u8); P] =
                 std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
-            if MT == 1 || pf {
+            if MT == 1 || prefetch {
                 let per = sb / bps;
                 prefetch_run(group.as_ptr(), 2 * P * (s * sb + bi * per), 2 * P * per);
             }
