@@ -83,10 +83,18 @@ pub struct Roofline {
 }
 
 /// Best-of-`passes` streaming read of a 512 MiB buffer split over the rayon pool's threads,
-/// GB/s.
+/// GB/s. The buffer is mapped as the weights are (`kernels::Slab`, on 2 MiB pages where the
+/// kernel gives them), so the probe is the best read the weights could get.
 fn stream_read_gbps(passes: usize) -> f64 {
     use rayon::prelude::*;
-    let buf: Vec<u64> = (0..(512usize << 20) / 8).map(|i| i as u64).collect();
+    let Ok(mut slab) = edgeprompt_engine::kernels::Slab::alone(512 << 20) else {
+        return 0.0;
+    };
+    for (i, w) in slab.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&(i as u64).to_le_bytes());
+    }
+    // SAFETY: any eight bytes are a valid u64; the slab starts on a cache line.
+    let (_, buf, _) = unsafe { slab.align_to::<u64>() };
     let mut best = 0f64;
     for _ in 0..passes {
         let t = Instant::now();

@@ -10,7 +10,7 @@ use candle_core::quantized::{gguf_file::Content, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::config::{Arch, ModelConfig};
-use crate::kernels::{Format, QMatrix};
+use crate::kernels::{Carver, Format, QMatrix, Slab};
 use crate::{EngineError, Result};
 
 /// A weight matrix: our kernels for the simple block formats, candle's for the rest.
@@ -29,6 +29,18 @@ fn own_format(dtype: GgmlDType) -> Option<Format> {
         GgmlDType::Q6K => Some(Format::Q6K),
         _ => None,
     }
+}
+
+/// Repacked bytes and number of the file's matrices our kernels run.
+fn own_matrices(content: &Content) -> (usize, usize) {
+    content
+        .tensor_infos
+        .values()
+        .filter_map(|i| {
+            let (n, k) = i.shape.dims2().ok()?;
+            QMatrix::packed_bytes(own_format(i.ggml_dtype)?, n, k)
+        })
+        .fold((0, 0), |(b, c), p| (b + p, c + 1))
 }
 
 impl Matrix {
@@ -175,6 +187,8 @@ pub(crate) struct Weights {
 struct Loader<'a> {
     content: &'a Content,
     reader: BufReader<File>,
+    /// One mapping for every matrix our kernels run, carved in load order (`kernels::arena`).
+    carver: Carver,
     type_bytes: std::collections::BTreeMap<String, usize>,
 }
 
@@ -200,21 +214,27 @@ impl Loader<'_> {
             .get(name)
             .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
         if let (Some(f), Ok((n, k))) = (own_format(info.ggml_dtype), info.shape.dims2()) {
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
-                * info.ggml_dtype.type_size();
+            let bad = || EngineError::Gguf(format!("tensor {name}: bad size"));
+            let bytes = QMatrix::gguf_bytes(f, n, k).ok_or_else(bad)?;
+            let packed = QMatrix::packed_bytes(f, n, k).ok_or_else(bad)?;
             let start = self.content.tensor_data_offset + info.offset;
-            let mut data = vec![0u8; bytes];
+            let mut slab = match self.carver.take(packed) {
+                Some(slab) => slab,
+                None => {
+                    Slab::alone(packed).map_err(|e| EngineError::Gguf(format!("{name}: {e}")))?
+                }
+            };
             self.reader
                 .seek(SeekFrom::Start(start))
-                .and_then(|_| self.reader.read_exact(&mut data))
+                .and_then(|_| self.reader.read_exact(&mut slab[..bytes]))
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
             *self
                 .type_bytes
                 .entry(format!("{:?}", info.ggml_dtype))
                 .or_default() += bytes;
-            return QMatrix::new(f, n, k, data)
+            return QMatrix::from_gguf(f, n, k, slab)
                 .map(Matrix::Own)
-                .ok_or_else(|| EngineError::Gguf(format!("tensor {name}: bad size")));
+                .ok_or_else(bad);
         }
         let t = Arc::new(self.qtensor(name)?);
         Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
@@ -267,9 +287,15 @@ impl Weights {
             path: path.display().to_string(),
             source,
         })?;
+        let (bytes, count) = own_matrices(content);
+        let carver = Carver::new(bytes, count).map_err(|source| EngineError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         let mut ld = Loader {
             content,
             reader: BufReader::new(file),
+            carver,
             type_bytes: Default::default(),
         };
         let d = cfg.n_embd;

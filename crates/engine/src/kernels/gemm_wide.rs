@@ -266,7 +266,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
             v[p] = weights::<F>(h[p].0.add(hb), h[p].1.add(hb));
         }
         if MT == 1 || prefetch {
-            prefetch_run(group.as_ptr(), 2 * P * b * sb, 2 * P * sb);
+            prefetch_run(group.as_ptr(), group.len(), 2 * P * b * sb, 2 * P * sb);
         }
         each_row!(MT, i, {
             // The zero points' share, `-zero * bsum`, starts the exact integer sum.
@@ -325,7 +325,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                 std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
             if MT == 1 || prefetch {
                 let per = sb / bps;
-                prefetch_run(group.as_ptr(), 2 * P * (s * sb + bi * per), 2 * P * per);
+                let at = 2 * P * (s * sb + bi * per);
+                prefetch_run(group.as_ptr(), group.len(), at, 2 * P * per);
             }
             let mut v = [[zero; 8]; P];
             for p in 0..P {

@@ -8,6 +8,7 @@
 //! rows share the call: prefill, chunked prefill and batched decode agree exactly.
 
 mod acts;
+mod arena;
 mod formats;
 mod gemm;
 mod gemm_wide;
@@ -20,6 +21,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use acts::Acts;
 
+pub use arena::{Carver, Slab};
 pub use formats::Format;
 pub use simd::{Level, LEVEL};
 
@@ -30,7 +32,7 @@ pub struct QMatrix {
     format: Format,
     n: usize,
     k: usize,
-    data: Vec<u8>,
+    data: Slab,
 }
 
 /// A weight row unpacked to one i8 per value: the scalar reference path's form. 32-block
@@ -71,15 +73,37 @@ pub(crate) struct QuantRow {
 }
 
 impl QMatrix {
-    /// `data`: `n` rows of `k` values in GGUF block layout; kept repacked (`repack.rs`).
-    pub fn new(format: Format, n: usize, k: usize, mut data: Vec<u8>) -> Option<Self> {
-        let bv = format.block_values();
-        let expect = n * (k / bv) * format.block_bytes();
-        if !k.is_multiple_of(bv) || data.len() != expect {
+    /// `data`: `n` rows of `k` values in GGUF block layout; kept repacked (`repack.rs`) in a
+    /// mapping of its own.
+    pub fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
+        if data.len() != Self::gguf_bytes(format, n, k)? {
+            return None;
+        }
+        let mut slab = Slab::alone(Self::packed_bytes(format, n, k)?).ok()?;
+        slab[..data.len()].copy_from_slice(&data);
+        Self::from_gguf(format, n, k, slab)
+    }
+
+    /// `slab`: `packed_bytes` long, the GGUF block layout of the `n` rows in its first
+    /// `gguf_bytes` (a model's loader reads them there from the file); repacked in place.
+    pub fn from_gguf(format: Format, n: usize, k: usize, mut data: Slab) -> Option<Self> {
+        if data.len() != Self::packed_bytes(format, n, k)? {
             return None;
         }
         repack::repack(format, n, k, &mut data);
         Some(Self { format, n, k, data })
+    }
+
+    /// The GGUF's bytes of an `[n, k]` matrix (`None`: `k` not in whole blocks).
+    pub fn gguf_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
+        let bv = format.block_values();
+        k.is_multiple_of(bv)
+            .then(|| n * (k / bv) * format.block_bytes())
+    }
+
+    /// The bytes it takes repacked (`from_gguf`'s slab).
+    pub fn packed_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
+        Self::gguf_bytes(format, n, k).map(|_| repack::packed_bytes(format, n, k))
     }
 
     pub fn out_dim(&self) -> usize {
@@ -128,11 +152,12 @@ impl QMatrix {
             let mut g = g0;
             while g < g1 {
                 // Four groups per tile on the 512-bit path (two for the K formats, whose
-                // four-group tile runs out of registers), then two, a task's odd last alone.
-                // The 256-bit paths take two groups for single rows of the 32-block formats.
+                // four-group tile runs out of registers, and for calls of up to `PAIR_ROWS`),
+                // then two, a task's odd last alone. The 256-bit paths take two groups for
+                // single rows of the 32-block formats.
                 let pairs = level.wide() || (m == 1 && !self.format.is_k());
                 let span = match g1 - g {
-                    4.. if level.wide() && !self.format.is_k() => 4,
+                    4.. if level.wide() && !self.format.is_k() && m > PAIR_ROWS => 4,
                     2.. if pairs => 2,
                     _ => 1,
                 };
@@ -361,6 +386,13 @@ const ACT_CHUNK: usize = 64;
 /// time of one row); longer calls are bound by arithmetic and keep the guided tasks.
 #[cfg(target_arch = "x86_64")]
 const STREAM_ROWS: usize = ACT_CHUNK;
+
+/// Calls of at most this many rows take two groups per 512-bit tile, not four: they are bound
+/// by the stream, and two streams a thread read closer to a plain read's bandwidth than four
+/// (two Zen 5 threads, 1-4 rows of q5_0, q8_0, q4_1: 0.03-0.12 more of it); from 8 rows the
+/// four-group tile's shared broadcasts pay.
+#[cfg(target_arch = "x86_64")]
+const PAIR_ROWS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {

@@ -154,32 +154,33 @@ impl Format {
 /// the groups are first moved apart to their repacked places, the last first. Then every
 /// group is rewritten from a copy of its own rows, the groups in parallel (a fifth of a
 /// model's load when one thread did them all): the matrix is never held twice.
-pub(crate) fn repack(f: Format, n: usize, k: usize, data: &mut Vec<u8>) {
+pub(crate) fn repack(f: Format, n: usize, k: usize, data: &mut [u8]) {
     let (bv, bb) = (f.block_values(), f.block_bytes());
     let nsup = k / bv;
     let groups = n.div_ceil(ROWS);
     let (src_group, dst_group) = (ROWS * nsup * bb, nsup * f.super_bytes());
     let real = n * nsup * bb;
-    data.resize((groups * dst_group).max(data.len()), 0);
+    assert_eq!(data.len(), packed_bytes(f, n, k), "repack buffer size");
     if dst_group > src_group {
         for g in (0..groups).rev() {
             let from = (g * src_group).min(real)..((g + 1) * src_group).min(real);
             data.copy_within(from, g * dst_group);
         }
     }
-    data[..groups * dst_group]
-        .par_chunks_mut(dst_group)
-        .enumerate()
-        .for_each_init(
-            || vec![0u8; src_group],
-            |rows, (g, dst)| {
-                let len = ((g + 1) * src_group).min(real) - g * src_group;
-                rows[..len].copy_from_slice(&dst[..len]);
-                repack_group(f, nsup, &rows[..len], dst);
-            },
-        );
-    data.truncate(groups * dst_group);
-    data.shrink_to_fit();
+    data.par_chunks_mut(dst_group).enumerate().for_each_init(
+        || vec![0u8; src_group],
+        |rows, (g, dst)| {
+            let len = ((g + 1) * src_group).min(real) - g * src_group;
+            rows[..len].copy_from_slice(&dst[..len]);
+            repack_group(f, nsup, &rows[..len], dst);
+        },
+    );
+}
+
+/// Bytes of an `[n, k]` matrix repacked: whole groups of `ROWS` rows (the last padded with
+/// zero rows), at least the GGUF's bytes.
+pub(crate) fn packed_bytes(f: Format, n: usize, k: usize) -> usize {
+    n.div_ceil(ROWS) * (k / f.block_values()) * f.super_bytes()
 }
 
 /// One group: `rows` holds its real rows' GGUF bytes (the rest are zero rows); `dst` its

@@ -1,0 +1,147 @@
+//! One anonymous mapping for a model's weights, asked for on 2 MiB pages, carved into one slab
+//! per matrix in the order the loader reads them (a layer's matrices in call order).
+//!
+//! Decode streams every weight once a token. On 4 KiB pages each page costs a TLB walk and
+//! the hardware prefetchers stop at its end; on 2 MiB pages the stream runs on. Zen 5, two
+//! threads, the same arena with and without the advice, in turns in one process (medians of
+//! 40-60 runs of 8 tokens): decode Qwen 0.5B 8.13 -> 7.59 ms a token, Qwen 1.5B 19.9 -> 18.7,
+//! SmolLM2 3.03 -> 2.77, Gemma 3 5.36 -> 5.02.
+
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use memmap2::{Advice, MmapMut};
+
+/// Huge page size the mapping is aligned to.
+const HUGE: usize = 2 << 20;
+/// Each slab starts on a cache line.
+const ALIGN: usize = 64;
+
+struct Arena {
+    map: MmapMut,
+}
+
+/// A disjoint byte range of an arena, owned like a `Vec<u8>`; the mapping lives until its
+/// last slab is dropped.
+pub struct Slab {
+    arena: Arc<Arena>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a slab is the only handle to its range (carved once, never shared), so moving it
+// or sharing `&Slab` across threads is as safe as for a `Vec<u8>`.
+unsafe impl Send for Slab {}
+unsafe impl Sync for Slab {}
+
+impl Deref for Slab {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` lies inside the live mapping and no other slab covers it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for Slab {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, and `&mut self` makes this the only borrow of the range.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for Slab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slab({} bytes)", self.len)
+    }
+}
+
+/// Hands out consecutive slabs of one arena.
+pub struct Carver {
+    arena: Arc<Arena>,
+    /// Offset of the next slab in the mapping.
+    next: usize,
+    end: usize,
+}
+
+impl Carver {
+    /// An arena for `bytes` of slabs (plus each slab's alignment), zeroed, its 2 MiB-aligned
+    /// part asked for on huge pages (a hint: where the kernel declines, 4 KiB pages).
+    pub fn new(bytes: usize, slabs: usize) -> std::io::Result<Self> {
+        let want = bytes + slabs * ALIGN;
+        // One huge page more, so the slabs can start on a 2 MiB boundary.
+        let map = MmapMut::map_anon((want + HUGE).max(1))?;
+        let base = map.as_ptr() as usize;
+        let start = base.next_multiple_of(HUGE) - base;
+        // Only a hint: a kernel without transparent huge pages says no, and 4 KiB pages do.
+        let _ = map.advise_range(Advice::HugePage, start, want);
+        Ok(Self {
+            arena: Arc::new(Arena { map }),
+            next: start,
+            end: start + want,
+        })
+    }
+
+    /// The next `len` bytes (zeroed), or `None` once the arena is full.
+    pub fn take(&mut self, len: usize) -> Option<Slab> {
+        let at = self.next.next_multiple_of(ALIGN);
+        if at + len > self.end {
+            return None;
+        }
+        self.next = at + len;
+        let base = self.arena.map.as_ptr() as *mut u8;
+        // SAFETY: `at + len` is within the mapping; `next` only grows, so ranges are disjoint.
+        let ptr = NonNull::new(unsafe { base.add(at) })?;
+        Some(Slab {
+            arena: self.arena.clone(),
+            ptr,
+            len,
+        })
+    }
+}
+
+impl Slab {
+    /// A slab in an arena of its own.
+    pub fn alone(len: usize) -> std::io::Result<Self> {
+        Carver::new(len, 1)?
+            .take(len)
+            .ok_or_else(|| std::io::Error::other("arena smaller than its one slab"))
+    }
+
+    /// Bytes of the mapping this slab belongs to (shared by every slab of one model).
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slabs_are_disjoint_aligned_and_zeroed() {
+        let mut c = Carver::new(10_000, 3).unwrap();
+        let mut a = c.take(1000).unwrap();
+        let mut b = c.take(3001).unwrap();
+        let d = c.take(5999).unwrap();
+        for s in [&a, &b, &d] {
+            assert_eq!(s.as_ptr() as usize % ALIGN, 0);
+            assert!(s.iter().all(|&x| x == 0));
+        }
+        a.fill(1);
+        b.fill(2);
+        assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
+        assert!(d.iter().all(|&x| x == 0));
+        // The mapping outlives the carver.
+        drop(c);
+        assert_eq!(a.len() + b.len(), 4001);
+    }
+
+    #[test]
+    fn a_full_arena_says_so() {
+        let mut c = Carver::new(100, 1).unwrap();
+        assert!(c.take(100).is_some());
+        assert!(c.take(HUGE + 200).is_none());
+        assert_eq!(Slab::alone(0).unwrap().len(), 0);
+    }
+}
