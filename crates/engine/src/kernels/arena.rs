@@ -11,21 +11,18 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use memmap2::{Advice, MmapMut};
+use memmap2::MmapMut;
 
 /// Huge page size the mapping is aligned to.
 const HUGE: usize = 2 << 20;
 /// Each slab starts on a cache line.
 const ALIGN: usize = 64;
 
-struct Arena {
-    map: MmapMut,
-}
-
 /// A disjoint byte range of an arena, owned like a `Vec<u8>`; the mapping lives until its
 /// last slab is dropped.
 pub struct Slab {
-    arena: Arc<Arena>,
+    /// Kept for its lifetime: the mapping is unmapped with its last slab.
+    _map: Arc<MmapMut>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -58,7 +55,9 @@ impl std::fmt::Debug for Slab {
 
 /// Hands out consecutive slabs of one arena.
 pub struct Carver {
-    arena: Arc<Arena>,
+    map: Arc<MmapMut>,
+    /// The mapping's first byte, taken while it was still ours alone.
+    base: NonNull<u8>,
     /// Offset of the next slab in the mapping.
     next: usize,
     end: usize,
@@ -70,13 +69,16 @@ impl Carver {
     pub fn new(bytes: usize, slabs: usize) -> std::io::Result<Self> {
         let want = bytes + slabs * ALIGN;
         // One huge page more, so the slabs can start on a 2 MiB boundary.
-        let map = MmapMut::map_anon((want + HUGE).max(1))?;
-        let base = map.as_ptr() as usize;
-        let start = base.next_multiple_of(HUGE) - base;
+        let mut map = MmapMut::map_anon((want + HUGE).max(1))?;
+        let base =
+            NonNull::new(map.as_mut_ptr()).ok_or_else(|| std::io::Error::other("null map"))?;
+        let start = (base.as_ptr() as usize).next_multiple_of(HUGE) - base.as_ptr() as usize;
         // Only a hint: a kernel without transparent huge pages says no, and 4 KiB pages do.
-        let _ = map.advise_range(Advice::HugePage, start, want);
+        #[cfg(target_os = "linux")]
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, want);
         Ok(Self {
-            arena: Arc::new(Arena { map }),
+            map: Arc::new(map),
+            base,
             next: start,
             end: start + want,
         })
@@ -89,11 +91,10 @@ impl Carver {
             return None;
         }
         self.next = at + len;
-        let base = self.arena.map.as_ptr() as *mut u8;
         // SAFETY: `at + len` is within the mapping; `next` only grows, so ranges are disjoint.
-        let ptr = NonNull::new(unsafe { base.add(at) })?;
+        let ptr = unsafe { self.base.add(at) };
         Some(Slab {
-            arena: self.arena.clone(),
+            _map: self.map.clone(),
             ptr,
             len,
         })
@@ -106,11 +107,6 @@ impl Slab {
         Carver::new(len, 1)?
             .take(len)
             .ok_or_else(|| std::io::Error::other("arena smaller than its one slab"))
-    }
-
-    /// Bytes of the mapping this slab belongs to (shared by every slab of one model).
-    pub fn arena_bytes(&self) -> usize {
-        self.arena.map.len()
     }
 }
 
