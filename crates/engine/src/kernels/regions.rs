@@ -12,10 +12,16 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 
 pub(super) struct Regions {
     /// Each region's unclaimed groups, `front << 32 | back`.
-    left: Vec<AtomicU64>,
+    left: Vec<Slot>,
     /// Chunks are whole multiples of this many groups (the region cuts too).
     min: usize,
 }
+
+/// A region's counter on cache lines of its own: its owner claims from it several times a
+/// call, and on one line with the other region's counter each claim took the line from the
+/// other thread (`next` 5.2 -> 3.9 % of a SmolLM2 decode's samples; tok/s within noise).
+#[repr(align(128))]
+struct Slot(AtomicU64);
 
 fn pack(front: usize, back: usize) -> u64 {
     ((front as u64) << 32) | back as u64
@@ -34,7 +40,7 @@ impl Regions {
         let left = (0..parts.max(1))
             .map(|r| {
                 let a = (r * per).min(total);
-                AtomicU64::new(pack(a, (a + per).min(total)))
+                Slot(AtomicU64::new(pack(a, (a + per).min(total))))
             })
             .collect();
         Self { left, min }
@@ -55,7 +61,7 @@ impl Regions {
         loop {
             let fullest = (0..self.left.len())
                 .map(|r| {
-                    let (a, b) = unpack(self.left[r].load(Acquire));
+                    let (a, b) = unpack(self.left[r].0.load(Acquire));
                     (b.saturating_sub(a), r)
                 })
                 .max()?;
@@ -70,7 +76,7 @@ impl Regions {
 
     /// Claims from region `r`'s front (its owner) or back (a helper).
     fn take(&self, r: usize, front: bool) -> Option<(usize, usize)> {
-        let cell = &self.left[r];
+        let cell = &self.left[r].0;
         let mut cur = cell.load(Acquire);
         loop {
             let (a, b) = unpack(cur);
