@@ -54,7 +54,7 @@ impl std::fmt::Debug for Slab {
 }
 
 /// Hands out consecutive slabs of one arena.
-pub struct Carver {
+pub(crate) struct Carver {
     map: Arc<MmapMut>,
     /// The mapping's first byte, taken while it was still ours alone.
     base: NonNull<u8>,
@@ -66,7 +66,7 @@ pub struct Carver {
 impl Carver {
     /// An arena for `bytes` of slabs (plus each slab's alignment), zeroed, its 2 MiB-aligned
     /// part asked for on huge pages (a hint: where the kernel declines, 4 KiB pages).
-    pub fn new(bytes: usize, slabs: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(bytes: usize, slabs: usize) -> std::io::Result<Self> {
         let want = bytes + slabs * ALIGN;
         // One huge page more, so the slabs can start on a 2 MiB boundary.
         let mut map = MmapMut::map_anon((want + HUGE).max(1))?;
@@ -85,7 +85,7 @@ impl Carver {
     }
 
     /// The next `len` bytes (zeroed), or `None` once the arena is full.
-    pub fn take(&mut self, len: usize) -> Option<Slab> {
+    pub(crate) fn take(&mut self, len: usize) -> Option<Slab> {
         let at = self.next.next_multiple_of(ALIGN);
         if at + len > self.end {
             return None;

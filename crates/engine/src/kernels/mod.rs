@@ -21,7 +21,8 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use acts::Acts;
 
-pub use arena::{Carver, Slab};
+pub(crate) use arena::Carver;
+pub use arena::Slab;
 pub use formats::Format;
 pub use simd::{Level, LEVEL};
 
@@ -86,7 +87,7 @@ impl QMatrix {
 
     /// `slab`: `packed_bytes` long, the GGUF block layout of the `n` rows in its first
     /// `gguf_bytes` (a model's loader reads them there from the file); repacked in place.
-    pub fn from_gguf(format: Format, n: usize, k: usize, mut data: Slab) -> Option<Self> {
+    pub(crate) fn from_gguf(format: Format, n: usize, k: usize, mut data: Slab) -> Option<Self> {
         if data.len() != Self::packed_bytes(format, n, k)? {
             return None;
         }
@@ -95,14 +96,14 @@ impl QMatrix {
     }
 
     /// The GGUF's bytes of an `[n, k]` matrix (`None`: `k` not in whole blocks).
-    pub fn gguf_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
+    pub(crate) fn gguf_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
         let bv = format.block_values();
         k.is_multiple_of(bv)
             .then(|| n * (k / bv) * format.block_bytes())
     }
 
     /// The bytes it takes repacked (`from_gguf`'s slab).
-    pub fn packed_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
+    pub(crate) fn packed_bytes(format: Format, n: usize, k: usize) -> Option<usize> {
         Self::gguf_bytes(format, n, k).map(|_| repack::packed_bytes(format, n, k))
     }
 
