@@ -2,7 +2,7 @@
 """Time llama.cpp (via the llama-cpp-python package) on given token ids, for `edgeprompt-bench
 engine`. Prints one JSON object: prefill seconds per prompt length, decode seconds per token.
 
-Usage: llama_bench.py MODEL.gguf IDS.json THREADS PROMPT_LENS(comma) DECODE_TOKENS REPEATS
+Usage: llama_bench.py MODEL.gguf IDS.json THREADS PROMPT_LENS(comma) DECODE_TOKENS REPEATS [DECODE_AT]
 """
 import json
 import sys
@@ -27,8 +27,10 @@ def main():
     ids = json.load(open(ids_path))
     threads, n_decode, repeats = int(threads), int(n_decode), int(repeats)
     lens = [int(x) for x in lens.split(",")]
+    # Decode after DECODE_AT tokens (default: 512, or the longest prompt if shorter).
+    base = int(sys.argv[7]) if len(sys.argv) > 7 else min(512, max(lens))
     host_rss = status_bytes("VmRSS")
-    llm = Llama(model_path=model, n_ctx=max(lens) + n_decode + 8, n_threads=threads,
+    llm = Llama(model_path=model, n_ctx=max(max(lens), base) + n_decode + 8, n_threads=threads,
                 n_threads_batch=threads, n_batch=512, verbose=False)
     # The SIMD llama.cpp was built for, e.g. "AVX2/AVX512/AVX512_VNNI": a run with our kernels
     # held to AVX2 pairs with a llama.cpp built without AVX-512.
@@ -50,8 +52,7 @@ def main():
             dt = time.perf_counter() - t
             best = dt if best is None else min(best, dt)
         out["prefill"][str(n)] = best
-    # Decode after a 512-token prompt (or the shortest length), one token per step.
-    base = min(512, max(lens))
+    # Decode after `base` tokens, one token per step.
     best = None
     for _ in range(repeats):
         llm.reset()

@@ -293,6 +293,9 @@ pub struct EngineArgs {
     llama_python: Option<PathBuf>,
     #[arg(long)]
     skip_candle: bool,
+    /// Context the decode is timed after [default: 512, or the longest prompt if shorter].
+    #[arg(long)]
+    decode_at: Option<usize>,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -565,6 +568,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 repeats: a.repeats,
                 llama_python: a.llama_python,
                 skip_candle: a.skip_candle,
+                decode_at: a.decode_at,
             };
             let report = engine::run(&settings)?;
             println!("{}", engine::table(&report));

@@ -23,6 +23,8 @@ pub struct Settings {
     /// Python with `llama_cpp` installed (scripts/bench_engine.sh makes one).
     pub llama_python: Option<PathBuf>,
     pub skip_candle: bool,
+    /// Context the decode runs after (default: 512, or the longest prompt if shorter).
+    pub decode_at: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -78,6 +80,12 @@ pub struct Roofline {
     pub decode_roofline_fraction: f64,
     /// Per round: (decode GB/s, stream probe GB/s).
     pub rounds: Vec<(f64, f64)>,
+    /// f16 K and V bytes a decode step reads on average at the decode context (each layer's
+    /// window cut applied): past a few thousand tokens a small model reads as much KV as
+    /// weights.
+    pub kv_bytes_per_token: usize,
+    /// `decode_roofline_fraction` counting the KV read as well as the weights.
+    pub decode_with_kv_fraction: f64,
     /// Integer ops (2 per multiply-add) per second through the layers at each prompt length.
     pub prefill_gops: Vec<(usize, f64)>,
 }
@@ -339,6 +347,7 @@ fn time_llama(
         .arg(lens.join(","))
         .arg(s.decode_tokens.to_string())
         .arg(s.repeats.to_string())
+        .arg(decode_context(s).to_string())
         .output()?;
     let _ = std::fs::remove_file(&ids_file);
     if !out.status.success() {
@@ -380,10 +389,33 @@ pub(crate) fn llama_prefill_secs(
         repeats: 2,
         llama_python: None,
         skip_candle: true,
+        decode_at: None,
     };
     let sp = time_llama(python, model, ids, &s)?;
     // Scaled from n - 1 tokens (the script keeps one id for its decode step).
     Ok(ids.len() as f64 / sp.prefill[0].1)
+}
+
+/// f16 K and V bytes one of `steps` decode steps after `ctx` tokens reads, on average: every
+/// layer's keys up to the step's position, or its window.
+fn decode_kv_bytes(cfg: &edgeprompt_engine::ModelConfig, ctx: usize, steps: usize) -> usize {
+    let per_key = cfg.kv_bytes_per_token() / cfg.n_layer.max(1);
+    let steps = steps.max(1);
+    let keys: usize = (0..cfg.n_layer)
+        .map(|l| {
+            (1..=steps)
+                // Step `i`'s token sits at position `ctx + i - 1`.
+                .map(|i| ctx + i - cfg.visible_from(l, ctx + i - 1))
+                .sum::<usize>()
+        })
+        .sum();
+    per_key * keys / steps
+}
+
+/// The context decode is timed after.
+fn decode_context(s: &Settings) -> usize {
+    s.decode_at
+        .unwrap_or_else(|| 512.min(*s.prompt_lens.iter().max().unwrap_or(&512)))
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
@@ -391,7 +423,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     eprintln!("machine: {machine}");
     let model = Model::load(&s.model)?;
     let load_rss = peak_rss();
-    let ctx = 512.min(*s.prompt_lens.iter().max().unwrap_or(&512));
+    let ctx = decode_context(s);
     let need = s
         .prompt_lens
         .iter()
@@ -425,11 +457,15 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let rounds: Vec<(f64, f64)> = probes.iter().map(|&(d, p)| (gbps(d), p)).collect();
     let stream = median(rounds.iter().map(|r| r.1).collect());
     let decode_gbps = gbps(ours.decode);
+    let kv_bytes = decode_kv_bytes(&model.cfg, ctx, s.decode_tokens);
+    let with_kv = (weight_bytes + kv_bytes) as f64 / weight_bytes.max(1) as f64;
     let roofline = Roofline {
         stream_read_gbps: stream,
         weight_bytes_per_token: weight_bytes,
         decode_gbps,
         decode_roofline_fraction: median(rounds.iter().map(|r| r.0 / r.1).collect()),
+        decode_with_kv_fraction: median(rounds.iter().map(|r| r.0 * with_kv / r.1).collect()),
+        kv_bytes_per_token: kv_bytes,
         rounds,
         prefill_gops: ours
             .prefill
@@ -438,10 +474,12 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             .collect(),
     };
     eprintln!(
-        "  roofline: stream read {stream:.1} GB/s (median of {:?}); decode reads {:.0} MB/token = {decode_gbps:.1} GB/s; round by round {:.0} % (median)",
+        "  roofline: stream read {stream:.1} GB/s (median of {:?}); decode reads {:.0} MB/token = {decode_gbps:.1} GB/s; round by round {:.0} % (median); with {:.0} MB of KV {:.0} %",
         roofline.rounds.iter().map(|r| (r.1 * 10.0).round() / 10.0).collect::<Vec<_>>(),
         weight_bytes as f64 / 1e6,
-        100.0 * roofline.decode_roofline_fraction
+        100.0 * roofline.decode_roofline_fraction,
+        kv_bytes as f64 / 1e6,
+        100.0 * roofline.decode_with_kv_fraction
     );
     let arch = model.cfg.arch;
     let file_bytes = model.info.file_bytes;
@@ -525,11 +563,13 @@ pub fn table(r: &Report) -> String {
     }
     let rf = &r.roofline;
     t += &format!(
-        "roofline: stream read {:.1} GB/s on {} threads; decode {:.1} GB/s of weights ({:.0} % of it); prefill {}\n",
+        "roofline: stream read {:.1} GB/s on {} threads; decode {:.1} GB/s of weights ({:.0} % of it; {:.0} % with {:.0} MB of KV); prefill {}\n",
         rf.stream_read_gbps,
         r.threads,
         rf.decode_gbps,
         100.0 * rf.decode_roofline_fraction,
+        100.0 * rf.decode_with_kv_fraction,
+        rf.kv_bytes_per_token as f64 / 1e6,
         rf.prefill_gops
             .iter()
             .map(|(n, g)| format!("{n}: {g:.0} GOP/s"))
@@ -550,4 +590,45 @@ pub fn table(r: &Report) -> String {
         mb(r.llama_cpp_rss_bytes),
     );
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_kv_bytes;
+    use edgeprompt_engine::{Arch, ModelConfig, RopeStyle};
+
+    fn cfg(window: Option<usize>, sliding: Vec<bool>) -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Gemma3,
+            name: "toy".into(),
+            n_layer: sliding.len(),
+            n_embd: 64,
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 16,
+            n_ff: 128,
+            vocab_size: 10,
+            context_length: 4096,
+            rope_base: 1e6,
+            rope_style: RopeStyle::Neox,
+            rms_eps: 1e-6,
+            window,
+            sliding,
+            rope_base_local: 1e4,
+        }
+    }
+
+    #[test]
+    fn decode_kv_bytes_count_each_steps_keys_and_the_window() {
+        // One key of one layer: K and V, 16 f16 each.
+        let per_key = 2 * 16 * 2;
+        // Full attention: steps after 100 tokens see 101 and 102 keys.
+        let full = cfg(None, vec![false]);
+        assert_eq!(decode_kv_bytes(&full, 100, 2), per_key * (101 + 102) / 2);
+        // A window of 8 caps a sliding layer at 8 keys; the global layer sees them all.
+        let mixed = cfg(Some(8), vec![true, false]);
+        assert_eq!(decode_kv_bytes(&mixed, 100, 1), per_key * (8 + 101));
+        // Inside the window a sliding layer sees every key.
+        assert_eq!(decode_kv_bytes(&mixed, 4, 1), per_key * (5 + 5));
+    }
 }

@@ -184,11 +184,20 @@ fn engine_section(dir: &Path, md: &mut String) {
                     rounds.join(", ")
                 ),
             };
+            // Runs since session 32 also count the KV cache a decode step reads.
+            let kv = match rf["kv_bytes_per_token"].as_f64() {
+                Some(b) => format!(
+                    " With the {:.0} MB of KV cache a step reads at this context, {:.0} %.",
+                    b / 1e6,
+                    100.0 * f(&rf["decode_with_kv_fraction"])
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 md,
                 "Roofline: streaming read {:.1} GB/s on the same threads; decode streams {:.0} MB of \
-                 weights per token = {:.1} GB/s, **{:.0} %** {share}. Prefill through the layers: {} \
-                 GOP/s (int8, 2 ops per multiply-add).\n",
+                 weights per token = {:.1} GB/s, **{:.0} %** {share}.{kv} Prefill through the \
+                 layers: {} GOP/s (int8, 2 ops per multiply-add).\n",
                 f(&rf["stream_read_gbps"]),
                 f(&rf["weight_bytes_per_token"]) / 1e6,
                 f(&rf["decode_gbps"]),

@@ -60,6 +60,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         repeats: 1,
         llama_python: None,
         skip_candle: false,
+        decode_at: Some(20),
     })
     .unwrap();
     std::fs::write(
@@ -69,6 +70,8 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     .unwrap();
     let v = json(&out, "engine-smollm2.json");
     assert!(v["ours"]["decode"].as_f64().unwrap() > 0.0);
+    // Decode timed after the context asked for, past the longest prompt.
+    assert_eq!(v["decode_context"].as_u64(), Some(20));
     let rf = &v["roofline"];
     assert!(rf["stream_read_gbps"].as_f64().unwrap() > 0.0);
     assert!(rf["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
