@@ -16,10 +16,12 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::acts::Acts;
 use super::gemm::{
-    code, each_row, opaque_zero, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
+    code, each_row, lane_so_far, lanes_after, opaque_zero, plane_chunks, prefetch_run, Tile, Q4K,
+    Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
 };
 use super::repack::ROWS;
 use super::{Format, QK};
@@ -244,7 +246,8 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[[opaque_zero(_mm512_setzero_ps()); 8]; P]; MT];
+    let fzero = opaque_zero(_mm512_setzero_ps());
+    let mut acc = [[[MaybeUninit::<__m512>::uninit(); 8]; P]; MT];
     let gp = pair_ptrs::<P>(group);
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
     let zero = match F {
@@ -283,12 +286,12 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
                 if has_min {
                     t = _mm512_add_ps(t, _mm512_mul_ps(wm[p], _mm512_set1_ps(*r.s[i].add(b))));
                 }
-                let lane = &mut acc[i][p][b % 8];
-                *lane = _mm512_add_ps(*lane, t);
+                let lane = &mut acc[i][p];
+                lane[b % 8].write(_mm512_add_ps(lane_so_far(lane, b, fzero), t));
             }
         });
     }
-    store(&acc, out, ldo, cols);
+    store(&acc, nb, fzero, out, ldo, cols);
 }
 
 /// q4_K and q6_K as `gemm::tile_k`: per super block, the block dots times their integer
@@ -312,7 +315,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let mut acc = [[[opaque_zero(_mm512_setzero_ps()); 8]; P]; MT];
+    let fzero = opaque_zero(_mm512_setzero_ps());
+    let mut acc = [[[MaybeUninit::<__m512>::uninit(); 8]; P]; MT];
     let gp = pair_ptrs::<P>(group);
     let zero = _mm512_setzero_si512();
     for s in 0..ns {
@@ -401,8 +405,9 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                     let t = _mm512_mul_ps(_mm512_mul_ps(wd[p], da), _mm512_cvtepi32_ps(isum[i][p]));
                     let tm =
                         _mm512_mul_ps(_mm512_mul_ps(wm[p], da), _mm512_cvtepi32_ps(msum[i][p]));
-                    let lane = &mut acc[i][p][s % 8];
-                    *lane = _mm512_add_ps(*lane, _mm512_add_ps(t, tm));
+                    let lane = &mut acc[i][p];
+                    let sum = _mm512_add_ps(t, tm);
+                    lane[s % 8].write(_mm512_add_ps(lane_so_far(lane, s, fzero), sum));
                 }
             });
         } else {
@@ -410,25 +415,28 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                 let da = _mm512_set1_ps(*r.d[i].add(s));
                 for p in 0..P {
                     let t = _mm512_mul_ps(_mm512_mul_ps(wd[p], da), _mm512_cvtepi32_ps(isum[i][p]));
-                    let lane = &mut acc[i][p][s % 8];
-                    *lane = _mm512_add_ps(*lane, t);
+                    let lane = &mut acc[i][p];
+                    lane[s % 8].write(_mm512_add_ps(lane_so_far(lane, s, fzero), t));
                 }
             });
         }
     }
-    store(&acc, out, ldo, cols);
+    store(&acc, ns, fzero, out, ldo, cols);
 }
 
 /// The canonical lane reduction of each row's accumulators, stored to `cols` columns.
 #[inline(always)]
 unsafe fn store<const MT: usize, const P: usize>(
-    acc: &[[[__m512; 8]; P]; MT],
+    acc: &[[[MaybeUninit<__m512>; 8]; P]; MT],
+    terms: usize,
+    zero: __m512,
     out: *mut f32,
     ldo: usize,
     cols: usize,
 ) {
     for (i, pairs) in acc.iter().enumerate() {
-        for (p, l) in pairs.iter().enumerate() {
+        for (p, lanes) in pairs.iter().enumerate() {
+            let l = lanes_after(lanes, terms, zero);
             let r = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
                 _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),

@@ -187,6 +187,30 @@ fn gemm_and_portable_paths_agree_bitwise() {
 }
 
 #[test]
+fn tiles_with_fewer_terms_than_lanes_give_the_portable_bits() {
+    // Fewer than eight float terms per output (blocks of 32, or super-blocks of the K
+    // formats): lanes no term reaches are the zero the others start from. Four groups and
+    // sixteen rows reach the widest tiles.
+    let mut seed = 41;
+    for f in FORMATS {
+        let ks: [usize; 2] = if f.block_values() == 256 { [256, 1792] } else { [96, 224] };
+        for k in ks {
+            let n = 37;
+            let w = random_matrix(f, n, k, &mut seed);
+            for m in [1, 4, 16, 17] {
+                let x = random_x(m, k, &mut seed);
+                let fast = w.matmul(&x, m);
+                let mut slow = vec![0f32; m * n];
+                w.matmul_portable(&x, m, &mut slow);
+                for (a, b) in fast.iter().zip(&slow) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{f:?} k={k} m={m}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn reused_outputs_keep_nothing_of_before() {
     // Buffers left longer or shorter by earlier calls, every value NaN: the result must be
     // that of fresh buffers, bit for bit, at the new length.
