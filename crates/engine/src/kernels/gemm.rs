@@ -17,7 +17,6 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
-use std::mem::MaybeUninit;
 
 use super::acts::Acts;
 use super::repack::ROWS;
@@ -426,39 +425,6 @@ pub(super) fn opaque_zero<T>(z: T) -> T {
     std::hint::black_box(z)
 }
 
-/// What term `term` of a tile's output vector adds to: its lane (`term % 8`) as summed so far,
-/// or for each lane's first term the tile's zero. The lanes start as that zero without being
-/// stored: clearing them in memory first (16 KB for a sixteen-row 512-bit tile) was a tenth
-/// of a prefill's GEMM samples. The same adds, so the same bits.
-///
-/// # Safety
-/// Lane `term % 8` has been written if `term >= 8` (terms come in order).
-#[inline(always)]
-pub(super) unsafe fn lane_so_far<V: Copy>(lanes: &[MaybeUninit<V>; 8], term: usize, zero: V) -> V {
-    if term < 8 {
-        zero
-    } else {
-        lanes[term % 8].assume_init()
-    }
-}
-
-/// The eight lanes after `terms` terms, the ones no term reached as the zero they start from.
-///
-/// # Safety
-/// Terms `0..terms` have been added (`lane_so_far`).
-#[inline(always)]
-pub(super) unsafe fn lanes_after<V: Copy>(
-    lanes: &[MaybeUninit<V>; 8],
-    terms: usize,
-    zero: V,
-) -> [V; 8] {
-    let mut l = [zero; 8];
-    for (k, x) in l.iter_mut().enumerate().take(terms) {
-        *x = lanes[k].assume_init();
-    }
-    l
-}
-
 /// `body` for each row `i` in `0..mt` (1, 2, 4, 8 or 16), unrolled, so per-row pointers and
 /// indices are constants.
 macro_rules! each_row {
@@ -530,8 +496,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let fzero = opaque_zero(_mm256_setzero_ps());
-    let mut acc = [[[MaybeUninit::<__m256>::uninit(); 8]; MT]; P];
+    let mut acc = [[[opaque_zero(_mm256_setzero_ps()); 8]; MT]; P];
     let gp: [*const u8; P] = std::array::from_fn(|p| group.as_ptr().add(p * group.len() / P));
     for b in 0..nb {
         let mut wd = [_mm256_setzero_ps(); P];
@@ -567,31 +532,23 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
                 if has_min {
                     t = _mm256_add_ps(t, _mm256_mul_ps(wm[p], _mm256_set1_ps(*r.s[i].add(b))));
                 }
-                let lane = &mut acc[p][i];
-                lane[b % 8].write(_mm256_add_ps(lane_so_far(lane, b, fzero), t));
+                let lane = &mut acc[p][i][b % 8];
+                *lane = _mm256_add_ps(*lane, t);
             }
         });
     }
     for (p, acc) in acc.iter().enumerate() {
         let left = cols.saturating_sub(ROWS * p);
         if left > 0 {
-            store(acc, nb, fzero, out.add(ROWS * p), ldo, left);
+            store(acc, out.add(ROWS * p), ldo, left);
         }
     }
 }
 
 /// The canonical lane reduction of each row's accumulators, stored to `cols` columns.
 #[inline(always)]
-unsafe fn store<const MT: usize>(
-    acc: &[[MaybeUninit<__m256>; 8]; MT],
-    terms: usize,
-    zero: __m256,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    for (i, lanes) in acc.iter().enumerate() {
-        let l = lanes_after(lanes, terms, zero);
+unsafe fn store<const MT: usize>(acc: &[[__m256; 8]; MT], out: *mut f32, ldo: usize, cols: usize) {
+    for (i, l) in acc.iter().enumerate() {
         let r = _mm256_add_ps(
             _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
             _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
@@ -638,8 +595,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let fzero = opaque_zero(_mm256_setzero_ps());
-    let mut acc = [[MaybeUninit::<__m256>::uninit(); 8]; MT];
+    let mut acc = [[opaque_zero(_mm256_setzero_ps()); 8]; MT];
     let gp = group.as_ptr();
     for s in 0..ns {
         let hdr = gp.add(s * sb);
@@ -691,20 +647,17 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 let da = _mm256_set1_ps(*r.d[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
                 let tm = _mm256_mul_ps(_mm256_mul_ps(wm, da), _mm256_cvtepi32_ps(msum[i]));
-                let lane = &mut acc[i];
-                lane[s % 8].write(_mm256_add_ps(
-                    lane_so_far(lane, s, fzero),
-                    _mm256_add_ps(t, tm),
-                ));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm256_add_ps(*lane, _mm256_add_ps(t, tm));
             });
         } else {
             each_row!(MT, i, {
                 let da = _mm256_set1_ps(*r.d[i].add(s));
                 let t = _mm256_mul_ps(_mm256_mul_ps(wd, da), _mm256_cvtepi32_ps(isum[i]));
-                let lane = &mut acc[i];
-                lane[s % 8].write(_mm256_add_ps(lane_so_far(lane, s, fzero), t));
+                let lane = &mut acc[i][s % 8];
+                *lane = _mm256_add_ps(*lane, t);
             });
         }
     }
-    store(&acc, ns, fzero, out, ldo, cols);
+    store(&acc, out, ldo, cols);
 }

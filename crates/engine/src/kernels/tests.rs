@@ -193,7 +193,11 @@ fn tiles_with_fewer_terms_than_lanes_give_the_portable_bits() {
     // sixteen rows reach the widest tiles.
     let mut seed = 41;
     for f in FORMATS {
-        let ks: [usize; 2] = if f.block_values() == 256 { [256, 1792] } else { [96, 224] };
+        let ks: [usize; 2] = if f.block_values() == 256 {
+            [256, 1792]
+        } else {
+            [96, 224]
+        };
         for k in ks {
             let n = 37;
             let w = random_matrix(f, n, k, &mut seed);
