@@ -168,9 +168,9 @@ impl QMatrix {
                     2 => pair,
                     _ => one,
                 };
-                // The 512-bit 32-block tiles take sixteen rows at a time: each block's
+                // The 512-bit tiles but q4_K's take sixteen rows at a time: each block's
                 // weights are unpacked once for twice the rows.
-                let wide_rows = level.wide() && span >= 2 && !self.format.is_k();
+                let wide_rows = level.wide() && span >= 2 && self.format != Format::Q4K;
                 let group = &self.data[g * gb..(g + span) * gb];
                 let col = g * repack::ROWS;
                 let cols = (self.n - col).min(span * repack::ROWS);

@@ -215,6 +215,33 @@ fn tiles_with_fewer_terms_than_lanes_give_the_portable_bits() {
 }
 
 #[test]
+fn sixteen_row_tiles_past_eight_terms_give_the_portable_bits() {
+    // Sixteen-row tiles (every 512-bit format but q4_K) with more than eight float terms per
+    // output (lanes summed after their first), and a row count that leaves a partial tile.
+    let mut seed = 43;
+    for f in FORMATS {
+        let k = if f.block_values() == 256 { 2304 } else { 1312 };
+        let n = 37;
+        let w = random_matrix(f, n, k, &mut seed);
+        for m in [16, 33] {
+            let x = random_x(m, k, &mut seed);
+            let mut slow = vec![0f32; m * n];
+            w.matmul_portable(&x, m, &mut slow);
+            for level in simd_levels() {
+                let fast = matmul_at(level, &[&w], &x, m).remove(0);
+                for (a, b) in fast.iter().zip(&slow) {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{level:?} {f:?} m={m}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn reused_outputs_keep_nothing_of_before() {
     // Buffers left longer or shorter by earlier calls, every value NaN: the result must be
     // that of fresh buffers, bit for bit, at the new length.
