@@ -191,54 +191,17 @@ fn tiles_with_fewer_terms_than_lanes_give_the_portable_bits() {
     // Fewer than eight float terms per output (blocks of 32, or super-blocks of the K
     // formats): lanes no term reaches are the zero the others start from. Four groups and
     // sixteen rows reach the widest tiles.
-    let mut seed = 41;
-    for f in FORMATS {
-        let ks: [usize; 2] = if f.block_values() == 256 {
-            [256, 1792]
-        } else {
-            [96, 224]
-        };
-        for k in ks {
-            let n = 37;
-            let w = random_matrix(f, n, k, &mut seed);
-            for m in [1, 4, 16, 17] {
-                let x = random_x(m, k, &mut seed);
-                let fast = w.matmul(&x, m);
-                let mut slow = vec![0f32; m * n];
-                w.matmul_portable(&x, m, &mut slow);
-                for (a, b) in fast.iter().zip(&slow) {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{f:?} k={k} m={m}: {a} vs {b}");
-                }
-            }
-        }
-    }
+    let shapes = [(37, 1), (37, 4), (37, 16), (37, 17)];
+    levels_give_the_portable_bits(41, |f| if f.is_k() { 256 } else { 96 }, &shapes);
+    levels_give_the_portable_bits(42, |f| if f.is_k() { 1792 } else { 224 }, &shapes);
 }
 
 #[test]
 fn sixteen_row_tiles_past_eight_terms_give_the_portable_bits() {
     // Sixteen-row tiles (every 512-bit format but q4_K) with more than eight float terms per
     // output (lanes summed after their first), and a row count that leaves a partial tile.
-    let mut seed = 43;
-    for f in FORMATS {
-        let k = if f.block_values() == 256 { 2304 } else { 1312 };
-        let n = 37;
-        let w = random_matrix(f, n, k, &mut seed);
-        for m in [16, 33] {
-            let x = random_x(m, k, &mut seed);
-            let mut slow = vec![0f32; m * n];
-            w.matmul_portable(&x, m, &mut slow);
-            for level in simd_levels() {
-                let fast = matmul_at(level, &[&w], &x, m).remove(0);
-                for (a, b) in fast.iter().zip(&slow) {
-                    assert_eq!(
-                        a.to_bits(),
-                        b.to_bits(),
-                        "{level:?} {f:?} m={m}: {a} vs {b}"
-                    );
-                }
-            }
-        }
-    }
+    let k_of = |f: Format| if f.is_k() { 2304 } else { 1312 };
+    levels_give_the_portable_bits(43, k_of, &[(37, 16), (37, 33)]);
 }
 
 #[test]
@@ -394,9 +357,23 @@ fn sixteen_row_tiles_give_the_portable_bits() {
 
 /// Every format at `k` 512 (K formats) or 544, the `(n, m)` shapes: each SIMD level's output
 /// has the portable path's bits.
-fn every_level_gives_the_portable_bits(mut seed: u64, shapes: &[(usize, usize)]) {
+fn every_level_gives_the_portable_bits(seed: u64, shapes: &[(usize, usize)]) {
+    levels_give_the_portable_bits(
+        seed,
+        |f| if f.block_values() == 256 { 512 } else { 544 },
+        shapes,
+    )
+}
+
+/// Every format at `k_of(format)` values a row, the `(n, m)` shapes: each SIMD level's output
+/// has the portable path's bits.
+fn levels_give_the_portable_bits(
+    mut seed: u64,
+    k_of: impl Fn(Format) -> usize,
+    shapes: &[(usize, usize)],
+) {
     for f in FORMATS {
-        let k = if f.block_values() == 256 { 512 } else { 544 };
+        let k = k_of(f);
         for &(n, m) in shapes {
             let w = random_matrix(f, n, k, &mut seed);
             let x = random_x(m, k, &mut seed);
@@ -408,7 +385,7 @@ fn every_level_gives_the_portable_bits(mut seed: u64, shapes: &[(usize, usize)])
                     assert_eq!(
                         a.to_bits(),
                         b.to_bits(),
-                        "{level:?} {f:?} n={n} m={m} at {j}: {a} vs {b}"
+                        "{level:?} {f:?} k={k} n={n} m={m} at {j}: {a} vs {b}"
                     );
                 }
             }
