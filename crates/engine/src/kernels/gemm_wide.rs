@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 
 use super::acts::Acts;
 use super::gemm::{
-    code, each_row, opaque_zero, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
+    code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
 };
 use super::repack::ROWS;
 use super::{Format, QK};
@@ -67,7 +67,7 @@ unsafe fn tile<const P: usize>(t: &Tile) {
                 _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols, prefetch),
             }
         };
-        // The 32-block tiles also take sixteen rows (`run_groups`).
+        // The 32-block tiles and q6_K's also take sixteen rows (`run_groups`).
         ($kernel:ident, $c:expr, $p:expr, 16) => {
             match mt {
                 16 => $kernel::<$c, 16, $p>(group, acts, i0, out, ldo, cols, prefetch),
@@ -246,7 +246,9 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
-    let fzero = opaque_zero(_mm512_setzero_ps());
+    // The lanes' start (`lane_so_far`): `+0.0 + t` is an add the compiler keeps (it is not `t`
+    // for `t = -0.0`), so the bits are the cleared lanes'.
+    let fzero = _mm512_setzero_ps();
     let mut acc = [[[MaybeUninit::<__m512>::uninit(); 8]; P]; MT];
     let gp = pair_ptrs::<P>(group);
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
@@ -315,7 +317,9 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     );
     let ns = acts.ns;
     let r = acts.rows::<MT>(i0);
-    let fzero = opaque_zero(_mm512_setzero_ps());
+    // The lanes' start (`lane_so_far`): `+0.0 + t` is an add the compiler keeps (it is not `t`
+    // for `t = -0.0`), so the bits are the cleared lanes'.
+    let fzero = _mm512_setzero_ps();
     let mut acc = [[[MaybeUninit::<__m512>::uninit(); 8]; P]; MT];
     let gp = pair_ptrs::<P>(group);
     let zero = _mm512_setzero_si512();
