@@ -450,8 +450,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         peak_rss: rss,
     } = time_in_turns(&model, &ids, s, ctx)?;
     let longest = s.prompt_lens.iter().max().copied().unwrap_or(0);
-    let kv_bytes_longest =
-        model.cfg.n_layer * 2 * model.cfg.n_kv_head * model.cfg.head_dim * 2 * longest;
+    let kv_bytes_longest = model.cfg.kv_bytes_per_token() * longest;
     let (weight_bytes, macs) = model.traffic();
     let gbps = |tok_s: f64| weight_bytes as f64 * tok_s / 1e9;
     let rounds: Vec<(f64, f64)> = probes.iter().map(|&(d, p)| (gbps(d), p)).collect();

@@ -164,8 +164,8 @@ const SUMS: usize = 8;
 
 /// `l[x]` (query `x` of `w`) takes its block's weights key by key: `l *= c` where the key
 /// grew, then `l += p`. Key outer, query inner: the queries' chains overlap; each query's
-/// operations and their order are the scalar loop's. `K` chains, one per query (padded to
-/// eight, the dropped chains were 5 % of a lone SmolLM2 row's attention: three queries).
+/// operations and their order are the scalar loop's. `K` chains, one per query (they were
+/// padded to eight: the dropped ones cost 5 % of a lone SmolLM2 row's attention).
 #[inline(always)]
 unsafe fn sum_weights<const K: usize>(l: &mut [f32], w: &[Weights], nb: usize) {
     let w: &[Weights; K] = w.try_into().expect("K weights");
