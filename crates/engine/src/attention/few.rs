@@ -1,13 +1,15 @@
 //! One to fifteen queries on the same keys with AVX-512: the heads of one KV group of a lone
 //! sequence (batch-1 decode, a view's private keys, per-request prefix copies). Too few to fill
-//! `attend16`'s lanes, so each query takes a block of sixteen keys (converted from f16 once for
-//! all of them) on its own, in three layouts:
+//! `attend16`'s lanes, so each query takes a block of sixteen keys on its own, in three layouts:
 //!
 //! - scores, lane = `dot` lane: each key's sixteen lane sums in one vector, the sixteen keys
-//!   then reduced together by `dot`'s tree (`+8`, `+4`, `+2`, `+1`) through shuffles;
+//!   then reduced together by `dot`'s tree (`+8`, `+4`, `+2`, `+1`) through shuffles. Each
+//!   f16 chunk of a key is converted in a register once for up to four queries, rather than
+//!   widened into a block buffer and read back by each query;
 //! - softmax, lane = key: the running max as a scan (`if s > m` key by key), then `l` key by
 //!   key in order;
-//! - values, lane = output element: the accumulator stays in registers through the block.
+//! - values, lane = output element: the accumulator stays in registers through the block;
+//!   converted in registers when one pass takes every query, else widened once for all.
 //!
 //! Every operation is the scalar path's (`fold_scalar`), in its order, with nothing fused, so
 //! every output keeps the scalar bits.
@@ -18,7 +20,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::wide::block_rows;
+use super::wide::widen;
 use super::{State, MAX_HEAD_DIM};
 use crate::fastexp::exp_neg16;
 
@@ -30,17 +32,6 @@ const CHUNKS: usize = MAX_HEAD_DIM / 16;
 /// A block of keys or values converted to f32.
 #[repr(C, align(64))]
 struct Rows([f32; BLOCK * MAX_HEAD_DIM]);
-
-/// Lane sums of `dot(q, k)` for one key: lane `i` is the product of elements `i`, then adds
-/// those of `i + 16`, ... in order, as the scalar `dot`'s lane `i`.
-#[inline(always)]
-unsafe fn lanes(q: &[__m512; CHUNKS], k: *const f32, chunks: usize) -> __m512 {
-    let mut a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-    for c in 1..chunks {
-        a = _mm512_add_ps(a, _mm512_mul_ps(q[c], _mm512_loadu_ps(k.add(16 * c))));
-    }
-    a
-}
 
 /// One step of `dot`'s tree for two vectors: `lo + hi` of the shuffles `LO` and `HI` (the
 /// lower lanes first, as the scalar `lanes[i] += lanes[i + w]`), whole 128-bit lanes moved
@@ -81,27 +72,122 @@ unsafe fn step1(v: __m512, u: __m512) -> __m512 {
     fold::<0x88, 0xDD, false>(v, u)
 }
 
-/// Four keys from `at`, reduced through the `+4` step.
+/// Sixteen floats of a key at element `at`: converted from f16 (`H`) or read as f32.
 #[inline(always)]
-unsafe fn four(q: &[__m512; CHUNKS], k: *const f32, at: usize, d: usize) -> __m512 {
-    let c = d / 16;
-    step4(
-        step8(lanes(q, k.add(at * d), c), lanes(q, k.add((at + 1) * d), c)),
-        step8(
-            lanes(q, k.add((at + 2) * d), c),
-            lanes(q, k.add((at + 3) * d), c),
-        ),
-    )
+unsafe fn key<const H: bool>(k: *const u8, at: usize) -> __m512 {
+    if H {
+        _mm512_cvtph_ps(_mm256_loadu_si256(
+            (k as *const u16).add(at) as *const __m256i
+        ))
+    } else {
+        _mm512_loadu_ps((k as *const f32).add(at))
+    }
 }
 
-/// The scores of the sixteen keys at `k` (lane = key), each by `dot`'s lanes and tree.
+/// Lane sums of `dot(q, k)` for `G` queries (rows of `q`) and the key at row `j`: each chunk
+/// of the key is converted once for all of them.
 #[inline(always)]
-unsafe fn scores(q: &[__m512; CHUNKS], k: *const f32, d: usize) -> __m512 {
-    let lo = step2(four(q, k, 0, d), four(q, k, 4, d));
-    let hi = step2(four(q, k, 8, d), four(q, k, 12, d));
+unsafe fn lanes<const G: usize, const H: bool>(
+    q: *const f32,
+    k: *const u8,
+    j: usize,
+    d: usize,
+) -> [__m512; G] {
+    let kc = key::<H>(k, j * d);
+    let mut a = [_mm512_setzero_ps(); G];
+    for x in 0..G {
+        a[x] = _mm512_mul_ps(_mm512_loadu_ps(q.add(x * d)), kc);
+    }
+    for c in 1..d / 16 {
+        let kc = key::<H>(k, j * d + 16 * c);
+        for x in 0..G {
+            let p = _mm512_mul_ps(_mm512_loadu_ps(q.add(x * d + 16 * c)), kc);
+            a[x] = _mm512_add_ps(a[x], p);
+        }
+    }
+    a
+}
+
+/// `G` queries' lane sums for keys `j` and `j + 1` through the `+8` step.
+#[inline(always)]
+unsafe fn two<const G: usize, const H: bool>(
+    q: *const f32,
+    k: *const u8,
+    j: usize,
+    d: usize,
+) -> [__m512; G] {
+    let (a, b) = (lanes::<G, H>(q, k, j, d), lanes::<G, H>(q, k, j + 1, d));
+    std::array::from_fn(|x| step8(a[x], b[x]))
+}
+
+/// Four keys from `j`, reduced through the `+4` step, for `G` queries.
+#[inline(always)]
+unsafe fn four<const G: usize, const H: bool>(
+    q: *const f32,
+    k: *const u8,
+    j: usize,
+    d: usize,
+) -> [__m512; G] {
+    let ab = two::<G, H>(q, k, j, d);
+    let cd = two::<G, H>(q, k, j + 2, d);
+    std::array::from_fn(|x| step4(ab[x], cd[x]))
+}
+
+/// The scores of `G` queries (rows of `q`) with the sixteen keys at `k` (lane = key), each by
+/// `dot`'s lanes and tree.
+#[inline(always)]
+unsafe fn scores<const G: usize, const H: bool>(
+    q: *const f32,
+    k: *const u8,
+    d: usize,
+    out: &mut [__m512],
+) {
+    let (a, b) = (four::<G, H>(q, k, 0, d), four::<G, H>(q, k, 4, d));
+    let lo: [__m512; G] = std::array::from_fn(|x| step2(a[x], b[x]));
+    let (a, b) = (four::<G, H>(q, k, 8, d), four::<G, H>(q, k, 12, d));
     // Element 4t + e now holds key 4e + t.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_permutexvar_ps(order, step1(lo, hi))
+    for x in 0..G {
+        let hi = step2(a[x], b[x]);
+        out[x] = _mm512_permutexvar_ps(order, step1(lo[x], hi));
+    }
+}
+
+/// Queries per scores pass at most.
+const MOST: usize = 4;
+
+/// Every query's scores for the block at `k`, at most four queries a pass.
+#[inline(always)]
+unsafe fn scores_all<const H: bool>(
+    rows: *const f32,
+    k: *const u8,
+    g: usize,
+    d: usize,
+    s: &mut [__m512],
+) {
+    let size = g.div_ceil(g.div_ceil(MOST));
+    let mut x = 0;
+    while x < g {
+        let (q, o) = (rows.add(x * d), &mut s[x..]);
+        x += match size.min(g - x) {
+            1 => {
+                scores::<1, H>(q, k, d, o);
+                1
+            }
+            2 => {
+                scores::<2, H>(q, k, d, o);
+                2
+            }
+            3 => {
+                scores::<3, H>(q, k, d, o);
+                3
+            }
+            _ => {
+                scores::<4, H>(q, k, d, o);
+                4
+            }
+        };
+    }
 }
 
 /// Lanes moved up by `S` (lane `j` takes lane `j - S`), the low lanes -inf.
@@ -132,9 +218,9 @@ struct Weights {
 }
 
 /// The running max and weights of one query's block (`s`, lane = key, `valid` the keys),
-/// from its max `m` so far; returns the max after the block.
+/// from its max `m` so far (in every lane); returns the max after the block, in every lane.
 #[inline(always)]
-unsafe fn softmax(s: __m512, valid: __mmask16, m: f32, nb: usize, w: &mut Weights) -> f32 {
+unsafe fn softmax(s: __m512, valid: __mmask16, m: __m512, nb: usize, w: &mut Weights) -> __m512 {
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
     // The running max key by key: NaN scores never raise it (`s > m` is false) and lanes past
     // the block are not keys, so both scan as -inf. `max_ps(later, earlier)` keeps the
@@ -145,7 +231,6 @@ unsafe fn softmax(s: __m512, valid: __mmask16, m: f32, nb: usize, w: &mut Weight
     x = _mm512_max_ps(x, shift_up::<2>(x));
     x = _mm512_max_ps(x, shift_up::<4>(x));
     x = _mm512_max_ps(x, shift_up::<8>(x));
-    let m = _mm512_set1_ps(m);
     let after = _mm512_max_ps(x, m);
     let before = _mm512_max_ps(shift_up::<1>(x), m);
     w.grew = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(valid, s, before);
@@ -153,9 +238,10 @@ unsafe fn softmax(s: __m512, valid: __mmask16, m: f32, nb: usize, w: &mut Weight
     if w.grew != 0 {
         _mm512_storeu_ps(w.c.as_mut_ptr(), exp_neg16(_mm512_sub_ps(before, s)));
     }
-    let mut ms = [0f32; BLOCK];
-    _mm512_storeu_ps(ms.as_mut_ptr(), after);
-    ms[nb - 1]
+    // The last key's max in every lane, kept in a register: read back from memory as a
+    // scalar, it waited on a store that cannot forward (perf put a tenth of the samples at
+    // three queries there; 3 % of the time).
+    _mm512_permutexvar_ps(_mm512_set1_epi32(nb as i32 - 1), after)
 }
 
 /// Most queries whose `l` chains run interleaved: a query's sixteen dependent adds per block,
@@ -189,13 +275,14 @@ unsafe fn sum_weights<const K: usize>(l: &mut [f32], w: &[Weights], nb: usize) {
     }
 }
 
-/// `QG` queries' accumulators (`acc[q]`, `d` floats) take the block's values at `v`, key by
-/// key: `acc *= c` where the key grew, then `acc += p * v`. Their chains interleave.
+/// `QG` queries' accumulators (`acc[q]`, `d` floats) take the block's values at `v` (f16 if
+/// `H`, converted in registers), key by key: `acc *= c` where the key grew, then
+/// `acc += p * v`. Their chains interleave.
 #[inline(always)]
-unsafe fn add_values<const QG: usize>(
+unsafe fn add_values<const QG: usize, const H: bool>(
     acc: [*mut f32; QG],
     w: [&Weights; QG],
-    v: *const f32,
+    v: *const u8,
     nb: usize,
     d: usize,
 ) {
@@ -209,11 +296,10 @@ unsafe fn add_values<const QG: usize>(
     if w.iter().all(|w| w.grew == 0) {
         // No key raised a max (the common case past the first blocks): no checks.
         for j in 0..nb {
-            let row = v.add(j * d);
             for q in 0..QG {
                 let pj = _mm512_set1_ps(w[q].p[j]);
                 for u in 0..chunks {
-                    let x = _mm512_mul_ps(pj, _mm512_loadu_ps(row.add(16 * u)));
+                    let x = _mm512_mul_ps(pj, key::<H>(v, j * d + 16 * u));
                     a[q][u] = _mm512_add_ps(a[q][u], x);
                 }
             }
@@ -226,7 +312,6 @@ unsafe fn add_values<const QG: usize>(
         return;
     }
     for j in 0..nb {
-        let row = v.add(j * d);
         for q in 0..QG {
             if w[q].grew >> j & 1 != 0 {
                 let cj = _mm512_set1_ps(w[q].c[j]);
@@ -236,8 +321,7 @@ unsafe fn add_values<const QG: usize>(
             }
             let pj = _mm512_set1_ps(w[q].p[j]);
             for u in 0..chunks {
-                a[q][u] =
-                    _mm512_add_ps(a[q][u], _mm512_mul_ps(pj, _mm512_loadu_ps(row.add(16 * u))));
+                a[q][u] = _mm512_add_ps(a[q][u], _mm512_mul_ps(pj, key::<H>(v, j * d + 16 * u)));
             }
         }
     }
@@ -248,8 +332,37 @@ unsafe fn add_values<const QG: usize>(
     }
 }
 
+/// Every query's scores for the block of keys from `j0`: a short last block's keys widened
+/// into `kbuf` and padded with zeros (their lanes are masked off later), so that scores
+/// always take sixteen keys.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block_scores<const H: bool>(
+    rows: *const f32,
+    keys: *const u8,
+    kbuf: *mut f32,
+    j0: usize,
+    n: usize,
+    g: usize,
+    d: usize,
+    s: &mut [__m512],
+) {
+    let nb = BLOCK.min(n - j0);
+    let kp = keys.add(if H { 2 } else { 4 } * j0 * d);
+    if nb == BLOCK {
+        return scores_all::<H>(rows, kp, g, d, s);
+    }
+    if H {
+        widen(kp, kbuf, nb * d);
+    } else {
+        std::ptr::copy_nonoverlapping(kp as *const f32, kbuf, nb * d);
+    }
+    std::ptr::write_bytes(kbuf.add(nb * d), 0, (BLOCK - nb) * d);
+    scores_all::<false>(rows, kbuf as *const u8, g, d, s);
+}
+
 /// Up to `MAX_QUERIES` states (rows of `rows`, pre-scaled queries) consume `n` keys and
-/// values: f16 (`H`, converted a block at a time) or f32. `D` is the head size when known at
+/// values: f16 (`H`, converted as they are read) or f32. `D` is the head size when known at
 /// compile time (0: the state's). Per block: every query's scores, then every query's
 /// softmax, then the values for a few queries at a time, so independent chains overlap.
 ///
@@ -270,7 +383,6 @@ pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
     let g = states.len();
     assert!(g <= MAX_QUERIES, "{g} queries > {MAX_QUERIES}");
     let d = if D == 0 { first.dim } else { D };
-    let chunks = d / 16;
     // Accumulators held in registers per values pass: 16 vectors.
     let qg = 256usize.checked_div(D).map_or(1, |x| x.clamp(1, 4));
     let (mut kbuf, mut vbuf) = (MaybeUninit::<Rows>::uninit(), MaybeUninit::<Rows>::uninit());
@@ -281,31 +393,33 @@ pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
         grew: 0,
     });
     let mut s = [_mm512_setzero_ps(); MAX_QUERIES];
+    let mut m = [_mm512_setzero_ps(); MAX_QUERIES];
+    for (m, st) in m.iter_mut().zip(states.iter()) {
+        *m = _mm512_set1_ps(st.m);
+    }
+    let passes = g.div_ceil(qg);
     let mut j0 = 0;
     while j0 < n {
         let nb = BLOCK.min(n - j0);
-        let (kp, vp) = block_rows::<H>(keys, values, j0, nb * d, d, kbuf, vbuf);
-        // Scores always take sixteen keys: a short block's are copied and padded with zeros
-        // (their lanes are masked off below).
-        let kp = if nb < BLOCK {
-            if !std::ptr::eq(kp, kbuf) {
-                std::ptr::copy_nonoverlapping(kp, kbuf, nb * d);
+        // The next block's keys and values on their way to L1: read from memory in the
+        // compute loops, a long decode's KV streamed a tenth slower without.
+        if j0 + BLOCK < n {
+            let at = if H { 2 } else { 4 } * (j0 + BLOCK) * d;
+            let bytes = if H { 2 } else { 4 } * BLOCK.min(n - j0 - BLOCK) * d;
+            for o in (0..bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(keys.add(at + o) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(values.add(at + o) as *const i8);
             }
-            std::ptr::write_bytes(kbuf.add(nb * d), 0, (BLOCK - nb) * d);
-            kbuf as *const f32
-        } else {
-            kp
-        };
-        for i in 0..g {
-            let mut q = [_mm512_setzero_ps(); CHUNKS];
-            for c in 0..chunks {
-                q[c] = _mm512_loadu_ps(rows.as_ptr().add(i * d + 16 * c));
-            }
-            s[i] = scores(&q, kp, d);
         }
+        block_scores::<H>(rows.as_ptr(), keys, kbuf, j0, n, g, d, &mut s);
         let valid: __mmask16 = ((1u32 << nb) - 1) as __mmask16;
-        for (i, st) in states.iter_mut().enumerate() {
-            st.m = softmax(s[i], valid, st.m, nb, &mut w[i]);
+        for i in 0..g {
+            m[i] = softmax(s[i], valid, m[i], nb, &mut w[i]);
+        }
+        // One pass over the values converts them in registers; more share a widened copy.
+        let vp = values.add(if H { 2 } else { 4 } * j0 * d);
+        if H && passes > 1 {
+            widen(vp, vbuf, nb * d);
         }
         for i0 in (0..g).step_by(SUMS) {
             let k = SUMS.min(g - i0);
@@ -330,19 +444,36 @@ pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
         }
         let mut i = 0;
         while i < g {
-            if qg == 4 && g - i >= 4 {
-                let acc = [0, 1, 2, 3].map(|x| states[i + x].acc.as_mut_ptr());
-                add_values::<4>(acc, [&w[i], &w[i + 1], &w[i + 2], &w[i + 3]], vp, nb, d);
-                i += 4;
-            } else if qg >= 2 && g - i >= 2 {
-                let acc = [states[i].acc.as_mut_ptr(), states[i + 1].acc.as_mut_ptr()];
-                add_values::<2>(acc, [&w[i], &w[i + 1]], vp, nb, d);
-                i += 2;
-            } else {
-                add_values::<1>([states[i].acc.as_mut_ptr()], [&w[i]], vp, nb, d);
-                i += 1;
+            let k = g.div_ceil(passes).min(g - i);
+            let acc: [*mut f32; 4] =
+                std::array::from_fn(|x| states[i + x.min(k - 1)].acc.as_mut_ptr());
+            let ws: [&Weights; 4] = std::array::from_fn(|x| &w[i + x.min(k - 1)]);
+            macro_rules! pass {
+                ($q:expr, $h:expr, $v:expr) => {
+                    add_values::<$q, $h>(
+                        std::array::from_fn(|x| acc[x]),
+                        std::array::from_fn(|x| ws[x]),
+                        $v,
+                        nb,
+                        d,
+                    )
+                };
             }
+            match (k, H && passes > 1) {
+                (4, false) => pass!(4, H, vp),
+                (3, false) => pass!(3, H, vp),
+                (2, false) => pass!(2, H, vp),
+                (_, false) => pass!(1, H, vp),
+                (4, true) => pass!(4, false, vbuf as *const u8),
+                (3, true) => pass!(3, false, vbuf as *const u8),
+                (2, true) => pass!(2, false, vbuf as *const u8),
+                (_, true) => pass!(1, false, vbuf as *const u8),
+            }
+            i += k;
         }
         j0 += nb;
+    }
+    for (st, m) in states.iter_mut().zip(m) {
+        st.m = _mm512_cvtss_f32(m);
     }
 }

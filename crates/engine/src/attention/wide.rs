@@ -99,7 +99,7 @@ unsafe fn scores<const KB: usize>(
 
 /// `n` f16 values at `src` to f32 at `dst` (aligned); `n` a multiple of 16.
 #[inline(always)]
-unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
+pub(super) unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
     for i in (0..n).step_by(16) {
         let h = _mm256_loadu_si256((src as *const u16).add(i) as *const __m256i);
         _mm512_store_ps(dst.add(i), _mm512_cvtph_ps(h));
