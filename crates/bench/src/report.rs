@@ -109,7 +109,7 @@ fn engine_section(dir: &Path, md: &mut String) {
     // Each model as run on the AVX2 EPYC (`docs/results/`), the AVX-512 EPYC
     // (`docs/results/avx512/`; `avx512-as-avx2/`: the same machine with our kernels held to
     // AVX2 and a llama.cpp built without AVX-512; `avx512-long/`: prompts of 2048 and 4096
-    // tokens and decode after 4096), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
+    // tokens and decode after 4096; `avx512-as-avx2-long/`: both), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
     // (`xeon-emr/`, Emerald Rapids), where there are such runs.
     let models = ["smollm2", "qwen05", "qwen15", "gemma3"];
     let names = models.iter().flat_map(|m| {
@@ -118,6 +118,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "avx512/",
             "avx512-as-avx2/",
             "avx512-long/",
+            "avx512-as-avx2-long/",
             "xeon/",
             "xeon-emr/",
         ]
