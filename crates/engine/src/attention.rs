@@ -330,9 +330,9 @@ mod simd {
     }
 
     /// On AVX-512: sixteens of queries across the lanes (`attend16`), the rest over blocks
-    /// of keys converted in registers once for all of them (`attend_few`). One or two f16
-    /// queries are left to the 256-bit kernel: with the keys streamed from memory (a long
-    /// decode), `attend_few` took Gemma 3's pairs of queries 1.7x as long. Returns how many
+    /// of keys converted in registers once for up to four of them (`attend_few`). One or two
+    /// f16 queries are left to the 256-bit kernel: with the keys streamed from memory (a long
+    /// decode), `attend_few` took Gemma 3's pairs of queries 1.6-2x as long. Returns how many
     /// states were done.
     ///
     /// # Safety
