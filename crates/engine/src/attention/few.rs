@@ -445,14 +445,11 @@ pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
         let mut i = 0;
         while i < g {
             let k = g.div_ceil(passes).min(g - i);
-            let acc: [*mut f32; 4] =
-                std::array::from_fn(|x| states[i + x.min(k - 1)].acc.as_mut_ptr());
-            let ws: [&Weights; 4] = std::array::from_fn(|x| &w[i + x.min(k - 1)]);
             macro_rules! pass {
                 ($q:expr, $h:expr, $v:expr) => {
                     add_values::<$q, $h>(
-                        std::array::from_fn(|x| acc[x]),
-                        std::array::from_fn(|x| ws[x]),
+                        std::array::from_fn(|x| states[i + x].acc.as_mut_ptr()),
+                        std::array::from_fn(|x| &w[i + x]),
                         $v,
                         nb,
                         d,
