@@ -1,6 +1,10 @@
-//! Tokenizers built from the GGUF's own metadata with the `tokenizers` crate: byte-level BPE
-//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece-style
-//! BPE (vocabulary and scores, byte fallback: Gemma), and the special tokens.
+//! Tokenizers built from the GGUF's own metadata, in the `tokenizers` crate's pipeline (special
+//! tokens, normalizer, pre-tokenizer, decoder): byte-level BPE with the crate's model
+//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`), or SentencePiece BPE
+//! with ours (vocabulary and scores, byte fallback: Gemma).
+
+mod spm;
+mod vocab;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -14,7 +18,13 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, SplitDelimiterBehavior,
+    TokenizerImpl,
+};
+
+use self::spm::Spm;
+use self::vocab::Vocab;
 
 use crate::config::meta_str;
 use crate::{EngineError, Result};
@@ -33,8 +43,16 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 /// SentencePiece's word marker, standing for a space.
 const SPM_SPACE: &str = "\u{2581}";
 
+type Inner = TokenizerImpl<
+    Vocab,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Inner,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// Tokens that end generation: EOS, EOT and the chat end-of-turn markers.
@@ -53,14 +71,9 @@ impl Tokenizer {
             Some(Value::Array(v)) => v.iter().map(|t| t.to_i32().unwrap_or(1)).collect(),
             _ => vec![1; tokens.len()],
         };
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
         let mut inner = match model.as_str() {
-            "gpt2" => byte_level_bpe(content, vocab, &pre)?,
-            "llama" => sentencepiece_bpe(content, vocab, &tokens, &types)?,
+            "gpt2" => byte_level_bpe(content, &tokens, &pre)?,
+            "llama" => sentencepiece_bpe(content, &tokens)?,
             other => {
                 return Err(EngineError::Unsupported(format!(
                     "tokenizer model {other:?} (supported: byte-level BPE \"gpt2\", \
@@ -168,11 +181,12 @@ impl Tokenizer {
     }
 }
 
-fn byte_level_bpe(
-    content: &Content,
-    vocab: tokenizers::models::bpe::Vocab,
-    pre: &str,
-) -> Result<tokenizers::Tokenizer> {
+fn byte_level_bpe(content: &Content, tokens: &[String], pre: &str) -> Result<Inner> {
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
     let merges = string_array(content, "tokenizer.ggml.merges")?
         .into_iter()
         .map(|m| {
@@ -185,7 +199,7 @@ fn byte_level_bpe(
         .vocab_and_merges(vocab, merges)
         .build()
         .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let mut inner = Inner::new(Vocab::Bpe(bpe));
     inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
     Ok(inner)
@@ -193,14 +207,7 @@ fn byte_level_bpe(
 
 /// SentencePiece BPE as llama.cpp runs it: spaces become U+2581, no pre-split, adjacent pieces
 /// merge highest score first, characters outside the vocabulary fall back to `<0xNN>` bytes.
-/// The GGUF holds scores, not merges; a merge is every split of a piece into two pieces,
-/// ranked by the merged piece's score.
-fn sentencepiece_bpe(
-    content: &Content,
-    vocab: tokenizers::models::bpe::Vocab,
-    tokens: &[String],
-    types: &[i32],
-) -> Result<tokenizers::Tokenizer> {
+fn sentencepiece_bpe(content: &Content, tokens: &[String]) -> Result<Inner> {
     let scores: Vec<f32> = match content.metadata.get("tokenizer.ggml.scores") {
         Some(Value::Array(v)) => v.iter().map(|s| s.to_f32().unwrap_or(0.0)).collect(),
         _ => return Err(EngineError::Gguf("missing tokenizer.ggml.scores".into())),
@@ -213,41 +220,10 @@ fn sentencepiece_bpe(
             "SentencePiece with add_space_prefix".into(),
         ));
     }
-    // (score, piece, split point): strings are made once, for the merges themselves.
-    let mut ranked: Vec<(f32, usize, usize)> = Vec::new();
-    for (i, piece) in tokens.iter().enumerate() {
-        // Only normal pieces are reached by merging (llama.cpp merges into any piece, but
-        // control, byte and user-defined ones never come out of text this way).
-        if types.get(i).copied().unwrap_or(1) != 1 {
-            continue;
-        }
-        for (at, _) in piece.char_indices().skip(1) {
-            let (a, b) = piece.split_at(at);
-            if vocab.contains_key(a) && vocab.contains_key(b) {
-                ranked.push((scores.get(i).copied().unwrap_or(0.0), i, at));
-            }
-        }
-    }
-    // Highest score first; equal scores by id, then split point (stable).
-    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-    let merges = ranked
-        .into_iter()
-        .map(|(_, i, at)| {
-            let (a, b) = tokens[i].split_at(at);
-            (a.to_string(), b.to_string())
-        })
-        .collect();
-    let unk = tokens
-        .get(content_u32(content, "tokenizer.ggml.unknown_token_id").unwrap_or(0) as usize)
-        .cloned()
-        .unwrap_or_else(|| "<unk>".into());
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true)
-        .unk_token(unk)
-        .build()
-        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let unk = content_u32(content, "tokenizer.ggml.unknown_token_id");
+    let spm = Spm::new(tokens.iter().map(String::as_str), &scores, unk)
+        .map_err(EngineError::Tokenizer)?;
+    let mut inner = Inner::new(Vocab::Spm(spm));
     let space =
         |a: &str, b: &str| Replace::new(a, b).map_err(|e| EngineError::Tokenizer(e.to_string()));
     inner
