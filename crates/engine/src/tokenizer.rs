@@ -3,6 +3,8 @@
 //! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`), or SentencePiece BPE
 //! with ours (vocabulary and scores, byte fallback: Gemma).
 
+mod bpe;
+mod pieces;
 mod spm;
 mod vocab;
 
@@ -11,7 +13,6 @@ use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
@@ -23,6 +24,8 @@ use tokenizers::{
     TokenizerImpl,
 };
 
+use self::bpe::Bpe;
+use self::pieces::Pieces;
 use self::spm::Spm;
 use self::vocab::Vocab;
 
@@ -182,23 +185,22 @@ impl Tokenizer {
 }
 
 fn byte_level_bpe(content: &Content, tokens: &[String], pre: &str) -> Result<Inner> {
-    let vocab: tokenizers::models::bpe::Vocab = tokens
+    let key = "tokenizer.ggml.merges";
+    let Some(Value::Array(merges)) = content.metadata.get(key) else {
+        return Err(EngineError::Gguf(format!("missing array {key}")));
+    };
+    let merges = merges
         .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    let merges = string_array(content, "tokenizer.ggml.merges")?
-        .into_iter()
         .map(|m| {
+            let m = m
+                .to_string()
+                .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))?;
             m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
                 .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    let pieces = Pieces::new(tokens.iter().map(String::as_str)).map_err(EngineError::Tokenizer)?;
+    let bpe = Bpe::new(pieces, merges).map_err(EngineError::Tokenizer)?;
     let mut inner = Inner::new(Vocab::Bpe(bpe));
     inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
@@ -221,8 +223,8 @@ fn sentencepiece_bpe(content: &Content, tokens: &[String]) -> Result<Inner> {
         ));
     }
     let unk = content_u32(content, "tokenizer.ggml.unknown_token_id");
-    let spm = Spm::new(tokens.iter().map(String::as_str), &scores, unk)
-        .map_err(EngineError::Tokenizer)?;
+    let pieces = Pieces::new(tokens.iter().map(String::as_str)).map_err(EngineError::Tokenizer)?;
+    let spm = Spm::new(pieces, &scores, unk);
     let mut inner = Inner::new(Vocab::Spm(spm));
     let space =
         |a: &str, b: &str| Replace::new(a, b).map_err(|e| EngineError::Tokenizer(e.to_string()));

@@ -8,88 +8,34 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::hash::BuildHasher;
 use std::ops::Range;
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use super::pieces::Pieces;
 
 pub struct Spm {
-    /// Every piece, concatenated in id order.
-    text: String,
-    /// Piece `i` is `text[ends[i - 1]..ends[i]]` (from 0 for the first).
-    ends: Vec<u32>,
+    pub pieces: Pieces,
     scores: Vec<f32>,
-    /// Ids, found by their piece's text.
-    index: HashTable<u32>,
-    hasher: DefaultHashBuilder,
     /// Id of each byte's `<0xNN>` piece.
     bytes: Box<[Option<u32>; 256]>,
     unk: Option<u32>,
 }
 
 impl Spm {
-    /// `pieces[i]` is piece `i` with score `scores[i]` (a missing score counts as 0). A piece
-    /// that repeats an earlier one takes its text over, as llama.cpp's map does.
-    pub fn new<'a>(
-        pieces: impl IntoIterator<Item = &'a str>,
-        scores: &[f32],
-        unk: Option<u32>,
-    ) -> Result<Self, String> {
-        let mut text = String::new();
-        let mut ends = Vec::new();
-        for p in pieces {
-            text.push_str(p);
-            ends.push(u32::try_from(text.len()).map_err(|_| "vocabulary over 4 GB")?);
+    /// Piece `i` has score `scores[i]` (a missing score counts as 0).
+    pub fn new(pieces: Pieces, scores: &[f32], unk: Option<u32>) -> Self {
+        let n = pieces.count();
+        let mut bytes = Box::new([None; 256]);
+        for (b, id) in bytes.iter_mut().enumerate() {
+            *id = pieces.id(&format!("<0x{b:02X}>"));
         }
-        let mut spm = Self {
-            scores: (0..ends.len())
+        Self {
+            scores: (0..n)
                 .map(|i| scores.get(i).copied().unwrap_or(0.0))
                 .collect(),
-            text,
-            ends,
-            index: HashTable::new(),
-            hasher: DefaultHashBuilder::default(),
-            bytes: Box::new([None; 256]),
-            unk: None,
-        };
-        spm.unk = unk.filter(|&u| (u as usize) < spm.ends.len());
-        let mut index = HashTable::with_capacity(spm.ends.len());
-        for id in 0..spm.ends.len() as u32 {
-            let piece = spm.piece(id);
-            let hash = spm.hasher.hash_one(piece);
-            let slot = index.entry(
-                hash,
-                |&j| spm.piece(j) == piece,
-                |&j| spm.hasher.hash_one(spm.piece(j)),
-            );
-            slot.insert(id);
+            bytes,
+            unk: unk.filter(|&u| (u as usize) < n),
+            pieces,
         }
-        spm.index = index;
-        for b in 0..=255u8 {
-            spm.bytes[b as usize] = spm.id(&format!("<0x{b:02X}>"));
-        }
-        Ok(spm)
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// Text of piece `id` (empty past the end).
-    pub fn piece(&self, id: u32) -> &str {
-        let i = id as usize;
-        match self.ends.get(i) {
-            Some(&end) => {
-                let start = if i == 0 { 0 } else { self.ends[i - 1] };
-                &self.text[start as usize..end as usize]
-            }
-            None => "",
-        }
-    }
-
-    pub fn id(&self, piece: &str) -> Option<u32> {
-        let hash = self.hasher.hash_one(piece);
-        self.index.find(hash, |&j| self.piece(j) == piece).copied()
     }
 
     /// Each id of `text` with the byte range it stands for.
@@ -136,7 +82,7 @@ impl Spm {
         while let Some(i) = at {
             let s = &syms[i];
             let range = s.start..s.start + s.len;
-            match self.id(&text[range.clone()]) {
+            match self.pieces.id(&text[range.clone()]) {
                 Some(id) => out.push((id, range)),
                 None => {
                     for (k, b) in text[range.clone()].bytes().enumerate() {
@@ -162,7 +108,7 @@ impl Spm {
     ) {
         let (l, r) = (&syms[left], &syms[right]);
         let joined = &text[l.start..r.start + r.len];
-        if let Some(id) = self.id(joined) {
+        if let Some(id) = self.pieces.id(joined) {
             heap.push(Pair {
                 score: self.scores[id as usize],
                 left,
@@ -220,7 +166,8 @@ mod tests {
         let mut all: Vec<(String, f32)> = pieces.iter().map(|&(p, s)| (p.into(), s)).collect();
         all.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 0.0)));
         let scores: Vec<f32> = all.iter().map(|p| p.1).collect();
-        Spm::new(all.iter().map(|p| p.0.as_str()), &scores, Some(0)).unwrap()
+        let pieces = Pieces::new(all.iter().map(|p| p.0.as_str())).unwrap();
+        Spm::new(pieces, &scores, Some(0))
     }
 
     fn ids(spm: &Spm, text: &str) -> Vec<u32> {
@@ -259,8 +206,8 @@ mod tests {
     fn characters_outside_the_vocabulary_fall_back_to_bytes() {
         let spm = vocab(&[("<unk>", 0.0), ("a", -1.0)]);
         let got = spm.encode("aé").unwrap();
-        let e = spm.id("<0xC3>").unwrap();
-        let acute = spm.id("<0xA9>").unwrap();
+        let e = spm.pieces.id("<0xC3>").unwrap();
+        let acute = spm.pieces.id("<0xA9>").unwrap();
         assert_eq!(got, vec![(1, 0..1), (e, 1..2), (acute, 2..3)]);
         assert!(spm.encode("").unwrap().is_empty());
     }
@@ -270,13 +217,5 @@ mod tests {
         // llama.cpp merges any adjacent pair whose text is a piece, known alone or not.
         let spm = vocab(&[("<unk>", 0.0), ("x", -1.0), ("xé", -2.0)]);
         assert_eq!(ids(&spm, "xé"), vec![2]);
-    }
-
-    #[test]
-    fn a_repeated_piece_answers_with_its_last_id() {
-        let spm = vocab(&[("<unk>", 0.0), ("a", -1.0), ("a", -1.0)]);
-        assert_eq!(spm.id("a"), Some(2));
-        assert_eq!(spm.piece(1), "a");
-        assert_eq!(spm.piece(9999), "");
     }
 }

@@ -1,61 +1,62 @@
-//! The model under the `tokenizers` crate's pipeline (added tokens, normalizer, decoder): its
-//! own byte-level BPE, or our compact SentencePiece one.
+//! The model under the `tokenizers` crate's pipeline (added tokens, normalizer,
+//! pre-tokenizer, decoder): byte-level or SentencePiece BPE, each over a compact vocabulary.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use tokenizers::models::bpe::BPE;
 use tokenizers::{AddedToken, Model, Token, Trainer};
 
+use super::bpe::Bpe;
+use super::pieces::Pieces;
 use super::spm::Spm;
 
 pub enum Vocab {
-    Bpe(BPE),
+    Bpe(Bpe),
     Spm(Spm),
+}
+
+impl Vocab {
+    fn pieces(&self) -> &Pieces {
+        match self {
+            Vocab::Bpe(b) => &b.pieces,
+            Vocab::Spm(s) => &s.pieces,
+        }
+    }
 }
 
 impl Model for Vocab {
     type Trainer = NoTrainer;
 
     fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
-        match self {
-            Vocab::Bpe(b) => b.tokenize(sequence),
-            Vocab::Spm(s) => Ok(s
-                .encode(sequence)?
-                .into_iter()
-                .map(|(id, range)| Token::new(id, s.piece(id).to_owned(), (range.start, range.end)))
-                .collect()),
-        }
+        let ids = match self {
+            Vocab::Bpe(b) => b.encode(sequence),
+            Vocab::Spm(s) => s.encode(sequence)?,
+        };
+        let pieces = self.pieces();
+        Ok(ids
+            .into_iter()
+            .map(|(id, r)| Token::new(id, pieces.piece(id).to_owned(), (r.start, r.end)))
+            .collect())
     }
 
     fn token_to_id(&self, token: &str) -> Option<u32> {
-        match self {
-            Vocab::Bpe(b) => b.token_to_id(token),
-            Vocab::Spm(s) => s.id(token),
-        }
+        self.pieces().id(token)
     }
 
     fn id_to_token(&self, id: u32) -> Option<String> {
-        match self {
-            Vocab::Bpe(b) => b.id_to_token(id),
-            Vocab::Spm(s) => ((id as usize) < s.vocab_size()).then(|| s.piece(id).to_owned()),
-        }
+        let pieces = self.pieces();
+        ((id as usize) < pieces.count()).then(|| pieces.piece(id).to_owned())
     }
 
     fn get_vocab(&self) -> HashMap<String, u32> {
-        match self {
-            Vocab::Bpe(b) => b.get_vocab(),
-            Vocab::Spm(s) => (0..s.vocab_size() as u32)
-                .map(|id| (s.piece(id).to_owned(), id))
-                .collect(),
-        }
+        let pieces = self.pieces();
+        (0..pieces.count() as u32)
+            .map(|id| (pieces.piece(id).to_owned(), id))
+            .collect()
     }
 
     fn get_vocab_size(&self) -> usize {
-        match self {
-            Vocab::Bpe(b) => b.get_vocab_size(),
-            Vocab::Spm(s) => s.vocab_size(),
-        }
+        self.pieces().count()
     }
 
     fn save(&self, _folder: &Path, _prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
