@@ -4,6 +4,7 @@
 //! with ours (vocabulary and scores, byte fallback: Gemma).
 
 mod bpe;
+mod merge;
 mod pieces;
 mod spm;
 mod vocab;

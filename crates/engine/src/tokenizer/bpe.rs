@@ -3,13 +3,14 @@
 //! Symbols start as characters; the adjacent pair with the lowest merge rank merges first
 //! (ties: leftmost), until no pair has a merge. Merges are held as a hash table of id pairs.
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 use std::ops::Range;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::merge::{absorb_next, linked, Queued, Symbol};
 use super::pieces::Pieces;
 
 pub struct Bpe {
@@ -77,104 +78,60 @@ impl Bpe {
     /// no piece is left out, as the crate does without an unknown token (a byte-level
     /// vocabulary holds every character its pre-tokenizer makes).
     pub fn encode(&self, word: &str) -> Vec<(u32, Range<usize>)> {
-        let mut syms: Vec<Symbol> = word
-            .char_indices()
-            .filter_map(|(at, c)| {
-                let id = self.pieces.id(&word[at..at + c.len_utf8()])?;
-                Some(Symbol {
-                    id,
-                    start: at,
-                    len: c.len_utf8(),
-                    prev: None,
-                    next: None,
-                })
-            })
-            .collect();
-        let n = syms.len();
-        for (i, s) in syms.iter_mut().enumerate() {
-            s.prev = i.checked_sub(1);
-            s.next = (i + 1 < n).then_some(i + 1);
-        }
+        let mut ids = Vec::with_capacity(word.len());
+        let spans = word.char_indices().filter_map(|(at, c)| {
+            let id = self.pieces.id(&word[at..at + c.len_utf8()])?;
+            ids.push(id);
+            Some((at, c.len_utf8()))
+        });
+        let mut syms = linked(spans);
         let mut heap = BinaryHeap::new();
-        for i in 1..n {
-            self.push_pair(&syms, i - 1, &mut heap);
+        for i in 0..syms.len() {
+            self.push_pair(&syms, &ids, i, &mut heap);
         }
-        while let Some(Queued { rank: _, pos, into }) = heap.pop() {
+        while let Some(q) = heap.pop() {
+            let pos = q.pos;
+            // Stale: the pair at `pos` changed since it was queued.
             let Some(nx) = syms[pos].next.filter(|_| syms[pos].len > 0) else {
                 continue;
             };
-            // Stale: the pair at `pos` changed since it was queued.
-            if self.merge(syms[pos].id, syms[nx].id).map(|m| m.into) != Some(into) {
+            if self.merge(ids[pos], ids[nx]).map(|m| m.into as usize) != Some(q.tag) {
                 continue;
             }
-            let right = std::mem::replace(&mut syms[nx].len, 0);
-            syms[pos].id = into;
-            syms[pos].len += right;
-            syms[pos].next = syms[nx].next;
-            if let Some(after) = syms[nx].next {
-                syms[after].prev = Some(pos);
-            }
+            absorb_next(&mut syms, pos);
+            ids[pos] = q.tag as u32;
             if let Some(pv) = syms[pos].prev {
-                self.push_pair(&syms, pv, &mut heap);
+                self.push_pair(&syms, &ids, pv, &mut heap);
             }
-            self.push_pair(&syms, pos, &mut heap);
+            self.push_pair(&syms, &ids, pos, &mut heap);
         }
         syms.iter()
-            .filter(|s| s.len > 0)
-            .map(|s| (s.id, s.start..s.start + s.len))
+            .zip(&ids)
+            .filter(|(s, _)| s.len > 0)
+            .map(|(s, &id)| (id, s.start..s.start + s.len))
             .collect()
     }
 
-    /// Queue the pair of symbol `left` and its next, if they have a merge.
-    fn push_pair(&self, syms: &[Symbol], left: usize, heap: &mut BinaryHeap<Queued>) {
+    /// Queue symbol `left` with its next, if they have a merge (lowest rank first).
+    fn push_pair(
+        &self,
+        syms: &[Symbol],
+        ids: &[u32],
+        left: usize,
+        heap: &mut BinaryHeap<Queued<Reverse<u32>>>,
+    ) {
         let Some(right) = syms[left].next else {
             return;
         };
-        if let Some(m) = self.merge(syms[left].id, syms[right].id) {
+        if let Some(m) = self.merge(ids[left], ids[right]) {
             heap.push(Queued {
-                rank: m.rank,
+                key: Reverse(m.rank),
                 pos: left,
-                into: m.into,
+                tag: m.into as usize,
             });
         }
     }
 }
-
-struct Symbol {
-    id: u32,
-    start: usize,
-    /// Bytes; 0 once merged into the symbol on its left.
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
-struct Queued {
-    rank: u32,
-    pos: usize,
-    into: u32,
-}
-
-impl Ord for Queued {
-    /// The heap's greatest first: lowest rank, then leftmost.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.rank.cmp(&self.rank).then(other.pos.cmp(&self.pos))
-    }
-}
-
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Queued {}
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,10 @@
 //! offsets, indexed by a hash table of ids: Gemma 3's 262k pieces take ~8 MB here, where the
 //! `tokenizers` crate's BPE (two string maps and a million derived merges) took ~70 MB.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
+use super::merge::{absorb_next, linked, total_key, Queued, Symbol};
 use super::pieces::Pieces;
 
 pub struct Spm {
@@ -40,47 +40,29 @@ impl Spm {
 
     /// Each id of `text` with the byte range it stands for.
     pub fn encode(&self, text: &str) -> Result<Vec<(u32, Range<usize>)>, String> {
-        let mut syms: Vec<Symbol> = text
-            .char_indices()
-            .map(|(at, c)| Symbol {
-                start: at,
-                len: c.len_utf8(),
-                prev: None,
-                next: None,
-            })
-            .collect();
-        let n = syms.len();
-        for (i, s) in syms.iter_mut().enumerate() {
-            s.prev = i.checked_sub(1);
-            s.next = (i + 1 < n).then_some(i + 1);
-        }
+        let mut syms = linked(text.char_indices().map(|(at, c)| (at, c.len_utf8())));
         let mut heap = BinaryHeap::new();
-        for i in 1..n {
-            self.push_pair(text, &syms, i - 1, i, &mut heap);
+        for i in 0..syms.len() {
+            self.push_pair(text, &syms, i, &mut heap);
         }
-        while let Some(p) = heap.pop() {
-            let (l, r) = (p.left, p.right);
+        while let Some(q) = heap.pop() {
+            let l = q.pos;
             // Stale: one side was merged away, or grew, since the pair was queued.
-            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != p.len {
+            let r = match syms[l].next {
+                Some(r) if syms[l].len > 0 && syms[l].len + syms[r].len == q.tag => r,
+                _ => continue,
+            };
+            if syms[r].len == 0 {
                 continue;
             }
-            syms[l].len += syms[r].len;
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            if let Some(nx) = syms[r].next {
-                syms[nx].prev = Some(l);
-            }
+            absorb_next(&mut syms, l);
             if let Some(pv) = syms[l].prev {
-                self.push_pair(text, &syms, pv, l, &mut heap);
+                self.push_pair(text, &syms, pv, &mut heap);
             }
-            if let Some(nx) = syms[l].next {
-                self.push_pair(text, &syms, l, nx, &mut heap);
-            }
+            self.push_pair(text, &syms, l, &mut heap);
         }
-        let mut out = Vec::with_capacity(n);
-        let mut at = (n > 0).then_some(0);
-        while let Some(i) = at {
-            let s = &syms[i];
+        let mut out = Vec::with_capacity(syms.len());
+        for s in syms.iter().filter(|s| s.len > 0) {
             let range = s.start..s.start + s.len;
             match self.pieces.id(&text[range.clone()]) {
                 Some(id) => out.push((id, range)),
@@ -93,70 +75,32 @@ impl Spm {
                     }
                 }
             }
-            at = s.next;
         }
         Ok(out)
     }
 
+    /// Queue symbol `left` with its next, if their text is a piece (by that piece's score).
     fn push_pair(
         &self,
         text: &str,
         syms: &[Symbol],
         left: usize,
-        right: usize,
-        heap: &mut BinaryHeap<Pair>,
+        heap: &mut BinaryHeap<Queued<i32>>,
     ) {
+        let Some(right) = syms[left].next else {
+            return;
+        };
         let (l, r) = (&syms[left], &syms[right]);
         let joined = &text[l.start..r.start + r.len];
         if let Some(id) = self.pieces.id(joined) {
-            heap.push(Pair {
-                score: self.scores[id as usize],
-                left,
-                right,
-                len: joined.len(),
+            heap.push(Queued {
+                key: total_key(self.scores[id as usize]),
+                pos: left,
+                tag: joined.len(),
             });
         }
     }
 }
-
-struct Symbol {
-    start: usize,
-    /// Bytes; 0 once merged into the symbol on its left.
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
-/// Two adjacent symbols whose concatenation is a piece.
-struct Pair {
-    score: f32,
-    left: usize,
-    right: usize,
-    len: usize,
-}
-
-impl Ord for Pair {
-    /// The heap's greatest first: highest score, then leftmost.
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Pair {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Pair {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Pair {}
 
 #[cfg(test)]
 mod tests {
@@ -176,27 +120,19 @@ mod tests {
 
     #[test]
     fn highest_score_merges_first_and_ties_go_left() {
-        // "abc": "ab" (-1) beats "bc" (-2), and "abc" is reached from "ab" + "c".
-        let spm = vocab(&[
+        let base = [
             ("<unk>", 0.0),
             ("a", -9.0),
             ("b", -9.0),
             ("c", -9.0),
             ("ab", -1.0),
             ("bc", -2.0),
-            ("abc", -3.0),
-        ]);
+        ];
+        // "abc": "ab" (-1) beats "bc" (-2), and "abc" is reached from "ab" + "c".
+        let spm = vocab(&[&base[..], &[("abc", -3.0)]].concat());
         assert_eq!(ids(&spm, "abc"), vec![6]);
         // Without "abc", "ab" wins and "c" stays alone.
-        let spm = vocab(&[
-            ("<unk>", 0.0),
-            ("a", -9.0),
-            ("b", -9.0),
-            ("c", -9.0),
-            ("ab", -1.0),
-            ("bc", -2.0),
-        ]);
-        assert_eq!(ids(&spm, "abc"), vec![4, 3]);
+        assert_eq!(ids(&vocab(&base), "abc"), vec![4, 3]);
         // "aaa": both pairs score alike; the left one merges.
         let spm = vocab(&[("<unk>", 0.0), ("a", -9.0), ("aa", -1.0)]);
         assert_eq!(ids(&spm, "aaa"), vec![2, 1]);
