@@ -1,7 +1,7 @@
 //! Tokenizers built from the GGUF's own metadata, in the `tokenizers` crate's pipeline (special
-//! tokens, normalizer, pre-tokenizer, decoder): byte-level BPE with the crate's model
-//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`), or SentencePiece BPE
-//! with ours (vocabulary and scores, byte fallback: Gemma).
+//! tokens, normalizer, pre-tokenizer, decoder) around our compact BPE models: byte-level
+//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece
+//! (vocabulary and scores, byte fallback: Gemma).
 
 mod bpe;
 mod merge;

@@ -29,15 +29,16 @@ pub fn linked(spans: impl Iterator<Item = (usize, usize)>) -> Vec<Symbol> {
     syms
 }
 
-/// The symbol after `left` merged into it; returns the merged one's index.
-pub fn absorb_next(syms: &mut [Symbol], left: usize) -> Option<usize> {
-    let right = syms[left].next?;
+/// The symbol after `left` (if any) merged into it.
+pub fn absorb_next(syms: &mut [Symbol], left: usize) {
+    let Some(right) = syms[left].next else {
+        return;
+    };
     syms[left].len += std::mem::replace(&mut syms[right].len, 0);
     syms[left].next = syms[right].next;
     if let Some(after) = syms[right].next {
         syms[after].prev = Some(left);
     }
-    Some(right)
 }
 
 /// A candidate merge of the symbol at `pos` with the one after it. The queue (a max-heap)
