@@ -76,7 +76,10 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
         decode_section(dir, sub, &mut md);
     }
     batch_section(dir, &mut md);
-    serve_section(dir, &mut md);
+    // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), then the AVX-512 EPYC's.
+    for sub in ["", "avx512/"] {
+        serve_section(dir, sub, &mut md);
+    }
     table_section(dir, &mut md);
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
@@ -450,20 +453,25 @@ fn decode_section(dir: &Path, sub: &str, md: &mut String) {
     );
 }
 
-fn serve_section(dir: &Path, md: &mut String) {
+fn serve_section(dir: &Path, sub: &str, md: &mut String) {
     for model in ["smollm2", "qwen05", "qwen15"] {
-        serve_model_section(dir, md, &crate::serve::file_tag(model));
+        serve_model_section(
+            dir,
+            md,
+            &format!("{sub}serve{}", crate::serve::file_tag(model)),
+        );
     }
 }
 
-fn serve_model_section(dir: &Path, md: &mut String, tag: &str) {
-    let Some(v) = load(dir, &format!("serve{tag}.json")) else {
+/// `name`: the JSON's path under `dir` without `.json` (its plots share it).
+fn serve_model_section(dir: &Path, md: &mut String, name: &str) {
+    let Some(v) = load(dir, &format!("{name}.json")) else {
         return;
     };
     let w = &v["workload"];
     let _ = writeln!(
         md,
-        "## Serving under Poisson load (`edgeprompt-bench serve`): {}\n\n{}; {} cloud prompts of {} tokens × {} \
+        "## Serving under Poisson load (`edgeprompt-bench serve`, `{name}.json`): {}\n\n{}; {} cloud prompts of {} tokens × {} \
          requests each, private prompts of {} tokens, max_tokens {}, seed {}{}\n\n\
          | server | offered req/s | done req/s | output tok/s | s / token | TTFT p50 s | TTFT p99 s | failed |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -496,8 +504,44 @@ fn serve_model_section(dir: &Path, md: &mut String, tag: &str) {
     }
     let _ = writeln!(
         md,
-        "\n![latency](results/serve{tag}-latency.svg) ![ttft](results/serve{tag}-ttft.svg) ![throughput](results/serve{tag}-throughput.svg)\n"
+        "\n{}![latency](results/{name}-latency.svg) ![ttft](results/{name}-ttft.svg) ![throughput](results/{name}-throughput.svg)\n",
+        serve_summary(&v)
     );
+}
+
+/// Ours against llama-server where both ran: the most requests a second either finished at any
+/// offered rate (saturation) and the median TTFT at 1 req/s. Empty without a baseline.
+fn serve_summary(v: &Value) -> String {
+    let points = v["points"].as_array().cloned().unwrap_or_default();
+    let of = |server: &str| -> (f64, Option<f64>) {
+        let mine = points
+            .iter()
+            .filter(|p| p["server"].as_str() == Some(server));
+        let top = mine.clone().map(|p| f(&p["req_s"])).fold(0.0, f64::max);
+        let ttft = mine
+            .filter(|p| (f(&p["rate"]) - 1.0).abs() < 1e-9)
+            .map(|p| f(&p["ttft_p50_s"]))
+            .next();
+        (top, ttft)
+    };
+    let ((ours, ours_ttft), (base, base_ttft)) = (of("edgeprompt"), of("llama-server"));
+    if ours <= 0.0 || base <= 0.0 {
+        return String::new();
+    }
+    let ttft = match (ours_ttft, base_ttft) {
+        (Some(a), Some(b)) if b > 0.0 => {
+            format!(
+                "; median TTFT at 1 req/s {a:.2} vs {b:.2} s (**{:.2}x**)",
+                a / b
+            )
+        }
+        _ => String::new(),
+    };
+    format!(
+        "Saturation (the most requests done a second at any offered rate): {ours:.2} vs {base:.2} \
+         req/s (**{:.2}x** llama-server){ttft}.\n\n",
+        ours / base
+    )
 }
 
 fn batch_section(dir: &Path, md: &mut String) {
