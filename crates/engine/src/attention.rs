@@ -886,33 +886,77 @@ pub fn attend_batch(
     window: Option<usize>,
     out: &mut [f32],
 ) {
-    // Group queries by (what prefix they read, KV head): a group reads the same keys.
-    let mut groups: Vec<((usize, usize), Vec<Query>)> = Vec::new();
+    // Group queries by (what prefix they read, KV head): a group reads the same keys. A view
+    // takes a block of consecutive group ids, one per KV head, shared with the views before it
+    // on the same prefix; each group's queries lie together in `flat`, in the order they came.
+    // (A linear search of the groups per query cost a batch-32 layer ~10 µs.)
+    let mut prefixes: Vec<(*const LayerKv, usize)> = Vec::new();
+    let mut heads: Vec<(usize, usize)> = Vec::new();
+    let bases: Vec<usize> = views
+        .iter()
+        .map(|v| {
+            let kv_heads = v.private.n_kv_head;
+            let known = v.prefix.and_then(|p| {
+                prefixes
+                    .iter()
+                    .find(|(q, _)| std::ptr::eq(*q, p))
+                    .map(|&(_, base)| base)
+            });
+            let base = known.unwrap_or_else(|| {
+                heads.extend((0..kv_heads).map(|h| (h, 0)));
+                heads.len() - kv_heads
+            });
+            if let (Some(p), None) = (v.prefix, known) {
+                prefixes.push((p, base));
+            }
+            for h in &mut heads[base..base + kv_heads] {
+                h.1 += v.rows * (n_head / kv_heads);
+            }
+            base
+        })
+        .collect();
+    let mut next: Vec<usize> = heads
+        .iter()
+        .scan(0, |at, &(_, n)| {
+            *at += n;
+            Some(*at - n)
+        })
+        .collect();
+    let bounds: Vec<(usize, usize)> = next
+        .iter()
+        .zip(&heads)
+        .map(|(&a, h)| (a, a + h.1))
+        .collect();
+    let empty = Query {
+        view: 0,
+        row: 0,
+        t: 0,
+        head: 0,
+    };
+    let mut flat = vec![empty; bounds.last().map_or(0, |b| b.1)];
     let mut row = 0;
-    for (vi, v) in views.iter().enumerate() {
+    for (vi, (v, &base)) in views.iter().zip(&bases).enumerate() {
         let group = n_head / v.private.n_kv_head;
-        // A prefix-free view groups alone; the address of a shared prefix identifies it.
-        let key = v
-            .prefix
-            .map_or(usize::MAX - vi, |p| p as *const LayerKv as usize);
         for t in 0..v.rows {
             for head in 0..n_head {
-                let k = (key, head / group);
-                let q = Query {
+                let id = base + head / group;
+                flat[next[id]] = Query {
                     view: vi,
                     row,
                     t,
                     head,
                 };
-                match groups.iter_mut().find(|(gk, _)| *gk == k) {
-                    Some((_, qs)) => qs.push(q),
-                    None => groups.push((k, vec![q])),
-                }
+                next[id] += 1;
             }
             row += 1;
         }
     }
-    let total: usize = groups.iter().map(|(_, qs)| qs.len()).sum();
+    let groups: Vec<(usize, &[Query])> = bounds
+        .iter()
+        .zip(&heads)
+        .map(|(&(a, b), h)| (h.0, &flat[a..b]))
+        .collect();
+    let total = flat.len();
     let threads = rayon::current_num_threads();
     // Enough tasks to balance two threads (a batch of 32 on SmolLM2 made nine equal tasks:
     // one thread idle for a ninth of the call), at least two queries each so that a lone
@@ -938,13 +982,13 @@ pub fn attend_batch(
         .map(|(_, qs)| qs.len().div_ceil(lanes))
         .sum();
     let mut tasks: Vec<(usize, &[Query])> = Vec::new();
-    for ((_, g), qs) in &groups {
+    for &(g, qs) in &groups {
         if large(qs) {
             let mut at = 0;
             while at < qs.len() {
                 let k = left.div_ceil(2 * threads).clamp(1, most);
                 let end = qs.len().min(at + k * lanes);
-                tasks.push((*g, &qs[at..end]));
+                tasks.push((g, &qs[at..end]));
                 left = left.saturating_sub((end - at).div_ceil(lanes));
                 at = end;
             }
@@ -960,25 +1004,38 @@ pub fn attend_batch(
             // Whole eights (sixteens on AVX-512) run the across-queries kernels.
             size = size.next_multiple_of(lanes);
         }
-        tasks.extend(qs.chunks(size.max(1)).map(|c| (*g, c)));
+        tasks.extend(qs.chunks(size.max(1)).map(|c| (g, c)));
     }
-    let results: Vec<std::sync::OnceLock<Vec<f32>>> =
-        tasks.iter().map(|_| std::sync::OnceLock::new()).collect();
+    assert_eq!(out.len(), row * n_head * head_dim, "attention output shape");
+    let dst = Outputs(out.as_mut_ptr(), out.len());
     crate::pool::run(tasks.len(), &|i| {
         let (g, qs) = tasks[i];
-        let _ = results[i].set(attend_task(q, views, g, qs, n_head, head_dim, window));
+        attend_task(q, views, g, qs, n_head, head_dim, window, &dst);
     });
-    for ((_, qs), res) in tasks.iter().zip(&results) {
-        let res = res.get().map_or(&[][..], |r| &r[..]);
-        for (query, o) in qs.iter().zip(res.chunks_exact(head_dim)) {
-            let at = (query.row * n_head + query.head) * head_dim;
-            out[at..at + head_dim].copy_from_slice(o);
-        }
+}
+
+/// `attend_batch`'s output, written by its tasks in place: each (row, head) belongs to one
+/// query of one task, so no two tasks write the same values.
+struct Outputs(*mut f32, usize);
+
+// SAFETY: tasks write disjoint ranges (above); the pool returns before `out` is used again.
+unsafe impl Sync for Outputs {}
+
+impl Outputs {
+    /// The `n` values at `at`.
+    ///
+    /// # Safety
+    /// No other task uses them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot(&self, at: usize, n: usize) -> &mut [f32] {
+        assert!(at + n <= self.1, "attention output out of range");
+        std::slice::from_raw_parts_mut(self.0.add(at), n)
     }
 }
 
 /// Queries `qs`, all on KV head `g` and the same prefix: the shared prefix tile by tile for
-/// all of them, then each one's private keys.
+/// all of them, then each one's private keys; each query's output into `out`.
+#[allow(clippy::too_many_arguments)]
 fn attend_task(
     q: &[f32],
     views: &[KvView],
@@ -987,10 +1044,13 @@ fn attend_task(
     n_head: usize,
     head_dim: usize,
     window: Option<usize>,
-) -> Vec<f32> {
+    out: &Outputs,
+) {
     let scale = 1.0 / (head_dim as f32).sqrt();
     let width = n_head * head_dim;
-    let mut rows = vec![0f32; qs.len() * head_dim];
+    let mut rows = ROWS.with(|c| c.take());
+    rows.clear();
+    rows.resize(qs.len() * head_dim, 0.0);
     for (query, r) in qs.iter().zip(rows.chunks_exact_mut(head_dim)) {
         let at = query.row * width + query.head * head_dim;
         for (x, &y) in r.iter_mut().zip(&q[at..at + head_dim]) {
@@ -1043,17 +1103,19 @@ fn attend_task(
         );
         at = end;
     }
-    let mut out = vec![0f32; qs.len() * head_dim];
-    for (st, o) in states.iter().zip(out.chunks_exact_mut(head_dim)) {
-        st.write_output(o);
+    for (st, x) in states.iter().zip(qs) {
+        // SAFETY: this task's query alone writes its (row, head) (`Outputs`).
+        st.write_output(unsafe { out.slot((x.row * n_head + x.head) * head_dim, head_dim) });
     }
     STATES.with(|c| c.set(states));
-    out
+    ROWS.with(|c| c.set(rows));
 }
 
 thread_local! {
     /// Running states kept from one attention task to the next on this thread.
     static STATES: std::cell::Cell<Vec<State>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The task's scaled queries, kept likewise.
+    static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `ranges[i]` (`lo..hi`):
