@@ -53,6 +53,41 @@ impl std::fmt::Debug for Slab {
     }
 }
 
+/// Arenas smaller than this fault their pages in as the loader writes them.
+const POPULATE_MIN: usize = 64 << 20;
+/// Pages faulted in per call, from the arena's end towards its start.
+const POPULATE_STEP: usize = 32 << 20;
+
+/// Faults the arena's pages in from its end on a thread of their own, while the loader
+/// writes from its start: the two meet, and a page the loader already wrote costs the other
+/// only a page-table walk. Every page of a fresh mapping is zeroed by the kernel on first
+/// touch, and in this host's VM that ran at ~1.4 GB/s, a third of a Qwen 1.5B load on the
+/// loader's thread alone. `MADV_POPULATE_WRITE` faults without writing: no byte changes.
+fn populate_from_the_back(map: &Arc<MmapMut>, start: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    if len >= POPULATE_MIN {
+        let map = map.clone();
+        let _ = std::thread::Builder::new()
+            .name("edgeprompt-populate".into())
+            .spawn(move || {
+                let mut end = start + len;
+                while end > start {
+                    let from = end.saturating_sub(POPULATE_STEP).max(start);
+                    // A kernel before 5.14 says no (EINVAL): the loader's writes fault instead.
+                    if map
+                        .advise_range(memmap2::Advice::PopulateWrite, from, end - from)
+                        .is_err()
+                    {
+                        return;
+                    }
+                    end = from;
+                }
+            });
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (map, start, len);
+}
+
 /// Hands out consecutive slabs of one arena.
 pub(crate) struct Carver {
     map: Arc<MmapMut>,
@@ -76,8 +111,10 @@ impl Carver {
         // Only a hint: a kernel without transparent huge pages says no, and 4 KiB pages do.
         #[cfg(target_os = "linux")]
         let _ = map.advise_range(memmap2::Advice::HugePage, start, want);
+        let map = Arc::new(map);
+        populate_from_the_back(&map, start, want);
         Ok(Self {
-            map: Arc::new(map),
+            map,
             base,
             next: start,
             end: start + want,
