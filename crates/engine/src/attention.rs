@@ -1615,6 +1615,48 @@ mod tests {
         }
     }
 
+    /// Views on two prefixes and on none, interleaved in one batch (the groups of a prefix
+    /// gather its views wherever they stand), give each view bitwise what it gets alone.
+    #[test]
+    fn views_on_several_prefixes_and_none_match_each_alone_bitwise() {
+        let (n_head, n_kv, d) = (6, 3, 64);
+        let mut seed = 23;
+        let (a, b) = (layer(70, n_kv, d, &mut seed), layer(33, n_kv, d, &mut seed));
+        let prefixes = [Some(&a), None, Some(&b), Some(&a), None, Some(&b), Some(&a)];
+        let rows = [1, 2, 1, 3, 1, 1, 2];
+        let privs: Vec<LayerKv> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| layer(r + 4 * i, n_kv, d, &mut seed))
+            .collect();
+        let views: Vec<KvView> = (0..rows.len())
+            .map(|i| KvView {
+                prefix: prefixes[i],
+                private: &privs[i],
+                rows: rows[i],
+            })
+            .collect();
+        let w = n_head * d;
+        let total: usize = rows.iter().sum();
+        let q: Vec<f32> = (0..total * w).map(|_| lcg(&mut seed)).collect();
+        let mut all = vec![0f32; q.len()];
+        attend_batch(&q, &views, n_head, d, None, &mut all);
+        let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+        let mut r0 = 0;
+        for (i, v) in views.iter().enumerate() {
+            let r1 = r0 + rows[i];
+            let one = KvView {
+                prefix: v.prefix,
+                private: v.private,
+                rows: v.rows,
+            };
+            let mut alone = vec![0f32; rows[i] * w];
+            attend_batch(&q[r0 * w..r1 * w], &[one], n_head, d, None, &mut alone);
+            assert_eq!(bits(&all[r0 * w..r1 * w]), bits(&alone), "view {i}");
+            r0 = r1;
+        }
+    }
+
     /// Whether two partials are the same bits, output and log-sum-exp.
     fn same_bits(a: &Partial, b: &Partial) -> bool {
         a.lse.to_bits() == b.lse.to_bits()
