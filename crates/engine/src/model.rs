@@ -75,6 +75,9 @@ impl Scratch {
 /// prefill's).
 const KEEP_SCRATCH_FLOATS: usize = 4 << 20;
 
+/// Most rows a layer runs at once (`forward_layer`): llama.cpp's micro-batch.
+const LAYER_ROWS: usize = 512;
+
 thread_local! {
     static SCRATCH: std::cell::Cell<Scratch> = Default::default();
 }
@@ -244,7 +247,77 @@ impl Model {
     /// Run layer `l` on the batch's hidden rows `x` in place. `parts` cut `x` into
     /// sequences, in order; each part's K/V are appended to its private cache. `scratch`
     /// holds the layer's intermediate rows; pass the same one for every layer of a pass.
+    ///
+    /// Rows run `LAYER_ROWS` at a time, each piece after the ones before it in its sequence
+    /// (a row's arithmetic does not depend on the cut), so a long prompt's scratch stays that
+    /// of `LAYER_ROWS` rows.
     pub fn forward_layer(
+        &self,
+        l: usize,
+        x: &mut [f32],
+        parts: &mut [LayerInput],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let d = self.cfg.n_embd;
+        if x.len() != rows * d {
+            return Err(EngineError::Input(format!(
+                "layer input has {} floats for {rows} rows",
+                x.len()
+            )));
+        }
+        // Checked for whole parts, before any piece: a refused call writes no KV.
+        for part in parts.iter() {
+            let end = part.prefix.map_or(0, |p| p.end()) + part.private.len() + part.rows;
+            if end > self.max_positions() {
+                return Err(EngineError::Input(format!(
+                    "context of {end} tokens exceeds the model's {}",
+                    self.max_positions()
+                )));
+            }
+        }
+        if rows <= LAYER_ROWS {
+            return self.layer_rows(l, x, parts, scratch);
+        }
+        // Each piece takes the rows left of part `first` (`done` of them ran) and of the
+        // parts after it, up to `LAYER_ROWS`.
+        let (mut first, mut done, mut row) = (0, 0, 0);
+        while first < parts.len() {
+            let mut takes = Vec::new();
+            let mut n = 0;
+            for (i, part) in parts.iter().enumerate().skip(first) {
+                let ran = if i == first { done } else { 0 };
+                let take = (part.rows - ran).min(LAYER_ROWS - n);
+                takes.push(take);
+                n += take;
+                if n == LAYER_ROWS {
+                    break;
+                }
+            }
+            let mut piece: Vec<LayerInput> = parts[first..first + takes.len()]
+                .iter_mut()
+                .zip(&takes)
+                .map(|(p, &rows)| LayerInput {
+                    prefix: p.prefix,
+                    private: &mut *p.private,
+                    rows,
+                })
+                .collect();
+            self.layer_rows(l, &mut x[row * d..(row + n) * d], &mut piece, scratch)?;
+            row += n;
+            let last = first + takes.len() - 1;
+            let ran = takes[takes.len() - 1] + if last == first { done } else { 0 };
+            (first, done) = if ran == parts[last].rows {
+                (last + 1, 0)
+            } else {
+                (last, ran)
+            };
+        }
+        Ok(())
+    }
+
+    /// `forward_layer` on rows that run as one piece (`x` and the context checked there).
+    fn layer_rows(
         &self,
         l: usize,
         x: &mut [f32],
@@ -254,12 +327,6 @@ impl Model {
         let c = &self.cfg;
         let w = &self.weights.layers[l];
         let rows: usize = parts.iter().map(|p| p.rows).sum();
-        if x.len() != rows * c.n_embd {
-            return Err(EngineError::Input(format!(
-                "layer input has {} floats for {rows} rows",
-                x.len()
-            )));
-        }
         let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.q_dim());
         let Scratch {
             h,
@@ -275,16 +342,6 @@ impl Model {
         if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
             rms_norm_in_place(q, qn, c.rms_eps);
             rms_norm_in_place(k, kn, c.rms_eps);
-        }
-        for part in parts.iter() {
-            let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
-            if pos0 + part.rows > self.max_positions() {
-                return Err(EngineError::Input(format!(
-                    "context of {} tokens exceeds the model's {}",
-                    pos0 + part.rows,
-                    self.max_positions()
-                )));
-            }
         }
         // Each sequence's rows rotated and appended to its own cache; a batch's sequences
         // are cut over the pool.

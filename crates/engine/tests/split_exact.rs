@@ -253,3 +253,58 @@ fn gemma3_batch_over_a_cut_prefix_is_bitwise_each_alone() {
     assert_eq!(batched[0], alone_a, "decoding row differs in a batch");
     assert_eq!(batched[1], alone_b, "prefilling rows differ in a batch");
 }
+
+/// A batch of 1130 rows runs a layer in pieces of at most 512 (`Model::forward_layer`): one
+/// sequence's rows cross two cuts and another, over a prefix, is cut from its batch mate.
+/// Each gives bitwise what it gives alone in 64-token chunks, its KV included.
+#[test]
+fn long_batch_run_in_pieces_is_bitwise_each_alone() {
+    use edgeprompt_engine::sequence::PrefillPass;
+    let model = common::smollm2();
+    let ids = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| 100 + (i * 7919 + seed) % 20000)
+            .collect()
+    };
+    let mut cloud = Sequence::new(&model);
+    cloud.prefill_chunked(&model, &ids(50, 1), 16).unwrap();
+    let prefix = Arc::new(cloud.export_prefix(&model).unwrap());
+    let parts = [ids(100, 2), ids(1000, 3), ids(30, 4)];
+    let fresh = |i: usize| match i {
+        2 => Sequence::with_prefix(&model, prefix.clone()).unwrap(),
+        _ => Sequence::new(&model),
+    };
+    let (mut a, mut b, mut c) = (fresh(0), fresh(1), fresh(2));
+    let batched = model
+        .forward(&mut [
+            (&mut a, &parts[0]),
+            (&mut b, &parts[1]),
+            (&mut c, &parts[2]),
+        ])
+        .unwrap();
+    for (i, (seq, got)) in [a, b, c].into_iter().zip(&batched).enumerate() {
+        let mut alone = fresh(i);
+        let want = alone.prefill_chunked(&model, &parts[i], 64).unwrap();
+        assert_eq!(*got, want, "sequence {i}'s logits differ in the batch");
+        for l in 0..model.cfg.n_layer {
+            assert!(
+                seq.layer_kv(l) == alone.layer_kv(l),
+                "sequence {i}'s KV of layer {l}"
+            );
+        }
+    }
+    // The layer-at-a-time pass (the cloud's) cuts its rows the same way.
+    let mut pass = PrefillPass::new(&model, &parts[1], 0).unwrap();
+    for _ in 0..model.cfg.n_layer {
+        pass.run_layer(&model, None).unwrap();
+    }
+    let kv = pass.into_prefix(&model).unwrap();
+    let mut alone = Sequence::new(&model);
+    alone.prefill_chunked(&model, &parts[1], 64).unwrap();
+    for l in 0..model.cfg.n_layer {
+        assert!(
+            *kv.layers[l] == *alone.layer_kv(l),
+            "the pass's KV of layer {l}"
+        );
+    }
+}
