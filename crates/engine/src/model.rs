@@ -279,25 +279,38 @@ impl Model {
         if rows <= LAYER_ROWS {
             return self.layer_rows(l, x, parts, scratch);
         }
-        // Each piece takes the rows left of part `first` (`done` of them ran) and of the
-        // parts after it, up to `LAYER_ROWS`.
-        let (mut first, mut done, mut row) = (0, 0, 0);
-        while first < parts.len() {
-            let mut takes = Vec::new();
-            let mut n = 0;
-            for (i, part) in parts.iter().enumerate().skip(first) {
-                let ran = if i == first { done } else { 0 };
-                let take = (part.rows - ran).min(LAYER_ROWS - n);
-                takes.push(take);
-                n += take;
+        // The cut, planned first: each piece as (part, rows of it) for consecutive parts
+        // (a part without rows too, so that the parts of a piece are a run).
+        let mut pieces: Vec<Vec<(usize, usize)>> = vec![Vec::new()];
+        let mut n = 0;
+        for (i, part) in parts.iter().enumerate() {
+            let mut left = part.rows;
+            loop {
                 if n == LAYER_ROWS {
+                    pieces.push(Vec::new());
+                    n = 0;
+                }
+                let take = left.min(LAYER_ROWS - n);
+                if let Some(cut) = pieces.last_mut() {
+                    cut.push((i, take));
+                }
+                (n, left) = (n + take, left - take);
+                if left == 0 {
                     break;
                 }
             }
-            let mut piece: Vec<LayerInput> = parts[first..first + takes.len()]
+        }
+        let mut row = 0;
+        for cut in &pieces {
+            let n: usize = cut.iter().map(|c| c.1).sum();
+            if n == 0 {
+                continue;
+            }
+            let first = cut[0].0;
+            let mut piece: Vec<LayerInput> = parts[first..first + cut.len()]
                 .iter_mut()
-                .zip(&takes)
-                .map(|(p, &rows)| LayerInput {
+                .zip(cut)
+                .map(|(p, &(_, rows))| LayerInput {
                     prefix: p.prefix,
                     private: &mut *p.private,
                     rows,
@@ -305,13 +318,6 @@ impl Model {
                 .collect();
             self.layer_rows(l, &mut x[row * d..(row + n) * d], &mut piece, scratch)?;
             row += n;
-            let last = first + takes.len() - 1;
-            let ran = takes[takes.len() - 1] + if last == first { done } else { 0 };
-            (first, done) = if ran == parts[last].rows {
-                (last + 1, 0)
-            } else {
-                (last, ran)
-            };
         }
         Ok(())
     }
