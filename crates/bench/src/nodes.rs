@@ -116,6 +116,7 @@ pub async fn edge_with(
             cloud_layers_from: 0,
             auto_codec: None,
             auto_split,
+            ..Default::default()
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

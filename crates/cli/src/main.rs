@@ -40,6 +40,8 @@ enum Command {
     Align(align::AlignArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
+    /// A new key pair for a cloud to sign the KV it serves (edges check it with --cloud-key).
+    Keygen(security::KeygenArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +54,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(a) => generate::run(a),
         Command::Info(a) => models::info(a),
+        Command::Keygen(a) => security::keygen(a),
         Command::Cloud(a) => nodes::cloud(a),
         Command::Edge(a) => nodes::edge(a),
         Command::Serve(a) => serve::run(*a),

@@ -108,6 +108,10 @@ pub struct DemoArgs {
     codec: String,
     #[arg(long, default_value_t = 96)]
     max_tokens: usize,
+    /// Serve the KV unsigned (by default the cloud signs every layer with a fresh key and the
+    /// edge checks each one as it lands).
+    #[arg(long)]
+    unsigned: bool,
 }
 
 const DEMO_SYSTEM: &str = "You are the coding assistant for the Acme Payments Python SDK. Answer briefly with \
@@ -199,6 +203,10 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         per_client_burst: 2.0 * server.per_client_rate.unwrap_or(defaults.per_client_rate),
     };
     let token = security::token(server.token_file.as_ref(), server.token_env.as_deref())?;
+    let signing = security::signing_key(
+        server.signing_key_file.as_ref(),
+        server.signing_key_env.as_deref(),
+    )?;
     let tls = match (&server.tls_cert, &server.tls_key) {
         (Some(c), Some(k)) => Some(tonic::transport::Identity::from_pem(
             std::fs::read(c).with_context(|| format!("reading {}", c.display()))?,
@@ -220,6 +228,16 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
     let mut node = CloudNode::new(model, &specs, a.cache_bytes)?
         .with_guard(limits, token)
         .with_adapters(adapters)?;
+    match signing {
+        Some(k) => {
+            eprintln!("signing the KV served with key {}", &k.public().to_hex()[..16]);
+            node = node.with_signing(k);
+        }
+        None => eprintln!(
+            "warning: no signing key ([server] signing_key_file or ${}): edges cannot tell this cloud's KV from a forgery",
+            security::SIGNING_KEY_ENV
+        ),
+    }
     if n_adapters > 0 {
         eprintln!("serving {n_adapters} smaller edge model(s) through CE-LSLM adapters");
     }
@@ -303,6 +321,8 @@ struct Turn<'a> {
     max_tokens: usize,
     echo: bool,
     security: ClientSecurity,
+    /// The cloud's public key: every layer must carry its signature.
+    trust: Option<edgeprompt_kv::TrustKey>,
     /// CE-LSLM: the first layer loaded from the cloud (0 = all).
     first_layer: usize,
 }
@@ -317,6 +337,7 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
         max_tokens,
         echo,
         security,
+        trust,
         first_layer,
     } = t;
     let chat = model.chat.as_ref().context("no chat template")?;
@@ -325,7 +346,9 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
     let cloud_ids = model.tokenizer.encode(&split.cloud)?;
     let start = Instant::now();
     let fetched = async {
-        let mut client = CloudClient::connect_with(url, &security).await?;
+        let mut client = CloudClient::connect_with(url, &security)
+            .await?
+            .trusting(trust);
         let (header, rx) = client
             .fetch_from(
                 &model,
@@ -426,6 +449,7 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
             max_tokens: a.max_tokens,
             echo: true,
             security: a.security.load()?,
+            trust: a.security.trust()?,
             first_layer: a.cloud_layers_from,
         },
     ))?;
@@ -452,7 +476,16 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             system: a.system.clone(),
             text: None,
         }];
-        let node = Arc::new(CloudNode::new(model.clone(), &specs, 1 << 30)?);
+        let mut node = CloudNode::new(model.clone(), &specs, 1 << 30)?;
+        let mut trust = None;
+        if !a.unsigned {
+            let mut seed = [0u8; 32];
+            getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            let key = edgeprompt_kv::SealKey::from_seed(seed);
+            trust = Some(key.public());
+            node = node.with_signing(key);
+        }
+        let node = Arc::new(node);
         let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0", None).await?;
         let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), link_profile).await?;
         let url = format!("http://{}", link.addr);
@@ -479,6 +512,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 max_tokens: a.max_tokens,
                 echo: true,
                 security: ClientSecurity::default(),
+                trust,
                 first_layer: 0,
             },
         ).await?;
@@ -489,6 +523,10 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             run.ttft, run.prefill_done
         );
         println!("{} tokens, {:.2} s total; bytes down {down} (KV payload {}), bytes up {up} (the request only; no edge-prompt bytes)", run.tokens, run.total, run.timeline.bytes_down());
+        match trust {
+            Some(k) => println!("every cloud layer checked against the cloud's Ed25519 key {} as it landed", &k.to_hex()[..16]),
+            None => println!("KV unsigned (--unsigned): the edge could not tell it from a forgery"),
+        }
         println!("\nlayer timeline (s since request): arrived | compute start-end");
         let n = run.timeline.layers.len();
         for l in run.timeline.layers.iter().filter(|l| l.layer < 3 || l.layer + 3 >= n) {

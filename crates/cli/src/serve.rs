@@ -83,6 +83,13 @@ pub struct ServeArgs {
     /// Directory of the disk tier of cloud-prompt KV (survives restarts).
     #[arg(long)]
     cache_dir: Option<std::path::PathBuf>,
+    /// Megabytes the disk tier may hold; past it the least recently used prompts are removed.
+    #[arg(long, default_value_t = 16384)]
+    cache_max_mb: u64,
+    /// System prompts the cloud does not know computed here at once (more get 429); their KV
+    /// at once is bounded by --prefix-cache-mb too.
+    #[arg(long, default_value_t = 2)]
+    max_local_prefills: usize,
     /// gRPC URL of a peer edge asked before the cloud (repeatable).
     #[arg(long = "peer")]
     peers: Vec<String>,
@@ -93,10 +100,14 @@ pub struct ServeArgs {
     request_timeout_secs: u64,
     #[command(flatten)]
     security: crate::security::ClientArgs,
+    #[command(flatten)]
+    peer: crate::security::PeerArgs,
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
     /// A key clients must send as `Authorization: Bearer <key>` on /v1/* (repeatable; with
-    /// none and no --api-key-file the API is open). /health and /metrics stay open.
+    /// none, no --api-key-file and no EDGEPROMPT_API_KEYS the API is open). /health and
+    /// /metrics stay open. Visible to every local user in the process list: prefer
+    /// --api-key-file or EDGEPROMPT_API_KEYS (keys separated by commas or newlines).
     #[arg(long = "api-key")]
     api_keys: Vec<String>,
     /// A file of API keys, one per line (`#` comments and blank lines skipped).
@@ -177,18 +188,31 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         ),
     };
     let security = a.security.load()?;
+    let trust = a.security.trust()?;
+    match &trust {
+        Some(k) => eprintln!("cloud KV is used only if signed by {}", &k.to_hex()[..16]),
+        None => eprintln!(
+            "warning: no --cloud-key: KV from the cloud, peers and disk is checked against the prompt asked for, but not signed"
+        ),
+    }
+    let peer_policy = a.peer.policy()?;
+    let peer_tls = a.peer.identity()?;
+    if let Some(addr) = &a.peer_listen {
+        if peer_policy.token.is_none() {
+            eprintln!("warning: --peer-listen {addr} without a peer token: any host that reaches it reads this edge's cached cloud prompts");
+        }
+    }
     let state = EdgeServer::start(
         model.clone(),
         ServerConfig {
             model_id: a.model.clone(),
             default_max_tokens: a.default_max_tokens,
-            api_keys: ApiKeys::new(a.api_keys.clone(), a.api_key_file.as_deref()).with_context(
-                || {
+            api_keys: ApiKeys::new(api_keys(&a.api_keys)?, a.api_key_file.as_deref())
+                .with_context(|| {
                     a.api_key_file.as_ref().map_or("--api-key".into(), |f| {
                         format!("API keys from {}", f.display())
                     })
-                },
-            )?,
+                })?,
         },
         SchedulerConfig {
             max_batch: a.max_batch.max(1),
@@ -212,6 +236,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             cloud_layers_from,
             auto_codec,
             auto_split,
+            peer_security: a.peer.client()?,
+            trust,
+            disk_max_bytes: a.cache_max_mb << 20,
+            max_local_prefills: a.max_local_prefills,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -243,9 +271,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 "serving cached cloud prompts to peers on {}",
                 l.local_addr()?
             );
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(id) = peer_tls {
+                builder =
+                    builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(id))?;
+            }
             tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(PeerService::server(state.prefixes.clone()))
+                builder
+                    .add_service(PeerService::server(state.prefixes.clone(), peer_policy))
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
             );
         }
@@ -255,6 +288,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }));
         tokio::select! {
             r = &mut server => return r.context("http server")?.context("http server"),
+            why = state.scheduler.wait_dead() => {
+                // Its requests are ended already; exit non-zero so a supervisor restarts us.
+                let _ = stop_tx.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+                anyhow::bail!("{why}");
+            }
             s = shutdown_signal() => eprintln!(
                 "{s}: draining for up to {} s ({} answers pending; new requests get 503)",
                 a.drain_secs,
@@ -278,6 +317,24 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     // Bounded: a blocking task stuck on a dead disk must not hold the exit.
     rt.shutdown_timeout(Duration::from_secs(5));
     served
+}
+
+/// Where API keys may come from without showing in the process list.
+const API_KEYS_ENV: &str = "EDGEPROMPT_API_KEYS";
+
+/// The keys of `--api-key` (with a warning) and of `EDGEPROMPT_API_KEYS`.
+fn api_keys(flags: &[String]) -> anyhow::Result<Vec<String>> {
+    if !flags.is_empty() {
+        eprintln!("warning: --api-key is visible to every local user in the process list; use --api-key-file or {API_KEYS_ENV}");
+    }
+    let mut keys = flags.to_vec();
+    if let Some(v) = std::env::var_os(API_KEYS_ENV) {
+        let v = v
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("{API_KEYS_ENV} is not UTF-8"))?;
+        keys.extend(ApiKeys::list_from_env(API_KEYS_ENV, &v)?);
+    }
+    Ok(keys)
 }
 
 /// SIGTERM (what service managers send) or Ctrl-C.

@@ -106,14 +106,17 @@ impl CloudNode {
     ) -> Result<(), Status> {
         // The address the edge would compute for this prompt with its own model.
         let address = content_address(&layout.fingerprint, &p.token_ids);
-        let header = crate::stream::header(&layout, &p.id, &address, &p.token_ids, codec, zstd);
+        let header =
+            crate::stream::header(&layout, &p.id, &address, &p.token_ids, codec, zstd, None);
         tx.send(Ok(header))
             .await
             .map_err(|_| Status::cancelled("client went away"))?;
         let layers = self.mapped_layers(&p, &set).await?;
         let from = set.min_split();
+        let manifest = crate::stream::manifest(&layout, &p.id, &p.token_ids, codec);
         for j in layout.first_layer..layout.n_layers {
-            crate::stream::send_layer(&tx, j, &layers[j - from], 0, codec, zstd).await?;
+            let seal = self.layer_seal(&manifest);
+            crate::stream::send_layer(&tx, j, &layers[j - from], 0, codec, zstd, seal).await?;
         }
         Ok(())
     }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, PrefixKv};
-use edgeprompt_kv::{content_address, Codec, MemoryStore, RedisStore};
+use edgeprompt_kv::{
+    content_address, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey,
+};
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
 use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
 use tokio::sync::{mpsc, Mutex};
@@ -40,6 +42,8 @@ pub struct CloudNode {
     /// Sliding-window layers sent and kept cut to the window (on unless turned off to
     /// measure what the cut saves).
     window_cut: bool,
+    /// The key this node signs the KV it serves with (none: unsigned).
+    signing: Option<Arc<SealKey>>,
 }
 
 impl CloudNode {
@@ -82,7 +86,23 @@ impl CloudNode {
             guard: Guard::new(Limits::default(), None),
             lslm: Default::default(),
             window_cut: true,
+            signing: None,
         })
+    }
+
+    /// Sign every layer this node serves (and stores in the shared tier) with `key`; edges
+    /// holding its public key then take the KV from any relay, unaltered or not at all.
+    pub fn with_signing(mut self, key: SealKey) -> Self {
+        self.signing = Some(Arc::new(key));
+        self
+    }
+
+    /// How a layer of a stream with manifest `m` is sealed.
+    pub(crate) fn layer_seal<'a>(&'a self, m: &'a Manifest) -> crate::stream::LayerSeal<'a> {
+        match &self.signing {
+            Some(k) => crate::stream::LayerSeal::Sign(k, m),
+            None => crate::stream::LayerSeal::None,
+        }
     }
 
     /// Send and keep sliding-window layers whole (for comparison; the cut is exact).
@@ -115,15 +135,29 @@ impl CloudNode {
     async fn read_shared(&self, address: &str) -> Option<Arc<PrefixKv>> {
         let store = self.shared.clone()?;
         let key = address.to_string();
-        match tokio::task::spawn_blocking(move || store.get(&key)).await {
-            Ok(Ok(Some(kv)))
-                if kv
-                    .check_fits(&self.model.cfg, &self.model.fingerprint)
-                    .is_ok() =>
-            {
-                Some(Arc::new(kv))
+        let expect = Expect::of(&self.model.cfg);
+        match tokio::task::spawn_blocking(move || store.get(&key, &expect)).await {
+            Ok(Ok(Some((kv, seal)))) => {
+                // Another node's bytes: the right model, the prompt asked for, and (when this
+                // node signs) this deployment's signature on every layer.
+                let fits = kv.check_fits(&self.model.cfg, &self.model.fingerprint);
+                let addressed = content_address(&kv.fingerprint, &kv.token_ids) == address;
+                let signed = match (&self.signing, &seal) {
+                    (None, _) => Ok(()),
+                    (Some(k), Some(s)) => s.verify(&k.public(), &kv),
+                    (Some(_), None) => Err(edgeprompt_kv::KvError::Seal("unsigned".into())),
+                };
+                match (fits, addressed, signed) {
+                    (Ok(()), true, Ok(())) => Some(Arc::new(kv)),
+                    (fits, addressed, signed) => {
+                        tracing::warn!(
+                            "shared tier: entry {address} refused (fits: {fits:?}, address matches: {addressed}, signature: {signed:?}); computing instead"
+                        );
+                        None
+                    }
+                }
             }
-            Ok(Ok(_)) => None,
+            Ok(Ok(None)) => None,
             Ok(Err(e)) => {
                 tracing::warn!("shared tier: {e}; computing instead");
                 None
@@ -209,8 +243,10 @@ impl CloudNode {
     ) -> Result<Arc<PrefixKv>, Status> {
         let first = layout.first_layer;
         let starts = layout.starts(p.token_ids.len());
-        let header = crate::stream::header(&layout, &p.id, &p.address, &p.token_ids, codec, zstd);
+        let header =
+            crate::stream::header(&layout, &p.id, &p.address, &p.token_ids, codec, zstd, None);
         let _ = tx.send(Ok(header)).await;
+        let manifest = crate::stream::manifest(&layout, &p.id, &p.token_ids, codec);
         let guard = p.compute.lock().await;
         let cached = match self.cache.get(&p.address) {
             Some(kv) => Some(kv),
@@ -222,7 +258,8 @@ impl CloudNode {
         if let Some(kv) = cached {
             drop(guard);
             for (l, layer) in kv.layers.iter().enumerate().skip(first) {
-                crate::stream::send_layer(&tx, l, layer, starts[l], codec, zstd).await?;
+                let seal = self.layer_seal(&manifest);
+                crate::stream::send_layer(&tx, l, layer, starts[l], codec, zstd, seal).await?;
             }
             return Ok(kv);
         }
@@ -247,7 +284,8 @@ impl CloudNode {
                 continue;
             }
             // A client that went away does not stop the computation: the cache still gets it.
-            let _ = crate::stream::send_layer(&tx, l, &layer, starts[l], codec, zstd).await;
+            let seal = self.layer_seal(&manifest);
+            let _ = crate::stream::send_layer(&tx, l, &layer, starts[l], codec, zstd, seal).await;
         }
         let kv = Arc::new(
             compute
@@ -258,7 +296,11 @@ impl CloudNode {
         self.prefills.fetch_add(1, Ordering::Relaxed);
         if let Some(store) = self.shared.clone() {
             let (kv, key) = (kv.clone(), p.address.clone());
-            match tokio::task::spawn_blocking(move || store.put(&key, &kv)).await {
+            let seal = self
+                .signing
+                .as_ref()
+                .map(|k| Seal::sign(k, &p.id, &kv, Codec::F16, 0, false));
+            match tokio::task::spawn_blocking(move || store.put(&key, &kv, seal.as_ref())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!("shared tier: could not store {}: {e}", p.id),
                 Err(e) => tracing::warn!("shared tier: could not store {}: {e}", p.id),

@@ -3,7 +3,7 @@
 
 use edgeprompt_engine::config::window_start;
 use edgeprompt_engine::{LayerKv, Model};
-use edgeprompt_kv::{Chunk, Codec};
+use edgeprompt_kv::{codec, Chunk, Codec, Manifest, SealKey};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -95,6 +95,22 @@ impl Layout {
     }
 }
 
+/// The manifest a stream of `layout` in `codec` signs.
+pub fn manifest(layout: &Layout, prompt_id: &str, token_ids: &[u32], codec: Codec) -> Manifest {
+    Manifest::new(
+        prompt_id,
+        &layout.fingerprint,
+        token_ids,
+        (layout.n_layers, layout.n_kv_head, layout.head_dim),
+        layout.first_layer,
+        codec,
+        layout.mapped,
+    )
+}
+
+/// The header. `values_codec`: what the values were decoded from where they were made, when
+/// not the wire's `codec` (a peer relaying signed int8 KV as f16).
+#[allow(clippy::too_many_arguments)]
 pub fn header(
     layout: &Layout,
     prompt_id: &str,
@@ -102,6 +118,7 @@ pub fn header(
     token_ids: &[u32],
     codec: Codec,
     zstd: Option<i32>,
+    values_codec: Option<Codec>,
 ) -> FetchMessage {
     FetchMessage {
         body: Some(Body::Header(Header {
@@ -124,12 +141,25 @@ pub fn header(
                 false => Vec::new(),
             },
             mapped: layout.mapped,
+            values_codec: values_codec
+                .filter(|&c| c != codec)
+                .map_or(String::new(), |c| c.name().into()),
         })),
     }
 }
 
-/// Layer `l` from position `from` on (or from the first it holds) as sealed chunks of
-/// `CHUNK_TOKENS` tokens.
+/// How a streamed layer is sealed.
+pub enum LayerSeal<'a> {
+    None,
+    /// Signed here: this node's key and the stream's manifest.
+    Sign(&'a SealKey, &'a Manifest),
+    /// A signature made elsewhere, relayed (a peer serving what the cloud signed).
+    Relay(&'a [u8; 64]),
+}
+
+/// Layer `l` from position `from` on (or from the first it holds) as checksummed chunks of
+/// `CHUNK_TOKENS` tokens, the last carrying the layer's signature when it is sealed. A signature
+/// covers the values the receiver decodes: for a lossy codec they are decoded here first.
 pub async fn send_layer(
     tx: &mpsc::Sender<Result<FetchMessage, Status>>,
     l: usize,
@@ -137,19 +167,64 @@ pub async fn send_layer(
     from: usize,
     codec: Codec,
     zstd: Option<i32>,
+    seal: LayerSeal<'_>,
 ) -> Result<(), Status> {
-    let mut s = from.max(layer.start()).min(layer.end());
+    let internal = |e: edgeprompt_kv::KvError| Status::internal(e.to_string());
+    let first = from.max(layer.start()).min(layer.end());
+    let mut s = first;
+    let lossy = matches!(seal, LayerSeal::Sign(..)) && codec != Codec::F16;
+    let (mut dk, mut dv) = (
+        vec![Vec::new(); layer.n_kv_head],
+        vec![Vec::new(); layer.n_kv_head],
+    );
     loop {
         let e = (s + CHUNK_TOKENS).min(layer.end());
-        let c = Chunk::encode(l as u32, layer, s, e, codec, zstd)
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let c = Chunk::encode(l as u32, layer, s, e, codec, zstd).map_err(internal)?;
+        if lossy {
+            let (k, v) = codec::decode(
+                c.codec,
+                c.compressed,
+                &c.payload,
+                layer.n_kv_head,
+                layer.head_dim,
+                c.n_tokens(),
+            )
+            .map_err(internal)?;
+            for (d, x) in dk.iter_mut().zip(k).chain(dv.iter_mut().zip(v)) {
+                d.extend_from_slice(&x);
+            }
+        }
+        let last = e >= layer.end();
+        let mut wire: edgeprompt_protocol::WireChunk = c.into();
+        if last {
+            wire.layer_seal = match seal {
+                LayerSeal::None => Vec::new(),
+                LayerSeal::Relay(sig) => sig.to_vec(),
+                LayerSeal::Sign(key, m) => {
+                    let decoded;
+                    let values = if lossy {
+                        let (k, v) = (std::mem::take(&mut dk), std::mem::take(&mut dv));
+                        decoded = LayerKv::from_heads(layer.head_dim, k, v)
+                            .map_err(|e| Status::internal(e.to_string()))?
+                            .starting_at(first);
+                        &decoded
+                    } else if first > layer.start() {
+                        decoded = layer.cut_before(first);
+                        &decoded
+                    } else {
+                        layer
+                    };
+                    key.sign_layer(m, l, values).to_vec()
+                }
+            };
+        }
         tx.send(Ok(FetchMessage {
-            body: Some(Body::Chunk(c.into())),
+            body: Some(Body::Chunk(wire)),
         }))
         .await
         .map_err(|_| Status::cancelled("client went away"))?;
         s = e;
-        if s >= layer.end() {
+        if last {
             return Ok(());
         }
     }

@@ -102,3 +102,111 @@ fn a_prompt_prefilled_by_one_cloud_node_is_served_by_another() {
         assert_eq!(other.prefills(), 1);
     });
 }
+
+/// A shared tier anyone on the path (or another tenant of the Redis) may write: a signing
+/// cloud takes from it only what its deployment's key signed for that very prompt, and
+/// computes the rest itself. Whatever is stored, the node answers with the exact KV.
+#[test]
+fn hostile_redis_values_are_refused_and_recomputed() {
+    use edgeprompt_kv::{Codec, Seal, SealKey};
+    let (_redis, url) = redis();
+    let m = model();
+    let spec = |id: &str, system: &str| PromptSpec {
+        id: id.into(),
+        system: system.into(),
+        text: None,
+    };
+    let specs = [
+        spec("support", "You are the support assistant of Acme Rail."),
+        spec("other", "You are a terse Rust reviewer."),
+    ];
+    let key = || SealKey::from_seed([9; 32]);
+    let node = |ns: &str| {
+        let store = Arc::new(RedisStore::open(&url, ns).unwrap());
+        Arc::new(
+            CloudNode::new(m.clone(), &specs, 64 << 20)
+                .unwrap()
+                .with_shared(store)
+                .with_signing(key()),
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // The genuine KV of both prompts, each from a node of its own namespace.
+        let exact = node("genuine").warm("support").await.unwrap();
+        let other = node("genuine").warm("other").await.unwrap();
+        let address = edgeprompt_kv::content_address(&m.fingerprint, &exact.token_ids);
+        let store = RedisStore::open(&url, "hostile").unwrap();
+        let mut tampered = (*exact).clone();
+        let mut l = (*tampered.layers[3]).clone();
+        l.truncate(l.len() - 1);
+        tampered.layers[3] = Arc::new(l);
+        let seal = |p: &edgeprompt_engine::PrefixKv, id: &str, k: &SealKey| {
+            Seal::sign(k, id, p, Codec::F16, 0, false)
+        };
+        let raw = |bytes: Vec<u8>| {
+            let c = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = c.get_connection().unwrap();
+            redis::cmd("SET")
+                .arg(format!("hostile:kv:{address}"))
+                .arg(bytes)
+                .exec(&mut conn)
+                .unwrap();
+        };
+        let values: Vec<(&str, Box<dyn Fn()>)> = vec![
+            ("garbage", Box::new(|| raw(b"EPKV1\nnot a prefix".to_vec()))),
+            (
+                "a header length of 2^62",
+                Box::new(|| {
+                    let mut b = b"EPKV1\n".to_vec();
+                    b.extend((1u64 << 62).to_le_bytes());
+                    raw(b)
+                }),
+            ),
+            (
+                "unsigned",
+                Box::new(|| store.put(&address, &exact, None).unwrap()),
+            ),
+            (
+                "tampered under a stale seal",
+                Box::new(|| {
+                    store
+                        .put(&address, &tampered, Some(&seal(&exact, "support", &key())))
+                        .unwrap()
+                }),
+            ),
+            (
+                "another prompt's signed KV",
+                Box::new(|| {
+                    store
+                        .put(&address, &other, Some(&seal(&other, "other", &key())))
+                        .unwrap()
+                }),
+            ),
+            (
+                "signed by another key",
+                Box::new(|| {
+                    let k = SealKey::from_seed([1; 32]);
+                    store
+                        .put(&address, &exact, Some(&seal(&exact, "support", &k)))
+                        .unwrap()
+                }),
+            ),
+        ];
+        for (what, put) in &values {
+            put();
+            let n = node("hostile");
+            let got = n.warm("support").await.unwrap();
+            assert_eq!(n.prefills(), 1, "{what}: not taken from Redis");
+            assert_eq!(got.token_ids, exact.token_ids, "{what}");
+            assert!(
+                got.layers.iter().zip(&exact.layers).all(|(a, b)| a == b),
+                "{what}"
+            );
+            // The node stored the genuine signed copy back: the next node takes it.
+            let next = node("hostile");
+            next.warm("support").await.unwrap();
+            assert_eq!(next.prefills(), 0, "{what}: the good copy was stored");
+        }
+    });
+}

@@ -3,7 +3,8 @@
 use std::time::Instant;
 
 use edgeprompt_engine::{LayerKv, Model};
-use edgeprompt_kv::{Chunk, Codec, Reassembler};
+use edgeprompt_kv::chunk::MAX_CHUNK_TOKENS;
+use edgeprompt_kv::{content_address, Chunk, Codec, Expect, Manifest, Reassembler, TrustKey};
 use edgeprompt_protocol::cloud_kv_client::CloudKvClient;
 use edgeprompt_protocol::{fetch_message::Body, FetchRequest, PromptRef};
 use tokio::sync::mpsc;
@@ -25,6 +26,8 @@ pub struct CloudHeader {
     /// CE-LSLM: a larger cloud model's KV mapped to this model's (false: this model's own,
     /// exact).
     pub mapped: bool,
+    /// What the cloud signs for each layer (the values are what `manifest.codec` decodes to).
+    pub manifest: Manifest,
 }
 
 /// One layer of cloud KV, complete and verified, with when it arrived and its wire size.
@@ -33,6 +36,9 @@ pub struct LayerArrival {
     pub kv: LayerKv,
     pub at: Instant,
     pub wire_bytes: usize,
+    /// The cloud's signature of the layer, if the stream carried one (checked when this
+    /// client holds the cloud's key).
+    pub seal: Option<[u8; 64]>,
 }
 
 /// How the edge reaches the cloud (or a peer): whom to trust for TLS, and the bearer token.
@@ -60,6 +66,27 @@ pub struct CloudClient {
     url: String,
     inner: CloudKvClient<Channel>,
     token: Option<String>,
+    /// The cloud's public key: with it, every layer must carry the cloud's valid signature.
+    trust: Option<TrustKey>,
+}
+
+/// Whether credentials may go to `url` unencrypted: only to this machine.
+pub fn plaintext_ok(url: &str) -> bool {
+    let Ok(uri) = url.parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    if uri.scheme_str() == Some("https") {
+        return true;
+    }
+    match uri.host() {
+        Some("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
 }
 
 impl CloudClient {
@@ -72,6 +99,12 @@ impl CloudClient {
             url: url.to_string(),
             msg: e,
         };
+        let tls = sec.ca_pem.is_some() && url.starts_with("https://");
+        if sec.token.is_some() && !tls && !plaintext_ok(url) {
+            return Err(EdgeError::Config(format!(
+                "refusing to send a bearer token to {url} unencrypted: use https:// with a CA (only loopback may go plain)"
+            )));
+        }
         // A cloud that does not answer a connection in 5 s counts as down (the edge then
         // computes the prompt itself) rather than holding the request.
         let mut ep = Channel::from_shared(url.to_string())
@@ -87,9 +120,16 @@ impl CloudClient {
         let ch = ep.connect().await.map_err(|e| err(format!("{e:?}")))?;
         Ok(Self {
             url: url.to_string(),
-            inner: CloudKvClient::new(ch).max_decoding_message_size(64 << 20),
+            inner: CloudKvClient::new(ch),
             token: sec.token.clone(),
+            trust: None,
         })
+    }
+
+    /// Take only KV that `key` signed, layer by layer.
+    pub fn trusting(mut self, key: Option<TrustKey>) -> Self {
+        self.trust = key;
+        self
     }
 
     pub fn url(&self) -> &str {
@@ -119,6 +159,7 @@ impl CloudClient {
         zstd: bool,
         first_layer: usize,
     ) -> Result<(CloudHeader, mpsc::Receiver<Result<LayerArrival>>)> {
+        let asked = prompt.clone();
         let req = FetchRequest {
             prompt: Some(prompt),
             model_fingerprint: model.fingerprint.clone(),
@@ -133,7 +174,16 @@ impl CloudClient {
                 .map_err(|_| EdgeError::Refused("the token is not a valid header value".into()))?;
             req.metadata_mut().insert("authorization", v);
         }
-        let mut stream = self.inner.fetch(req).await.map_err(refused)?.into_inner();
+        // No message may be larger than the largest a valid stream for this model holds: a
+        // header of a context's worth of ids, or one chunk of f16.
+        let cfg = &model.cfg;
+        let most = (cfg.context_length * 5).max(Codec::F16.chunk_bytes(
+            cfg.n_kv_head,
+            cfg.head_dim,
+            MAX_CHUNK_TOKENS,
+        )) + (64 << 10);
+        let mut inner = self.inner.clone().max_decoding_message_size(most);
+        let mut stream = inner.fetch(req).await.map_err(refused)?.into_inner();
         let first = stream
             .message()
             .await
@@ -143,7 +193,6 @@ impl CloudClient {
             Some(Body::Header(h)) => h,
             _ => return Err(EdgeError::Stream("first message is not a header".into())),
         };
-        let cfg = &model.cfg;
         if h.model_fingerprint != model.fingerprint
             || h.n_layers as usize != cfg.n_layer
             || h.n_kv_head as usize != cfg.n_kv_head
@@ -155,6 +204,28 @@ impl CloudClient {
                 h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
             )));
         }
+        Expect::of(cfg)
+            .check_ids(&h.token_ids)
+            .map_err(|e| EdgeError::Stream(format!("header: {e}")))?;
+        // It must be the prompt asked for: by address, the one its ids hash to; by id, that id.
+        let address = content_address(&h.model_fingerprint, &h.token_ids);
+        let asked = match &asked {
+            PromptRef::ContentAddress(a) => hex::encode(a) == address,
+            PromptRef::Id(id) => *id == h.prompt_id,
+        };
+        if !asked || hex::encode(&h.content_address) != address {
+            return Err(EdgeError::Stream(format!(
+                "the header names another prompt than the one asked for ({:?}, address {})",
+                h.prompt_id,
+                &address[..12]
+            )));
+        }
+        let values_codec = match h.values_codec.as_str() {
+            "" => &h.codec,
+            c => c,
+        };
+        let values_codec = Codec::parse(values_codec)
+            .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
         // A cut must leave every position a private token can see: no later than the window.
         let n = h.token_ids.len();
         let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
@@ -169,16 +240,29 @@ impl CloudClient {
                 "header cuts layers past their windows: starts {starts:?} for {n} tokens"
             )));
         }
+        let manifest = Manifest {
+            prompt_id: h.prompt_id.clone(),
+            fingerprint: h.model_fingerprint.clone(),
+            address: address.clone(),
+            n_layers: cfg.n_layer,
+            n_kv_head: cfg.n_kv_head,
+            head_dim: cfg.head_dim,
+            first_layer,
+            codec: values_codec,
+            mapped: h.mapped,
+        };
         let header = CloudHeader {
             prompt_id: h.prompt_id,
             token_ids: h.token_ids,
             n_layers: cfg.n_layer,
             first_layer,
             codec: h.codec,
-            content_address: hex::encode(&h.content_address),
+            content_address: address,
             layer_starts: starts,
             mapped: h.mapped,
+            manifest: manifest.clone(),
         };
+        let trust = self.trust;
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
         let mut re = Reassembler::new(
             cfg.n_layer,
@@ -227,9 +311,23 @@ impl CloudClient {
                     }
                 };
                 bytes += chunk.payload.len();
+                let sig = <[u8; 64]>::try_from(chunk.layer_seal.as_slice()).ok();
                 let result = Chunk::try_from(chunk)
                     .map_err(EdgeError::Stream)
-                    .and_then(|c| re.push(&c).map_err(EdgeError::from));
+                    .and_then(|c| re.push(&c).map_err(EdgeError::from))
+                    .and_then(|done| match (done, trust) {
+                        // A layer is checked the moment it is complete, before anyone uses it.
+                        (Some((l, kv)), Some(key)) => {
+                            let sig = sig.ok_or_else(|| {
+                                EdgeError::Stream(format!(
+                                    "layer {l} is unsigned; this edge takes only KV its cloud signed"
+                                ))
+                            })?;
+                            key.verify_layer(&manifest, l, &kv, &sig)?;
+                            Ok(Some((l, kv)))
+                        }
+                        (done, _) => Ok(done),
+                    });
                 match result {
                     Ok(Some((layer, kv))) => {
                         let a = LayerArrival {
@@ -237,6 +335,7 @@ impl CloudClient {
                             kv,
                             at: Instant::now(),
                             wire_bytes: std::mem::take(&mut bytes),
+                            seal: sig,
                         };
                         if tx.send(Ok(a)).await.is_err() {
                             return;

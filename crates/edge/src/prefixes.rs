@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
-use edgeprompt_kv::{content_address, Codec, DiskStore};
+use edgeprompt_kv::{content_address, Codec, DiskStore, Expect, Seal, TrustKey};
 use edgeprompt_protocol::PromptRef;
+use lru::LruCache;
 use tokio::sync::OnceCell;
 
 use crate::layer_stream::{LayerStream, PromptKv};
@@ -25,6 +26,11 @@ type Slot = tokio::sync::watch::Sender<Option<Arc<LayerStream>>>;
 
 /// Longest wait for the cloud's next layer before the fetch counts as failed.
 const LAYER_STALL: Duration = Duration::from_secs(30);
+
+/// How long a cloud prompt id the cloud did not know is answered as unknown without asking
+/// again, and how many such ids are remembered.
+const UNKNOWN_ID_TTL: Duration = Duration::from_secs(5);
+const UNKNOWN_IDS_KEPT: usize = 1024;
 
 /// What to do with a system message no cloud prompt matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +52,17 @@ pub struct PrefixConfig {
     pub disk_dir: Option<PathBuf>,
     /// gRPC URLs of peer edges asked (by content address) before the cloud.
     pub peers: Vec<String>,
-    /// TLS trust and bearer token for the cloud and peers.
+    /// TLS trust and bearer token for the cloud.
     pub security: ClientSecurity,
+    /// TLS trust and the peer token for peers (never the cloud's token).
+    pub peer_security: ClientSecurity,
+    /// The cloud's public key: with it, KV from the cloud, a peer or the disk is used only if
+    /// the cloud signed every layer of it.
+    pub trust: Option<TrustKey>,
+    /// Bytes the disk tier may hold (least recently used files go first).
+    pub disk_max_bytes: u64,
+    /// System prompts computed here at once (beyond it: busy, retry later).
+    pub max_local_prefills: usize,
     /// CE-LSLM: the first layer taken from the cloud (a larger model's KV mapped to this
     /// model's by the cloud's adapters); the layers below it are computed here. 0: all layers
     /// from the cloud, exact.
@@ -58,6 +73,27 @@ pub struct PrefixConfig {
     /// `--cloud-layers-from auto`: the CE-LSLM split per fetch from the measured link, the
     /// engine's per-layer compute and a quality floor (overrides `cloud_layers_from`).
     pub auto_split: Option<Arc<crate::split_choice::AutoSplit>>,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        Self {
+            cloud_url: None,
+            codec: Codec::F16,
+            unknown_system: UnknownSystem::ComputeLocally,
+            cache_bytes: 1 << 30,
+            disk_dir: None,
+            peers: Vec::new(),
+            security: ClientSecurity::default(),
+            peer_security: ClientSecurity::default(),
+            trust: None,
+            disk_max_bytes: u64::MAX,
+            max_local_prefills: 4,
+            cloud_layers_from: 0,
+            auto_codec: None,
+            auto_split: None,
+        }
+    }
 }
 
 /// Where a prompt's KV came from.
@@ -98,10 +134,17 @@ pub enum LookupError {
     Failed(String),
     #[error("disk tier: {0}")]
     Disk(#[from] edgeprompt_kv::KvError),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    TooLong(String),
 }
 
 struct Entry {
     cell: Arc<OnceCell<Arc<PrefixKv>>>,
+    /// The cloud's signatures of the prefix, when it came signed (served on to peers and kept
+    /// on disk with it).
+    seal: Option<Arc<Seal>>,
     last_used: u64,
 }
 
@@ -120,6 +163,10 @@ pub struct Prefixes {
     writes: Arc<AtomicUsize>,
     /// The last cloud probe: when, and whether it answered.
     probe: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// Cloud prompt ids the cloud said it does not know, and when.
+    unknown_ids: Mutex<LruCache<String, Instant>>,
+    /// Prompt bytes being computed here now (bounded by the memory budget) and how many.
+    local: Mutex<(usize, usize)>,
 }
 
 impl Prefixes {
@@ -129,7 +176,7 @@ impl Prefixes {
         metrics: Arc<Metrics>,
     ) -> Result<Self, LookupError> {
         let disk = match &cfg.disk_dir {
-            Some(d) => Some(Arc::new(DiskStore::open(d)?)),
+            Some(d) => Some(Arc::new(DiskStore::open_bounded(d, cfg.disk_max_bytes)?)),
             None => None,
         };
         Ok(Self {
@@ -143,6 +190,10 @@ impl Prefixes {
             clock: AtomicU64::new(0),
             writes: Arc::new(AtomicUsize::new(0)),
             probe: tokio::sync::Mutex::new(None),
+            unknown_ids: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(UNKNOWN_IDS_KEPT).expect("nonzero"),
+            )),
+            local: Mutex::new((0, 0)),
         })
     }
 
@@ -198,17 +249,24 @@ impl Prefixes {
         &self.model
     }
 
-    /// A prompt this edge holds (memory or disk), for peers; never asks anyone else.
-    pub async fn cached(&self, address: &str) -> Option<Arc<PrefixKv>> {
-        let in_memory = self
-            .entries
-            .lock()
-            .ok()
-            .and_then(|e| e.get(address).and_then(|x| x.cell.get().cloned()));
+    /// A prompt this edge holds (memory or disk) with the cloud's signatures if it has them,
+    /// for peers; never asks anyone else.
+    pub async fn cached(&self, address: &str) -> Option<(Arc<PrefixKv>, Option<Arc<Seal>>)> {
+        let in_memory = self.entries.lock().ok().and_then(|e| {
+            e.get(address)
+                .and_then(|x| x.cell.get().map(|p| (p.clone(), x.seal.clone())))
+        });
         if in_memory.is_some() {
             return in_memory;
         }
-        self.read_disk(address).await.map(Arc::new)
+        self.read_disk(address)
+            .await
+            .map(|(p, s)| (Arc::new(p), s.map(Arc::new)))
+    }
+
+    /// Whether this edge checks the cloud's signature on everything it takes.
+    pub fn verifies(&self) -> bool {
+        self.cfg.trust.is_some()
     }
 
     /// Where this edge keeps a prompt's KV: its content address, marked when the deep layers
@@ -262,8 +320,22 @@ impl Prefixes {
         self.lookup(&key, prompt, Some(ids), None).await
     }
 
+    /// An id the cloud said, moments ago, it does not know.
+    fn known_unknown(&self, id: &str) -> Result<(), LookupError> {
+        let mut m = self.unknown_ids.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(id) {
+            Some(at) if at.elapsed() < UNKNOWN_ID_TTL => Err(LookupError::UnknownId(id.into())),
+            Some(_) => {
+                m.pop(id);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The KV of a cloud prompt named by its id.
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
+        self.known_unknown(id)?;
         let key = self.id_key(id)?;
         self.lookup(&key, PromptRef::Id(id.into()), None, None)
             .await
@@ -281,6 +353,7 @@ impl Prefixes {
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
+        self.known_unknown(id)?;
         let key = self.id_key(id)?;
         self.resolve(key, PromptRef::Id(id.into()), None).await
     }
@@ -354,17 +427,43 @@ impl Prefixes {
             PromptRef::ContentAddress(_) => None,
         };
         let mut source = Source::Memory;
+        let mut seal = None;
         let address = (!key.starts_with("id:")).then(|| key.to_string());
-        let prefix = cell
+        let got = cell
             .get_or_try_init(|| async {
-                let (p, s) = self
+                let (p, s, sealed) = self
                     .fetch_or_compute(prompt, address.as_deref(), ids, slot)
                     .await?;
                 source = s;
+                seal = sealed.map(Arc::new);
                 Ok::<_, LookupError>(Arc::new(p))
             })
-            .await?
-            .clone();
+            .await;
+        let prefix = match got {
+            Ok(p) => p.clone(),
+            Err(e) => {
+                // A failed lookup leaves nothing behind but, for an id the cloud does not
+                // know, a short-lived note of it.
+                if let Ok(mut m) = self.entries.lock() {
+                    if m.get(key).is_some_and(|x| x.cell.get().is_none()) {
+                        m.remove(key);
+                    }
+                }
+                if let (LookupError::UnknownId(_), Some(id)) = (&e, &id) {
+                    if let Ok(mut m) = self.unknown_ids.lock() {
+                        m.put(id.clone(), Instant::now());
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if seal.is_some() {
+            if let Ok(mut m) = self.entries.lock() {
+                if let Some(x) = m.get_mut(key) {
+                    x.seal = seal.clone();
+                }
+            }
+        }
         self.metrics.lookup(source.name());
         if source != Source::Memory {
             tracing::info!(
@@ -376,7 +475,7 @@ impl Prefixes {
             // cloud again for the mix its peers serve.
             let exact_fallback = source == Source::Local && self.lslm();
             if matches!(source, Source::Peer | Source::Cloud | Source::Local) && !exact_fallback {
-                self.write_disk(&prefix);
+                self.write_disk(&prefix, seal.clone());
             }
             // Kept under its address: a prompt named by id, or one fetched before the cloud
             // showed its KV is exact, moves there.
@@ -398,29 +497,53 @@ impl Prefixes {
         Ok(Resolved { prefix, source })
     }
 
-    async fn read_disk(&self, address: &str) -> Option<PrefixKv> {
+    /// A prompt from the disk tier, only if it is the one `key` names (its ids hash to the
+    /// address), fits this model, and, with the cloud's key, carries its signature on every
+    /// layer. Anything else is ignored (and fetched again), never used.
+    async fn read_disk(&self, key: &str) -> Option<(PrefixKv, Option<Seal>)> {
         let disk = self.disk.clone()?;
-        let key = address.to_string();
-        let got = tokio::task::spawn_blocking(move || disk.get(&key))
+        let k = key.to_string();
+        let expect = Expect::of(&self.model.cfg);
+        let got = tokio::task::spawn_blocking(move || disk.get(&k, &expect))
             .await
             .ok()?;
-        match got {
-            Ok(Some(p))
-                if p.check_fits(&self.model.cfg, &self.model.fingerprint)
-                    .is_ok() =>
-            {
-                Some(p)
-            }
-            Ok(_) => None,
+        let (p, seal) = match got {
+            Ok(Some(x)) => x,
+            Ok(None) => return None,
             Err(e) => {
                 tracing::warn!("disk tier: {e}; ignoring the entry");
-                None
+                return None;
+            }
+        };
+        let address = key.split('-').next().unwrap_or(key);
+        let refuse = |why: String| {
+            tracing::warn!("disk tier: {key} refused: {why}; fetching it again");
+            None
+        };
+        if let Err(e) = p.check_fits(&self.model.cfg, &self.model.fingerprint) {
+            return refuse(e.to_string());
+        }
+        if content_address(&p.fingerprint, &p.token_ids) != address {
+            return refuse("its token ids are not the prompt the file is named for".into());
+        }
+        if let Some(trust) = &self.cfg.trust {
+            match &seal {
+                None => return refuse("unsigned, and this edge takes only signed KV".into()),
+                Some(s) if s.first_layer > 0 => {
+                    return refuse(format!("layers below {} are unsigned", s.first_layer))
+                }
+                Some(s) => {
+                    if let Err(e) = s.verify(trust, &p) {
+                        return refuse(e.to_string());
+                    }
+                }
             }
         }
+        Some((p, seal))
     }
 
     /// Keep a copy on disk (in the background; a failure only costs the next restart a fetch).
-    fn write_disk(&self, prefix: &Arc<PrefixKv>) {
+    fn write_disk(&self, prefix: &Arc<PrefixKv>, seal: Option<Arc<Seal>>) {
         let Some(disk) = self.disk.clone() else {
             return;
         };
@@ -430,7 +553,7 @@ impl Prefixes {
         writes.fetch_add(1, Ordering::AcqRel);
         let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = disk.put(&key, &prefix) {
+            if let Err(e) = disk.put(&key, &prefix, seal.as_deref()) {
                 metrics.disk_write_errors.inc();
                 tracing::warn!("disk tier: could not store {key}: {e}");
             }
@@ -446,6 +569,7 @@ impl Prefixes {
         };
         let entry = e.entry(key.to_string()).or_insert_with(|| Entry {
             cell: Arc::new(OnceCell::new()),
+            seal: None,
             last_used: now,
         });
         entry.last_used = now;
@@ -479,10 +603,10 @@ impl Prefixes {
         address: Option<&str>,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
-    ) -> Result<(PrefixKv, Source), LookupError> {
+    ) -> Result<(PrefixKv, Source, Option<Seal>), LookupError> {
         if let Some(a) = address {
-            if let Some(p) = self.read_disk(a).await {
-                return Ok((p, Source::Disk));
+            if let Some((p, seal)) = self.read_disk(a).await {
+                return Ok((p, Source::Disk, seal));
             }
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
             // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
@@ -492,7 +616,7 @@ impl Prefixes {
             };
             for peer in peers {
                 match self.fetch(peer, by_address.clone(), ids, None, 0).await {
-                    Ok(p) => return Ok((p, Source::Peer)),
+                    Ok((p, seal)) => return Ok((p, Source::Peer, seal)),
                     Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
                 }
             }
@@ -501,7 +625,7 @@ impl Prefixes {
         let fetched = match (&self.cfg.cloud_url, ids) {
             // The planner computes every layer here: the cloud has nothing to add.
             (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
-                return Ok((self.compute(ids).await?, Source::Local));
+                return Ok((self.compute(ids).await?, Source::Local, None));
             }
             (Some(url), _) => {
                 let first = first.min(self.model.cfg.n_layer - 1);
@@ -514,7 +638,7 @@ impl Prefixes {
         let ids = ids.or(streamed.as_deref());
         let by_id = |id: &str| LookupError::UnknownId(id.to_string());
         match (fetched, ids, &prompt) {
-            (Some(Ok(p)), _, _) => Ok((p, Source::Cloud)),
+            (Some(Ok((p, seal))), _, _) => Ok((p, Source::Cloud, seal)),
             (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
             (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
             (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
@@ -530,7 +654,7 @@ impl Prefixes {
                         tracing::warn!("cloud unavailable ({e}); computing the prompt here");
                     }
                 }
-                Ok((self.compute(ids).await?, Source::Local))
+                Ok((self.compute(ids).await?, Source::Local, None))
             }
             (None, None, PromptRef::ContentAddress(_)) => {
                 Err(LookupError::Failed("no cloud configured".into()))
@@ -545,9 +669,12 @@ impl Prefixes {
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
         first: usize,
-    ) -> Result<PrefixKv, EdgeError> {
-        let auto = self.cfg.auto_codec.as_ref();
+    ) -> Result<(PrefixKv, Option<Seal>), EdgeError> {
+        let to_cloud = self.cfg.cloud_url.as_deref() == Some(url);
+        let auto = self.cfg.auto_codec.as_ref().filter(|_| to_cloud);
         let codec = match auto {
+            // A peer relays what it holds, as f16.
+            _ if !to_cloud => Codec::F16,
             Some(a) => {
                 let c = a.choose(ids.map(<[u32]>::len), self.model.cfg.kv_bytes_per_token());
                 tracing::info!(codec = c.codec.name(), "codec auto: {}", c.reason);
@@ -562,10 +689,28 @@ impl Prefixes {
             None => self.cfg.codec,
         };
         let asked = Instant::now();
-        let mut client = CloudClient::connect_with(url, &self.cfg.security).await?;
+        // The cloud's token goes to the cloud only; peers get the peer token.
+        let security = match to_cloud {
+            true => &self.cfg.security,
+            false => &self.cfg.peer_security,
+        };
+        let mut client = CloudClient::connect_with(url, security)
+            .await?
+            .trusting(self.cfg.trust);
         let (header, mut rx) = client
             .fetch_from(&self.model, prompt, &[codec], false, first)
             .await?;
+        // What a peer holds must be values of a codec this edge would have asked the cloud for.
+        let codec_ok = |c: Codec| match &self.cfg.auto_codec {
+            Some(a) => c == Codec::F16 || a.allowed().iter().any(|q| q.codec == c),
+            None => c == Codec::F16 || c == self.cfg.codec,
+        };
+        if !to_cloud && !codec_ok(header.manifest.codec) {
+            return Err(EdgeError::Stream(format!(
+                "the peer holds KV decoded from {}, which this edge does not take",
+                header.manifest.codec.name()
+            )));
+        }
         let header_at = Instant::now();
         // The link is timed from the first layer's arrival to the last's, over the bytes
         // after the first: the header shares its first packets (or a shaper's first buffer)
@@ -603,6 +748,7 @@ impl Prefixes {
         let shallow =
             tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first, to.as_deref()));
         let mut deep = Vec::with_capacity(header.n_layers);
+        let mut signatures = Vec::with_capacity(header.n_layers);
         for _ in first..header.n_layers {
             // A cloud that stalls mid-stream counts as down (the caller falls back), rather
             // than holding every request on this prompt.
@@ -620,7 +766,19 @@ impl Prefixes {
                 s.put(a.layer, kv.clone(), a.wire_bytes);
             }
             deep.push(kv);
+            signatures.push(a.seal);
         }
+        // Kept (and relayed) when every layer streamed was signed.
+        let seal = signatures
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .map(|signatures| Seal {
+                prompt_id: header.manifest.prompt_id.clone(),
+                codec: header.manifest.codec,
+                first_layer: first,
+                mapped: header.mapped,
+                signatures,
+            });
         let (bytes, secs) = wire.map_or((0, 0.0), |(first, bytes, last)| {
             (bytes, last.saturating_duration_since(first).as_secs_f64())
         });
@@ -641,15 +799,51 @@ impl Prefixes {
             .map_err(|e| EdgeError::Stream(e.to_string()))?;
         layers.extend(deep);
         // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
-        Ok(PrefixKv {
+        let prefix = PrefixKv {
             fingerprint: self.model.fingerprint.clone(),
             token_ids: header.token_ids,
             layers,
         }
-        .window_cut(&self.model.cfg))
+        .window_cut(&self.model.cfg);
+        Ok((prefix, seal))
     }
 
+    /// Prefill a prompt here: at most `max_local_prefills` at once, and no more prompt bytes
+    /// at once than the memory budget holds (a flood of new system prompts is refused, not
+    /// queued without bound).
     async fn compute(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
+        let bytes = ids.len() * self.model.cfg.kv_bytes_per_token();
+        if bytes > self.cfg.cache_bytes {
+            return Err(LookupError::TooLong(format!(
+                "the system prompt's KV ({} MB for {} tokens) is larger than this edge's prompt cache ({} MB)",
+                bytes >> 20,
+                ids.len(),
+                self.cfg.cache_bytes >> 20
+            )));
+        }
+        {
+            let mut l = self.local.lock().unwrap_or_else(|p| p.into_inner());
+            if l.1 >= self.cfg.max_local_prefills.max(1) || l.0 + bytes > self.cfg.cache_bytes {
+                return Err(LookupError::Busy(format!(
+                    "{} system prompts are being computed on this edge; retry later",
+                    l.1
+                )));
+            }
+            *l = (l.0 + bytes, l.1 + 1);
+        }
+        // Given back however this ends, a dropped request included.
+        struct Held<'a>(&'a Mutex<(usize, usize)>, usize);
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                let mut l = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                *l = (l.0 - self.1, l.1 - 1);
+            }
+        }
+        let _held = Held(&self.local, bytes);
+        self.compute_now(ids).await
+    }
+
+    async fn compute_now(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
         let (model, ids) = (self.model.clone(), ids.to_vec());
         tokio::task::spawn_blocking(move || {
             let mut seq = Sequence::new(&model);

@@ -7,7 +7,9 @@
 //! else is in the batch: batched answers equal answers computed alone, bit for bit.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +18,7 @@ use edgeprompt_engine::{
     logprobs, sample_each, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream,
     TokenLogprobs,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::layer_stream::LayerStream;
 use crate::metrics::Metrics;
@@ -104,6 +106,18 @@ pub struct Done {
 /// Why a request ended unfinished when the server stopped (`Event::Failed`).
 pub const STOPPED: &str = "the edge shut down before this answer was complete";
 
+/// Why a request in a step that panicked ended (`Event::Failed`). The panic's own message
+/// stays in the server's log: it may quote a prompt.
+pub const FAULT: &str = "an internal fault in the edge ended this request; retry it";
+
+/// How the reason starts once the scheduler has stopped for good (`Scheduler::dead`).
+pub const DEAD: &str = "the edge's scheduler stopped";
+
+/// This many panics within `FAULT_WINDOW` and the scheduler stops: a fault that keeps coming
+/// back is not contained, and an orchestrator should restart the process.
+pub const FAULTS_TO_DIE: usize = 3;
+pub const FAULT_WINDOW: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
     /// The request can never run here (HTTP 400).
@@ -115,6 +129,8 @@ pub enum Refusal {
     },
     /// The scheduler is gone.
     Stopped,
+    /// The scheduler stopped after faults it could not contain; the reason.
+    Dead(String),
 }
 
 /// KV bytes held by the running sequences, counted by walking their buffers: a prefix layer
@@ -332,6 +348,8 @@ pub struct Batcher {
     usage: Arc<Mutex<KvUsage>>,
     /// Set by `Scheduler::stop`: every request still here ends with this reason.
     stop: Arc<Mutex<Option<String>>>,
+    /// Tests only: the next step that runs the model panics.
+    inject: Arc<AtomicBool>,
 }
 
 impl Batcher {
@@ -345,7 +363,49 @@ impl Batcher {
             held: Arc::new(Held::default()),
             usage: Arc::new(Mutex::new(KvUsage::default())),
             stop: Arc::new(Mutex::new(None)),
+            inject: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// `step`, with a panic contained: the requests that were in the batch end with [`FAULT`]
+    /// (their KV reservations given back); the queue and the batcher stay usable. `Err` says
+    /// the step panicked.
+    fn step_contained(&mut self) -> Result<usize, ()> {
+        match catch_unwind(AssertUnwindSafe(|| self.step())) {
+            Ok(rows) => Ok(rows),
+            Err(payload) => {
+                let what = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                tracing::error!(
+                    requests = self.active.len(),
+                    "a scheduler step panicked: {what}; its requests end with an error"
+                );
+                // The batch's sequences may be half-written: drop them all.
+                self.usage.clear_poison();
+                self.stop.clear_poison();
+                self.fail_active(FAULT, "fault");
+                Err(())
+            }
+        }
+    }
+
+    /// End every running request with `why`, counted under `outcome`.
+    fn fail_active(&mut self, why: &str, outcome: &str) {
+        for r in self.active.drain(..) {
+            fail(r, why, outcome, &self.metrics);
+        }
+        self.publish();
+    }
+
+    /// End every running and queued request with `why`, counted under `outcome`.
+    fn fail_all(&mut self, why: &str, outcome: &str) {
+        for r in self.waiting.drain(..) {
+            fail(r, why, outcome, &self.metrics);
+        }
+        self.fail_active(why, outcome);
     }
 
     pub fn is_idle(&self) -> bool {
@@ -419,6 +479,9 @@ impl Batcher {
             .collect();
         let result = self.model.forward_scoring(&mut batch, &score);
         drop(batch);
+        if self.inject.swap(false, Ordering::AcqRel) {
+            panic!("injected fault: a test asked this step to panic");
+        }
         self.metrics.batch_rows.observe(rows as f64);
         let logits = match result {
             Ok(l) => l,
@@ -669,6 +732,15 @@ fn emit(
     false
 }
 
+/// End `r` unfinished with `why`, and its forks still waiting to start.
+fn fail(r: Running, why: &str, outcome: &str, metrics: &Metrics) {
+    let _ = r.job.events.send(Event::Failed(why.to_string()));
+    for (f, _) in &r.forks {
+        let _ = f.send(Event::Failed(why.to_string()));
+    }
+    metrics.finished(outcome);
+}
+
 fn finish(r: &mut Running, reason: &'static str, metrics: &Metrics) {
     let _ = r.job.events.send(Event::Done(Done {
         finish_reason: reason,
@@ -820,7 +892,84 @@ pub struct Scheduler {
     held: Arc<Held>,
     usage: Arc<Mutex<KvUsage>>,
     stop: Arc<Mutex<Option<String>>>,
+    inject: Arc<AtomicBool>,
+    /// Why the scheduler stopped for good, once it has.
+    dead: Arc<watch::Sender<Option<String>>>,
     tx: std_mpsc::Sender<Running>,
+}
+
+/// The scheduler thread's state. Dropped when the thread ends; after a panic outside a step
+/// it says the scheduler is dead and ends what it still holds.
+struct Worker {
+    batcher: Batcher,
+    rx: std_mpsc::Receiver<Running>,
+    dead: Arc<watch::Sender<Option<String>>>,
+    faults: VecDeque<Instant>,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        loop {
+            if self.batcher.is_idle() {
+                match self.rx.recv() {
+                    Ok(r) => self.batcher.waiting.push_back(r),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = self.rx.try_recv() {
+                self.batcher.waiting.push_back(r);
+            }
+            let Ok(rows) = self.batcher.step_contained() else {
+                let now = Instant::now();
+                self.faults
+                    .retain(|t| now.saturating_duration_since(*t) < FAULT_WINDOW);
+                self.faults.push_back(now);
+                if self.faults.len() >= FAULTS_TO_DIE {
+                    self.die(format!(
+                        "{DEAD}: {} internal faults within {} s; restart the edge",
+                        self.faults.len(),
+                        FAULT_WINDOW.as_secs()
+                    ));
+                    return;
+                }
+                continue;
+            };
+            // Waiting for a cloud layer and nothing else to run: nap, open to new jobs.
+            if rows == 0 && self.batcher.waits_for_layers() {
+                if let Ok(r) = self.rx.recv_timeout(Duration::from_millis(1)) {
+                    self.batcher.waiting.push_back(r);
+                }
+            }
+        }
+    }
+
+    /// Say why the scheduler is dead (the first reason stays), then end every request it holds.
+    fn die(&mut self, why: String) {
+        tracing::error!("{why}");
+        self.dead.send_if_modified(|d| {
+            let first = d.is_none();
+            if first {
+                *d = Some(why.clone());
+            }
+            first
+        });
+        let why = self.dead.borrow().clone().unwrap_or(why);
+        self.batcher.fail_all(&why, "fault");
+        while let Ok(r) = self.rx.try_recv() {
+            fail(r, &why, "fault", &self.batcher.metrics);
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Ending otherwise is dying (already said) or every handle gone (nobody to tell).
+        if std::thread::panicking() && self.dead.borrow().is_none() {
+            self.die(format!(
+                "{DEAD}: its thread panicked outside a step; restart the edge"
+            ));
+        }
+    }
 }
 
 impl Scheduler {
@@ -829,41 +978,58 @@ impl Scheduler {
         cfg: SchedulerConfig,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
-        let mut batcher = Batcher::new(model.clone(), cfg.clone(), metrics);
+        let batcher = Batcher::new(model.clone(), cfg.clone(), metrics);
         let (tx, rx) = std_mpsc::channel::<Running>();
-        let (held, usage, stop) = (
+        let (held, usage, stop, inject) = (
             batcher.held.clone(),
             batcher.usage.clone(),
             batcher.stop.clone(),
+            batcher.inject.clone(),
         );
+        let dead = Arc::new(watch::Sender::new(None));
+        let mut worker = Worker {
+            batcher,
+            rx,
+            dead: dead.clone(),
+            faults: VecDeque::new(),
+        };
         std::thread::Builder::new()
             .name("edgeprompt-scheduler".into())
-            .spawn(move || loop {
-                if batcher.is_idle() {
-                    match rx.recv() {
-                        Ok(r) => batcher.waiting.push_back(r),
-                        Err(_) => return,
-                    }
-                }
-                while let Ok(r) = rx.try_recv() {
-                    batcher.waiting.push_back(r);
-                }
-                let rows = batcher.step();
-                // Waiting for a cloud layer and nothing else to run: nap, open to new jobs.
-                if rows == 0 && batcher.waits_for_layers() {
-                    if let Ok(r) = rx.recv_timeout(Duration::from_millis(1)) {
-                        batcher.waiting.push_back(r);
-                    }
-                }
-            })?;
+            .spawn(move || worker.run())?;
         Ok(Self {
             model,
             cfg,
             held,
             usage,
             stop,
+            inject,
+            dead,
             tx,
         })
+    }
+
+    /// Tests only: make the next step that runs the model panic after its forward pass.
+    #[doc(hidden)]
+    pub fn inject_panic_next_step(&self) {
+        self.inject.store(true, Ordering::Release);
+    }
+
+    /// Why the scheduler stopped for good (it serves nothing more), or `None` while it runs.
+    pub fn dead(&self) -> Option<String> {
+        self.dead.borrow().clone()
+    }
+
+    /// Resolves with the reason once the scheduler is dead.
+    pub fn wait_dead(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut rx = self.dead.subscribe();
+        async move {
+            let got = rx.wait_for(Option::is_some).await.map(|d| d.clone());
+            match got {
+                Ok(d) => d.unwrap_or_default(),
+                // The sender lives as long as this scheduler: not reached while it does.
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 
     /// Admit a job (its KV reserved now) or refuse it with the reason.
@@ -873,6 +1039,9 @@ impl Scheduler {
 
     /// `submit`, with log-probabilities and further answers.
     pub fn submit_with(&self, job: Job, extras: Extras) -> Result<(), Refusal> {
+        if let Some(why) = self.dead() {
+            return Err(Refusal::Dead(why));
+        }
         if self.stop.lock().map_or(true, |s| s.is_some()) {
             return Err(Refusal::Stopped);
         }

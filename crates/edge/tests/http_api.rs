@@ -200,3 +200,100 @@ fn reference_logprobs(
     }
     serde_json::Value::Array(out)
 }
+
+/// `stop` is bounded as OpenAI bounds it (every sampled token scans the answer's tail for each
+/// stop sequence): at most 4, each 1-256 bytes; past that a 400 naming the limit, on both
+/// endpoints, before anything is computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sequences_are_limited() {
+    let m = model();
+    let cloud = start_cloud(m.clone()).await;
+    let base = start_server(
+        m,
+        &cloud,
+        1 << 30,
+        UnknownSystem::ComputeLocally,
+        ApiKeys::default(),
+    )
+    .await;
+    let addr: std::net::SocketAddr = base
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .parse()
+        .unwrap();
+    let chat = |stop: serde_json::Value, stream: bool| {
+        serde_json::json!({
+            "model": "smollm2", "max_tokens": 4, "temperature": 0, "stream": stream, "stop": stop,
+            "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": USER}]
+        })
+    };
+    let completion = |stop: serde_json::Value| serde_json::json!({"model": "smollm2", "max_tokens": 4, "prompt": ECHO_TEXT, "stop": stop});
+    let long = "x".repeat(257);
+    // 256 bytes in 128 two-byte characters: the limit counts bytes.
+    let widest = "é".repeat(128);
+    let refused = [
+        (
+            chat(serde_json::json!(["a", "b", "c", "d", "e"]), false),
+            "at most 4",
+        ),
+        (
+            chat(serde_json::json!(["a", "b", "c", "d", "e"]), true),
+            "at most 4",
+        ),
+        (
+            chat(serde_json::json!([long.clone()]), false),
+            "at most 256",
+        ),
+        (chat(serde_json::json!(long.clone()), false), "at most 256"),
+        (
+            chat(serde_json::json!(["a", ""]), false),
+            "must not be empty",
+        ),
+        (chat(serde_json::json!(""), false), "must not be empty"),
+        (
+            completion(serde_json::json!(["1", "2", "3", "4", "5"])),
+            "at most 4",
+        ),
+        (
+            completion(serde_json::json!(format!("{widest}x"))),
+            "at most 256",
+        ),
+    ];
+    for (body, why) in refused {
+        let path = if body.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, v) =
+            tokio::task::spawn_blocking(move || common::post_json(addr, path, &body.to_string()))
+                .await
+                .unwrap();
+        assert_eq!(status, 400, "{v}");
+        let e = &v["error"];
+        assert_eq!(e["type"], "invalid_request_error", "{v}");
+        assert_eq!(e["param"], "stop", "{v}");
+        let msg = e["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(why), "{why:?} not in {msg:?}");
+    }
+    let allowed = [
+        chat(
+            serde_json::json!([widest.clone(), "\n\n", "END", "x".repeat(256)]),
+            false,
+        ),
+        chat(serde_json::json!([]), false),
+        completion(serde_json::json!(widest)),
+    ];
+    for body in allowed {
+        let path = if body.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, v) =
+            tokio::task::spawn_blocking(move || common::post_json(addr, path, &body.to_string()))
+                .await
+                .unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+}

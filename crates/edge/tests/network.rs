@@ -109,7 +109,11 @@ async fn quantized_codecs_trade_bytes_for_agreement() {
     let user = "fn first(v: &Vec<i32>) -> i32 { v[0] } -- what is wrong here?";
     let n = 64;
     let (f16, f16_bytes) = over_network(&url, "coding", user, Codec::F16, true, n).await;
-    for (codec, max_ratio) in [(Codec::Int8, 0.55), (Codec::Int4, 0.32)] {
+    // f16 carries the cloud's KV exactly: the single node's answer.
+    assert_eq!(f16, in_process(CODING, user, n), "f16 over the network");
+    // Floors under what the codecs measure here (int8 63/64, int4 62/64), with room for a
+    // kernel change that moves a near-tie; a codec bug falls far below.
+    for (codec, max_ratio, min_agree) in [(Codec::Int8, 0.55, 0.92), (Codec::Int4, 0.32, 0.85)] {
         let (got, bytes) = over_network(&url, "coding", user, codec, true, n).await;
         let run = got.iter().zip(&f16).take_while(|(a, b)| a == b).count();
         // Teacher-forced: both follow the f16 tokens; count positions whose argmax agrees.
@@ -125,6 +129,12 @@ async fn quantized_codecs_trade_bytes_for_agreement() {
         assert!(
             ratio < max_ratio,
             "{} is not smaller: {ratio}",
+            codec.name()
+        );
+        let rate = agree as f64 / n as f64;
+        assert!(
+            rate >= min_agree,
+            "{}: next-token agreement {agree}/{n} is below {min_agree}",
             codec.name()
         );
     }

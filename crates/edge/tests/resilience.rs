@@ -40,6 +40,7 @@ fn prefixes(
         cloud_layers_from: 0,
         auto_codec: None,
         auto_split: None,
+        ..Default::default()
     };
     Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap()
 }
@@ -212,7 +213,7 @@ fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
         let peer = format!("http://{}", l.local_addr().unwrap());
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(PeerService::server(a.clone()))
+                .add_service(PeerService::server(a.clone(), Default::default()))
                 .serve_with_incoming(TcpListenerStream::new(l)),
         );
         let dead = TcpListener::bind("127.0.0.1:0")

@@ -165,7 +165,10 @@ async fn exact_split_on_a_slow_link(m: Arc<Model>, chars: usize, lslm_floor: usi
         let store = DiskStore::open(disk.path()).unwrap();
         let t = Instant::now();
         let kept = loop {
-            if let Some(p) = store.get(&address).unwrap() {
+            if let Some((p, _)) = store
+                .get(&address, &edgeprompt_kv::Expect::of(&m.cfg))
+                .unwrap()
+            {
                 break p;
             }
             assert!(

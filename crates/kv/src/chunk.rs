@@ -7,6 +7,10 @@ use half::f16;
 use crate::codec::{self, Codec};
 use crate::{KvError, Result};
 
+/// Most tokens one chunk may carry (senders use 256): a bound on what one chunk can make a
+/// receiver decode, whatever it claims.
+pub const MAX_CHUNK_TOKENS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chunk {
     pub layer: u32,
@@ -87,7 +91,8 @@ impl Chunk {
 /// Builds layers from chunks arriving layer-major (layer 0 tokens 0..n, then layer 1, ...).
 /// A layer may start past position 0 (a sliding-window layer cut to what a later token can
 /// see). A chunk that fails its checksum, comes out of order or does not fit is an error and
-/// is never used.
+/// is never used. Memory follows what arrives: a layer's buffers are reserved (fallibly) when
+/// its first chunk has passed its checks, never from a header's claims alone.
 pub struct Reassembler {
     n_layers: usize,
     n_tokens: usize,
@@ -111,8 +116,8 @@ impl Reassembler {
             head_dim,
             next_layer: 0,
             next_start: 0,
-            k: vec![Vec::with_capacity(n_tokens * head_dim); n_kv_head],
-            v: vec![Vec::with_capacity(n_tokens * head_dim); n_kv_head],
+            k: vec![Vec::new(); n_kv_head],
+            v: vec![Vec::new(); n_kv_head],
         }
     }
 
@@ -169,9 +174,9 @@ impl Reassembler {
                 start: c.start,
             });
         }
-        if c.end < c.start || c.end as usize > self.n_tokens {
+        if c.end < c.start || c.end as usize > self.n_tokens || c.n_tokens() > MAX_CHUNK_TOKENS {
             return Err(KvError::Shape(format!(
-                "tokens {}..{} in a segment of {}",
+                "tokens {}..{} in a segment of {} (at most {MAX_CHUNK_TOKENS} a chunk)",
                 c.start, c.end, self.n_tokens
             )));
         }
@@ -183,16 +188,21 @@ impl Reassembler {
             self.head_dim,
             c.n_tokens(),
         )?;
+        let first_of_layer = c.start as usize == self.starts[self.next_layer];
+        let rest = (self.n_tokens - self.starts[self.next_layer]) * self.head_dim;
         for (dst, src) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
+            if first_of_layer {
+                dst.try_reserve_exact(rest)
+                    .map_err(|e| KvError::Shape(format!("cannot hold the layer: {e}")))?;
+            }
             dst.extend_from_slice(&src);
         }
         self.next_start = c.end as usize;
         if self.next_start < self.n_tokens {
             return Ok(None);
         }
-        let fresh = || vec![Vec::with_capacity(self.n_tokens * self.head_dim); self.n_kv_head];
-        let k = std::mem::replace(&mut self.k, fresh());
-        let v = std::mem::replace(&mut self.v, fresh());
+        let k = std::mem::replace(&mut self.k, vec![Vec::new(); self.n_kv_head]);
+        let v = std::mem::replace(&mut self.v, vec![Vec::new(); self.n_kv_head]);
         let idx = self.next_layer;
         let layer = LayerKv::from_heads(self.head_dim, k, v)?.starting_at(self.starts[idx]);
         self.next_layer += 1;

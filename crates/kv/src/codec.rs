@@ -338,6 +338,12 @@ pub fn decode(
     head_dim: usize,
     n_tokens: usize,
 ) -> Result<(Vec<Vec<f16>>, Vec<Vec<f16>>)> {
+    // Bounded before anything is allocated: zstd below reserves `expect` bytes.
+    if n_tokens > crate::chunk::MAX_CHUNK_TOKENS || n_kv_head > 1024 || head_dim > 4096 {
+        return Err(KvError::Shape(format!(
+            "a chunk of {n_tokens} tokens x {n_kv_head} heads x {head_dim} is past the bounds"
+        )));
+    }
     let expect = codec.chunk_bytes(n_kv_head, head_dim, n_tokens);
     let raw;
     let bytes = if compressed {

@@ -5,13 +5,15 @@ pub mod address;
 pub mod chunk;
 pub mod codec;
 pub mod redis_store;
+pub mod seal;
 pub mod store;
 
 pub use address::content_address;
 pub use chunk::{Chunk, Reassembler};
 pub use codec::Codec;
 pub use redis_store::RedisStore;
-pub use store::{read_prefix, write_prefix, DiskStore, MemoryStore};
+pub use seal::{Manifest, Seal, SealKey, TrustKey};
+pub use store::{read_prefix, write_prefix, DiskStore, Expect, MemoryStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
@@ -30,6 +32,10 @@ pub enum KvError {
     Codec(String),
     #[error("store: {0}")]
     Store(String),
+    #[error("signature: {0}")]
+    Seal(String),
+    #[error("{0}")]
+    Bound(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]

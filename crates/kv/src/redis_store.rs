@@ -1,7 +1,8 @@
 //! The shared tier for several cloud nodes: prompt KV in Redis under its content address, in
 //! the same verified format as the disk tier.
 
-use crate::store::{read_prefix, write_prefix};
+use crate::seal::Seal;
+use crate::store::{read_prefix, write_prefix, Expect};
 use crate::{KvError, Result};
 use edgeprompt_engine::PrefixKv;
 
@@ -33,9 +34,9 @@ impl RedisStore {
             .map_err(|e| KvError::Store(format!("redis: {e}")))
     }
 
-    pub fn put(&self, address: &str, kv: &PrefixKv) -> Result<()> {
+    pub fn put(&self, address: &str, kv: &PrefixKv, seal: Option<&Seal>) -> Result<()> {
         let mut bytes = Vec::new();
-        write_prefix(&mut bytes, kv)?;
+        write_prefix(&mut bytes, kv, seal)?;
         redis::cmd("SET")
             .arg(self.key(address))
             .arg(bytes)
@@ -43,12 +44,31 @@ impl RedisStore {
             .map_err(|e| KvError::Store(format!("redis SET: {e}")))
     }
 
-    /// The stored prefix, verified; `None` if absent.
-    pub fn get(&self, address: &str) -> Result<Option<PrefixKv>> {
-        let bytes: Option<Vec<u8>> = redis::cmd("GET")
+    /// The stored prefix and its seal, checked against `expect`; `None` if absent. Whether the
+    /// seal is trusted is the caller's check.
+    pub fn get(&self, address: &str, expect: &Expect) -> Result<Option<(PrefixKv, Option<Seal>)>> {
+        // Read at most what a valid value of this shape can be, whatever is stored.
+        let most = expect.max_tokens as u64
+            * expect.n_layers as u64
+            * crate::Codec::F16.row_bytes(expect.head_dim) as u64
+            * expect.n_kv_head as u64
+            * 2
+            + (expect.max_tokens as u64 + expect.n_layers as u64) * 64
+            + (1 << 20);
+        let bytes: Option<Vec<u8>> = redis::cmd("GETRANGE")
             .arg(self.key(address))
+            .arg(0)
+            .arg(most)
             .query(&mut self.conn()?)
             .map_err(|e| KvError::Store(format!("redis GET: {e}")))?;
-        bytes.map(|b| read_prefix(&mut &b[..])).transpose()
+        match bytes {
+            // GETRANGE answers "" for a missing key.
+            None => Ok(None),
+            Some(b) if b.is_empty() => Ok(None),
+            Some(b) if b.len() as u64 > most => Err(KvError::Store(format!(
+                "redis value over {most} bytes, more than a prompt of this model can be"
+            ))),
+            Some(b) => read_prefix(&mut &b[..], expect).map(Some),
+        }
     }
 }

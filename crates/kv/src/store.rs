@@ -9,9 +9,53 @@ use edgeprompt_engine::PrefixKv;
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 
-use crate::chunk::{Chunk, Reassembler};
+use crate::chunk::{Chunk, Reassembler, MAX_CHUNK_TOKENS};
 use crate::codec::Codec;
+use crate::seal::{Seal, SIGNATURE_BYTES};
 use crate::{KvError, Result};
+
+/// What a stored prefix must be to be read at all: the reader's model's shape and limits,
+/// checked on the header before anything the header claims is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    pub n_layers: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Most prompt tokens (the model's context).
+    pub max_tokens: usize,
+    /// Token ids must be below it.
+    pub vocab_size: usize,
+}
+
+impl Expect {
+    pub fn of(cfg: &edgeprompt_engine::config::ModelConfig) -> Self {
+        Self {
+            n_layers: cfg.n_layer,
+            n_kv_head: cfg.n_kv_head,
+            head_dim: cfg.head_dim,
+            max_tokens: cfg.context_length,
+            vocab_size: cfg.vocab_size,
+        }
+    }
+
+    /// Whether a prompt's token ids fit: at most the context, each in the vocabulary.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if ids.len() > self.max_tokens {
+            return Err(KvError::Bound(format!(
+                "{} tokens, more than the model's context of {}",
+                ids.len(),
+                self.max_tokens
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(KvError::Bound(format!(
+                "token id {bad} is past the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// In-memory LRU bounded by the KV bytes it holds.
 pub struct MemoryStore {
@@ -76,6 +120,53 @@ struct Header {
     /// files written before the cut: every layer from 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     layer_starts: Vec<usize>,
+    /// The cloud's signatures (absent: unsigned, e.g. computed at the edge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seal: Option<StoredSeal>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSeal {
+    prompt_id: String,
+    codec: String,
+    first_layer: usize,
+    mapped: bool,
+    /// Hex, one per layer from `first_layer` on.
+    signatures: Vec<String>,
+}
+
+impl StoredSeal {
+    fn of(s: &Seal) -> Self {
+        Self {
+            prompt_id: s.prompt_id.clone(),
+            codec: s.codec.name().into(),
+            first_layer: s.first_layer,
+            mapped: s.mapped,
+            signatures: s.signatures.iter().map(hex::encode).collect(),
+        }
+    }
+
+    fn seal(&self, n_layers: usize) -> Result<Seal> {
+        let bad = |what: &str| KvError::Store(format!("stored seal: {what}"));
+        if self.signatures.len() > n_layers || self.prompt_id.len() > 64 {
+            return Err(bad("more signatures than layers"));
+        }
+        let signatures = self
+            .signatures
+            .iter()
+            .map(|h| {
+                let b = hex::decode(h).map_err(|_| bad("signature is not hex"))?;
+                <[u8; SIGNATURE_BYTES]>::try_from(b).map_err(|_| bad("signature length"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Seal {
+            prompt_id: self.prompt_id.clone(),
+            codec: Codec::parse(&self.codec).ok_or_else(|| bad("unknown codec"))?,
+            first_layer: self.first_layer,
+            mapped: self.mapped,
+            signatures,
+        })
+    }
 }
 
 const MAGIC: &[u8; 6] = b"EPKV1\n";
@@ -83,17 +174,71 @@ const MAGIC: &[u8; 6] = b"EPKV1\n";
 const CHUNK_TOKENS: usize = 256;
 
 /// One file per prefix under a directory; written to a temporary file and renamed, so a
-/// crash leaves either the old file or the new one, never half of one.
+/// crash leaves either the old file or the new one, never half of one. Bounded in bytes: past
+/// the bound the least recently used files go (a read marks a file used).
 pub struct DiskStore {
     dir: PathBuf,
+    max_bytes: u64,
+    /// Held while a write and its eviction run, so two writers do not both evict.
+    evicting: Mutex<()>,
 }
 
 impl DiskStore {
+    /// A store without a byte bound.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::open_bounded(dir, u64::MAX)
+    }
+
+    /// A store holding at most `max_bytes` of prefixes (older files beyond it are evicted at
+    /// the next write).
+    pub fn open_bounded(dir: impl AsRef<Path>, max_bytes: u64) -> Result<Self> {
         std::fs::create_dir_all(dir.as_ref())?;
         Ok(Self {
             dir: dir.as_ref().to_path_buf(),
+            max_bytes,
+            evicting: Mutex::new(()),
         })
+    }
+
+    /// Bytes of the prefixes stored.
+    pub fn bytes(&self) -> u64 {
+        self.files().iter().map(|f| f.1).sum()
+    }
+
+    /// The stored files: path, size, last use.
+    fn files(&self) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| {
+            let e = e.ok()?;
+            let p = e.path();
+            if p.extension()? != "kv" {
+                return None;
+            }
+            let m = e.metadata().ok()?;
+            Some((p, m.len(), m.modified().ok()?))
+        })
+        .collect()
+    }
+
+    /// Remove least recently used files until the store is within its bound, never `keep`.
+    fn evict(&self, keep: &Path) {
+        if self.max_bytes == u64::MAX {
+            return;
+        }
+        let mut files = self.files();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        files.sort_by_key(|f| f.2);
+        for (p, len, _) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if p != keep && std::fs::remove_file(&p).is_ok() {
+                tracing::info!("disk tier: evicted {} ({len} bytes)", p.display());
+                total -= len;
+            }
+        }
     }
 
     fn path(&self, key: &str) -> Result<PathBuf> {
@@ -107,29 +252,36 @@ impl DiskStore {
         Ok(self.dir.join(format!("{key}.kv")))
     }
 
-    pub fn put(&self, key: &str, kv: &PrefixKv) -> Result<()> {
+    pub fn put(&self, key: &str, kv: &PrefixKv, seal: Option<&Seal>) -> Result<()> {
         let path = self.path(key)?;
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
         {
             let mut w = std::io::BufWriter::new(tmp.as_file_mut());
-            write_prefix(&mut w, kv)?;
+            write_prefix(&mut w, kv, seal)?;
             w.flush()?;
         }
         tmp.as_file().sync_all()?;
+        let _g = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
         tmp.persist(&path).map_err(|e| KvError::Io(e.error))?;
+        self.evict(&path);
         Ok(())
     }
 
-    /// The stored prefix, verified chunk by chunk; `None` if absent. A damaged file is an
-    /// error (and is left for inspection), never a silently wrong prefix.
-    pub fn get(&self, key: &str) -> Result<Option<PrefixKv>> {
+    /// The stored prefix and its seal, checked chunk by chunk against `expect`; `None` if
+    /// absent. A damaged file is an error (and is left for inspection), never a silently wrong
+    /// prefix. Whether the seal is the trusted cloud's is the caller's check.
+    pub fn get(&self, key: &str, expect: &Expect) -> Result<Option<(PrefixKv, Option<Seal>)>> {
         let path = self.path(key)?;
         let mut f = match std::fs::File::open(&path) {
-            Ok(f) => std::io::BufReader::new(f),
+            Ok(f) => {
+                // A read is a use: the LRU order is the files' modification times.
+                let _ = f.set_modified(std::time::SystemTime::now());
+                std::io::BufReader::new(f)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        read_prefix(&mut f)
+        read_prefix(&mut f, expect)
             .map(Some)
             .map_err(|e| KvError::Store(format!("{}: {e}", path.display())))
     }
@@ -141,7 +293,7 @@ impl DiskStore {
 
 /// A prefix as bytes: magic, JSON header, then sealed f16 chunks in layer-major order (the
 /// format of the disk and Redis tiers).
-pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv) -> Result<()> {
+pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv, seal: Option<&Seal>) -> Result<()> {
     let first = kv.layers.first();
     let header = Header {
         fingerprint: kv.fingerprint.clone(),
@@ -153,6 +305,7 @@ pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv) -> Result<()> {
             true => kv.layers.iter().map(|l| l.start()).collect(),
             false => Vec::new(),
         },
+        seal: seal.map(StoredSeal::of),
     };
     let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
     w.write_all(MAGIC)?;
@@ -170,38 +323,65 @@ pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv) -> Result<()> {
 }
 
 /// Read what `write_prefix` wrote; every chunk is verified and reassembled in order, so damaged
-/// or foreign bytes are an error, never a wrong prefix.
-pub fn read_prefix(r: &mut impl Read) -> Result<PrefixKv> {
+/// or foreign bytes are an error, never a wrong prefix. Every size is bounded by `expect`
+/// before it is allocated.
+pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Option<Seal>)> {
     let mut magic = [0u8; 6];
     r.read_exact(&mut magic)?;
     if &magic != MAGIC {
         return Err(KvError::Store("not a stored KV prefix".into()));
     }
-    let hlen = read_u64(r)? as usize;
-    if hlen > 64 << 20 {
-        return Err(KvError::Store("header too large".into()));
+    let hlen = read_u64(r)?;
+    // An id is at most 10 digits and a comma; the rest (fingerprint, starts, seal) is small.
+    let most = expect.max_tokens as u64 * 11 + expect.n_layers as u64 * 160 + (64 << 10);
+    if hlen > most {
+        return Err(KvError::Store(format!(
+            "header of {hlen} bytes, more than {most}"
+        )));
     }
-    let mut h = vec![0u8; hlen];
-    r.read_exact(&mut h)?;
+    let mut h = Vec::new();
+    r.take(hlen).read_to_end(&mut h)?;
+    if h.len() as u64 != hlen {
+        return Err(KvError::Store("header truncated".into()));
+    }
     let header: Header = serde_json::from_slice(&h).map_err(|e| KvError::Store(e.to_string()))?;
-    if header.n_layers > 4096 || header.n_kv_head > 4096 || header.head_dim > 4096 {
-        return Err(KvError::Store("implausible KV shape".into()));
+    if (header.n_layers, header.n_kv_head, header.head_dim)
+        != (expect.n_layers, expect.n_kv_head, expect.head_dim)
+    {
+        return Err(KvError::Store(format!(
+            "a KV of {} layers x {} heads x {}, this model's is {} x {} x {}",
+            header.n_layers,
+            header.n_kv_head,
+            header.head_dim,
+            expect.n_layers,
+            expect.n_kv_head,
+            expect.head_dim
+        )));
     }
+    expect.check_ids(&header.token_ids)?;
+    let seal = header
+        .seal
+        .as_ref()
+        .map(|s| s.seal(header.n_layers))
+        .transpose()?;
     let n = header.token_ids.len();
+    let most_payload =
+        Codec::F16.chunk_bytes(header.n_kv_head, header.head_dim, MAX_CHUNK_TOKENS) as u64 + 4096;
     let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim)
         .with_starts(&header.layer_starts)?;
     let mut layers = Vec::with_capacity(header.n_layers);
     while !re.is_complete() {
-        let c = read_chunk(r)?;
+        let c = read_chunk(r, most_payload)?;
         if let Some((_, layer)) = re.push(&c)? {
             layers.push(Arc::new(layer));
         }
     }
-    Ok(PrefixKv {
+    let prefix = PrefixKv {
         fingerprint: header.fingerprint,
         token_ids: header.token_ids,
         layers,
-    })
+    };
+    Ok((prefix, seal))
 }
 
 fn read_u64(r: &mut impl Read) -> Result<u64> {
@@ -226,15 +406,17 @@ fn write_chunk(w: &mut impl Write, c: &Chunk) -> Result<()> {
     Ok(())
 }
 
-fn read_chunk(r: &mut impl Read) -> Result<Chunk> {
+fn read_chunk(r: &mut impl Read, most: u64) -> Result<Chunk> {
     let (layer, start, end, checksum) = (read_u32(r)?, read_u32(r)?, read_u32(r)?, read_u32(r)?);
     let mut b = [0u8; 2];
     r.read_exact(&mut b)?;
     let codec =
         Codec::from_id(b[0]).ok_or_else(|| KvError::Store(format!("unknown codec {}", b[0])))?;
     let len = read_u64(r)?;
-    if len > 64 << 20 {
-        return Err(KvError::Store("chunk too large".into()));
+    if len > most {
+        return Err(KvError::Store(format!(
+            "a chunk of {len} bytes, more than {most}"
+        )));
     }
     // Read through `take`: a lying length costs what is really there, not what it claims.
     let mut payload = Vec::new();
@@ -283,8 +465,9 @@ mod tests {
         p.layers[0] = Arc::new(p.layers[0].cut_before(89));
         p.layers[2] = Arc::new(p.layers[2].cut_before(511));
         let mut bytes = Vec::new();
-        write_prefix(&mut bytes, &p).unwrap();
-        let back = read_prefix(&mut &bytes[..]).unwrap();
+        write_prefix(&mut bytes, &p, None).unwrap();
+        let (back, seal) = read_prefix(&mut &bytes[..], &expect(3, 600)).unwrap();
+        assert!(seal.is_none());
         let starts: Vec<usize> = back.layers.iter().map(|l| l.start()).collect();
         assert_eq!(starts, [89, 0, 511]);
         assert_eq!(back.layers, p.layers);
@@ -295,6 +478,16 @@ mod tests {
         );
         let re = Reassembler::new(3, 600, 2, 16);
         assert!(re.with_starts(&[0, 0]).is_err(), "one start per layer");
+    }
+
+    fn expect(n_layers: usize, max_tokens: usize) -> Expect {
+        Expect {
+            n_layers,
+            n_kv_head: 2,
+            head_dim: 16,
+            max_tokens,
+            vocab_size: 1000,
+        }
     }
 
     #[test]
@@ -314,16 +507,76 @@ mod tests {
     }
 
     #[test]
+    fn disk_store_stays_within_its_bytes_evicting_the_least_recently_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = prefix(100, 2);
+        let e = expect(2, 100);
+        let one = {
+            let s = DiskStore::open(dir.path()).unwrap();
+            s.put("probe", &p, None).unwrap();
+            let b = s.bytes();
+            std::fs::remove_file(dir.path().join("probe.kv")).unwrap();
+            b
+        };
+        let s = DiskStore::open_bounded(dir.path(), 2 * one + one / 2).unwrap();
+        let at = |secs| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        s.put("a", &p, None).unwrap();
+        s.put("b", &p, None).unwrap();
+        // Times set by hand: the file system's clock may not tick between two writes.
+        let touch = |k: &str, t| {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.path().join(format!("{k}.kv")))
+                .unwrap();
+            f.set_modified(at(t)).unwrap();
+        };
+        touch("a", 100);
+        touch("b", 200);
+        // Reading "a" makes it the most recently used.
+        assert!(s.get("a", &e).unwrap().is_some());
+        s.put("c", &p, None).unwrap();
+        assert!(
+            s.get("b", &e).unwrap().is_none(),
+            "least recently used evicted"
+        );
+        assert!(s.get("a", &e).unwrap().is_some() && s.get("c", &e).unwrap().is_some());
+        assert!(s.bytes() <= 2 * one + one / 2);
+    }
+
+    /// A header that claims more than the model allows is refused before its claims are
+    /// allocated; so is a stored seal that is not one.
+    #[test]
+    fn stored_headers_past_the_model_are_refused() {
+        let p = prefix(50, 2);
+        let mut bytes = Vec::new();
+        write_prefix(&mut bytes, &p, None).unwrap();
+        // Another shape, a longer prompt than the context, an id past the vocabulary.
+        assert!(read_prefix(&mut &bytes[..], &expect(3, 50)).is_err());
+        assert!(read_prefix(&mut &bytes[..], &expect(2, 49)).is_err());
+        let small_vocab = Expect {
+            vocab_size: 49,
+            ..expect(2, 50)
+        };
+        assert!(read_prefix(&mut &bytes[..], &small_vocab).is_err());
+        // A header length of 2^60.
+        let mut huge = bytes.clone();
+        huge[6..14].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        assert!(read_prefix(&mut &huge[..], &expect(2, 50)).is_err());
+        assert!(read_prefix(&mut &bytes[..], &expect(2, 50)).is_ok());
+    }
+
+    #[test]
     fn disk_store_roundtrips_survives_reopen_and_detects_damage() {
         let dir = tempfile::tempdir().unwrap();
         let p = prefix(300, 3); // two chunks per layer
+        let e = expect(3, 300);
         {
             let s = DiskStore::open(dir.path()).unwrap();
-            assert!(s.get("k1").unwrap().is_none());
-            s.put("k1", &p).unwrap();
+            assert!(s.get("k1", &e).unwrap().is_none());
+            s.put("k1", &p, None).unwrap();
         }
         let s = DiskStore::open(dir.path()).unwrap();
-        let got = s.get("k1").unwrap().unwrap();
+        let (got, _) = s.get("k1", &e).unwrap().unwrap();
         assert_eq!(got.token_ids, p.token_ids);
         assert_eq!(got.layers, p.layers);
         // No temporary files are left behind.
@@ -335,7 +588,7 @@ mod tests {
         let n = bytes.len();
         bytes[n - 3] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
-        assert!(s.get("k1").is_err());
-        assert!(s.get("../etc/passwd").is_err());
+        assert!(s.get("k1", &e).is_err());
+        assert!(s.get("../etc/passwd", &e).is_err());
     }
 }

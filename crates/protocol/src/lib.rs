@@ -86,6 +86,10 @@ pub struct Header {
     /// (approximate). False: the edge model's own KV, exact, whatever the first layer.
     #[prost(bool, tag = "12")]
     pub mapped: bool,
+    /// The codec the values were decoded from where they were made (what the cloud signed),
+    /// when it differs from the wire's `codec`: a peer relays f16 of int8-decoded KV.
+    #[prost(string, tag = "13")]
+    pub values_codec: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -104,6 +108,10 @@ pub struct WireChunk {
     pub payload: Vec<u8>,
     #[prost(fixed32, tag = "7")]
     pub checksum: u32,
+    /// On a layer's last chunk: the cloud's Ed25519 signature of that layer (its manifest and
+    /// the SHA-256 of its decoded values); empty when the KV is unsigned.
+    #[prost(bytes = "vec", tag = "8")]
+    pub layer_seal: Vec<u8>,
 }
 
 impl From<Chunk> for WireChunk {
@@ -116,6 +124,7 @@ impl From<Chunk> for WireChunk {
             compressed: c.compressed,
             payload: c.payload,
             checksum: c.checksum,
+            layer_seal: Vec::new(),
         }
     }
 }

@@ -9,12 +9,46 @@ use prost::Message;
 
 use crate::{fetch_message::Body, FetchMessage, FetchRequest};
 
-/// The shape the fuzzed stream is reassembled into (the seeds use it too).
+/// A shape the fuzzed stream may be reassembled into (the seeds use it too).
 pub const SHAPE: (usize, usize, usize, usize) = (2, 5, 2, 8);
+
+/// Head dims the fuzzer picks from: one group and several for int4 (32) and int4ch (64), and
+/// dims that are no multiple of either.
+const DIMS: [usize; 6] = [8, 32, 64, 96, 128, 200];
+
+/// (layers, tokens, heads, head dim) from the input's first four bytes: 1-4 layers, 1-512
+/// tokens (past one 256-token chunk), 1-4 heads, a dim of `DIMS`.
+pub fn shape_of(b: [u8; 4]) -> (usize, usize, usize, usize) {
+    (
+        1 + (b[0] & 3) as usize,
+        1 + b[1] as usize + 256 * ((b[0] >> 2) & 1) as usize,
+        1 + (b[2] & 3) as usize,
+        DIMS[b[3] as usize % DIMS.len()],
+    )
+}
+
+/// The four bytes `shape_of` reads as `shape` (for seeds), if it is one it can make.
+pub fn shape_bytes(shape: (usize, usize, usize, usize)) -> Option<[u8; 4]> {
+    let (l, t, h, d) = shape;
+    let dim = DIMS.iter().position(|&x| x == d)?;
+    let (hi, lo) = ((t - 1) / 256, (t - 1) % 256);
+    if !(1..=4).contains(&l) || !(1..=4).contains(&h) || hi > 1 {
+        return None;
+    }
+    Some([
+        (l - 1) as u8 | (hi as u8) << 2,
+        lo as u8,
+        (h - 1) as u8,
+        dim as u8,
+    ])
+}
 
 pub fn read_untrusted(data: &[u8]) {
     let _ = FetchRequest::decode(data);
-    let (layers, tokens, heads, dim) = SHAPE;
+    let Some((head, data)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let (layers, tokens, heads, dim) = shape_of(*head);
     let mut re = Reassembler::new(layers, tokens, heads, dim);
     let mut rest = data;
     while !rest.is_empty() {
@@ -39,7 +73,14 @@ pub fn read_untrusted(data: &[u8]) {
             None => {}
         }
     }
-    let _ = edgeprompt_kv::read_prefix(&mut &data[..]);
+    let expect = edgeprompt_kv::Expect {
+        n_layers: layers,
+        n_kv_head: heads,
+        head_dim: dim,
+        max_tokens: tokens,
+        vocab_size: 1 << 20,
+    };
+    let _ = edgeprompt_kv::read_prefix(&mut &data[..], &expect);
     for c in Codec::ALL {
         for compressed in [false, true] {
             let _ = codec::decode(c, compressed, data, heads, dim, tokens);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use edgeprompt_engine::{LayerKv, PrefixKv};
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::Codec;
-use edgeprompt_protocol::untrusted::{read_untrusted, SHAPE};
+use edgeprompt_protocol::untrusted::{read_untrusted, shape_bytes, shape_of, SHAPE};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage};
 use prost::Message;
 
@@ -18,8 +18,12 @@ fn lcg(s: &mut u64) -> u64 {
     *s >> 33
 }
 
-fn layer(seed: &mut u64) -> LayerKv {
-    let (_, tokens, heads, dim) = SHAPE;
+/// The shapes the seeds are made in: the small one, one past a chunk with multi-group int4
+/// rows, and dims that fit no group.
+const SHAPES: [(usize, usize, usize, usize); 3] = [SHAPE, (1, 300, 2, 96), (3, 40, 1, 200)];
+
+fn layer(seed: &mut u64, shape: (usize, usize, usize, usize)) -> LayerKv {
+    let (_, tokens, heads, dim) = shape;
     let mut l = LayerKv::new(heads, dim);
     let mut v = || {
         (0..tokens * heads * dim)
@@ -31,11 +35,27 @@ fn layer(seed: &mut u64) -> LayerKv {
     l
 }
 
-/// Valid inputs: chunk streams in every codec, with and without zstd, and a stored prefix.
+/// Valid inputs of every shape of `SHAPES`, each behind the four bytes naming its shape.
 fn seeds() -> Vec<Vec<u8>> {
-    let (layers, tokens, _, _) = SHAPE;
+    SHAPES
+        .iter()
+        .flat_map(|&shape| {
+            let head = shape_bytes(shape).expect("a shape the fuzzer can make");
+            assert_eq!(shape_of(head), shape);
+            seeds_of(shape).into_iter().map(move |s| {
+                let mut d = head.to_vec();
+                d.extend(s);
+                d
+            })
+        })
+        .collect()
+}
+
+/// Valid inputs: chunk streams in every codec, with and without zstd, and a stored prefix.
+fn seeds_of(shape: (usize, usize, usize, usize)) -> Vec<Vec<u8>> {
+    let (layers, tokens, _, _) = shape;
     let mut seed = 5;
-    let kv: Vec<LayerKv> = (0..layers).map(|_| layer(&mut seed)).collect();
+    let kv: Vec<LayerKv> = (0..layers).map(|_| layer(&mut seed, shape)).collect();
     let mut out = Vec::new();
     for codec in Codec::ALL {
         for zstd in [None, Some(3)] {
@@ -58,36 +78,41 @@ fn seeds() -> Vec<Vec<u8>> {
         layers: kv.into_iter().map(Arc::new).collect(),
     };
     let mut stored = Vec::new();
-    edgeprompt_kv::write_prefix(&mut stored, &prefix).unwrap();
+    edgeprompt_kv::write_prefix(&mut stored, &prefix, None).unwrap();
     out.push(stored);
     out
 }
 
 #[test]
 fn seeds_are_valid_so_mutations_reach_deep() {
-    let (layers, tokens, heads, dim) = SHAPE;
-    let s = seeds();
-    // Two chunk streams per codec (with and without zstd), then the stored prefix.
-    let streams = 2 * Codec::ALL.len();
-    for stream in &s[..streams] {
-        let mut re = Reassembler::new(layers, tokens, heads, dim);
-        let mut rest = &stream[..];
-        while !rest.is_empty() {
-            let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
-            let Some(Body::Chunk(c)) = m.body else {
-                panic!()
-            };
-            re.push(&Chunk::try_from(c).unwrap()).unwrap();
+    for shape in SHAPES {
+        let (layers, tokens, heads, dim) = shape;
+        let s = seeds_of(shape);
+        // Two chunk streams per codec (with and without zstd), then the stored prefix.
+        let streams = 2 * Codec::ALL.len();
+        for stream in &s[..streams] {
+            let mut re = Reassembler::new(layers, tokens, heads, dim);
+            let mut rest = &stream[..];
+            while !rest.is_empty() {
+                let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+                let Some(Body::Chunk(c)) = m.body else {
+                    panic!()
+                };
+                re.push(&Chunk::try_from(c).unwrap()).unwrap();
+            }
+            assert!(re.is_complete(), "{shape:?}");
         }
-        assert!(re.is_complete());
+        let expect = edgeprompt_kv::Expect {
+            n_layers: layers,
+            n_kv_head: heads,
+            head_dim: dim,
+            max_tokens: tokens,
+            vocab_size: 1 << 20,
+        };
+        let (back, _) = edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect).unwrap();
+        assert_eq!(back.token_ids.len(), tokens);
     }
-    assert_eq!(
-        edgeprompt_kv::read_prefix(&mut &s[streams][..])
-            .unwrap()
-            .token_ids
-            .len(),
-        tokens
-    );
+    let s = seeds();
     // `EDGEPROMPT_FUZZ_SEEDS=fuzz/corpus/wire` saves them as the cargo-fuzz starting corpus.
     if let Some(dir) = std::env::var_os("EDGEPROMPT_FUZZ_SEEDS") {
         std::fs::create_dir_all(&dir).unwrap();

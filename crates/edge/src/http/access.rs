@@ -93,6 +93,25 @@ impl ApiKeys {
         Ok(Self(all.iter().map(|k| digest(k)).collect()))
     }
 
+    /// The keys in an environment variable's value (`name` for errors): comma- or
+    /// newline-separated, trimmed, empty entries skipped. A value with no key is an error, as
+    /// an empty file is.
+    pub fn list_from_env(name: &str, value: &str) -> std::io::Result<Vec<String>> {
+        let keys: Vec<String> = value
+            .split([',', '\n'])
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_string)
+            .collect();
+        if keys.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{name} is set but holds no API key"),
+            ));
+        }
+        Ok(keys)
+    }
+
     pub fn is_open(&self) -> bool {
         self.0.is_empty()
     }
@@ -160,6 +179,16 @@ mod tests {
         );
         assert_eq!(format!("{keys:?}"), "ApiKeys(3 keys)", "no secret in Debug");
         assert!(ApiKeys::new(vec![], None).unwrap().is_open());
+    }
+
+    #[test]
+    fn keys_come_from_an_environment_value() {
+        let keys = ApiKeys::list_from_env("K", " sk-a, sk-b\nsk-c\r\n,\n").unwrap();
+        assert_eq!(keys, ["sk-a", "sk-b", "sk-c"]);
+        for empty in ["", " , \n"] {
+            let e = ApiKeys::list_from_env("K", empty).unwrap_err();
+            assert!(e.to_string().contains("K is set"), "{e}");
+        }
     }
 
     #[test]

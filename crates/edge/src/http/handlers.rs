@@ -20,7 +20,7 @@ use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Samp
 use super::{ApiError, EdgeServer};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
-use crate::scheduler::{Done, Event, Extras, Job, Refusal, STOPPED};
+use crate::scheduler::{Done, Event, Extras, Job, Refusal, DEAD, STOPPED};
 
 type AppState = State<Arc<EdgeServer>>;
 
@@ -68,16 +68,31 @@ pub async fn models(State(s): AppState) -> Response {
     .into_response()
 }
 
+/// `GET /health`: 200 while the edge can serve (draining or not); 503 with the reason once its
+/// scheduler is dead, so an orchestrator restarts it.
 pub async fn health(State(s): AppState) -> Response {
     let u = s.scheduler.usage();
-    Json(json!({
-        "status": if s.is_draining() { "draining" } else { "ok" },
+    let dead = s.scheduler.dead();
+    let status = match (&dead, s.is_draining()) {
+        (Some(_), _) => "dead",
+        (None, true) => "draining",
+        (None, false) => "ok",
+    };
+    let mut body = json!({
+        "status": status,
         "pending_requests": s.scheduler.pending(),
         "model": s.cfg.model_id,
         "fingerprint": s.model.fingerprint,
         "active_sequences": u.sequences,
-    }))
-    .into_response()
+    });
+    let code = match dead {
+        Some(why) => {
+            body["reason"] = why.into();
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        None => StatusCode::OK,
+    };
+    (code, Json(body)).into_response()
 }
 
 pub async fn metrics(State(s): AppState) -> Response {
@@ -216,6 +231,41 @@ async fn completions_inner(
     run(s, Kind::Completion, id, req.common, prefix, prompt, echo).await
 }
 
+/// Most stop sequences a request may give, and most bytes in each (OpenAI's limit is 4; every
+/// sampled token scans the answer's tail for each of them).
+const MAX_STOPS: usize = 4;
+const MAX_STOP_BYTES: usize = 256;
+
+fn check_stop(stop: Option<&openai::Stop>) -> Result<(), ApiError> {
+    let stops: &[String] = match stop {
+        None => return Ok(()),
+        Some(openai::Stop::One(s)) => std::slice::from_ref(s),
+        Some(openai::Stop::Many(v)) => v,
+    };
+    let bad = |m: String| ApiError {
+        param: Some("stop"),
+        ..ApiError::bad_request(m)
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(bad(format!(
+            "stop has {} sequences; at most {MAX_STOPS} are allowed",
+            stops.len()
+        )));
+    }
+    for s in stops {
+        if s.is_empty() {
+            return Err(bad("a stop sequence must not be empty".into()));
+        }
+        if s.len() > MAX_STOP_BYTES {
+            return Err(bad(format!(
+                "a stop sequence has {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                s.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
     if r.model != s.cfg.model_id {
         return Err(ApiError::new(
@@ -237,7 +287,7 @@ fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
     if r.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         return Err(ApiError::bad_request("top_p must be in (0, 1]"));
     }
-    Ok(())
+    check_stop(r.stop.as_ref())
 }
 
 /// Most answers one request may ask for (`n`).
@@ -282,6 +332,8 @@ fn lookup_error(e: LookupError) -> ApiError {
         LookupError::UnknownSystem => ApiError::bad_request(e.to_string()),
         LookupError::UnknownId(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
         LookupError::Disk(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        LookupError::Busy(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+        LookupError::TooLong(_) => ApiError::bad_request(e.to_string()),
         LookupError::Failed(m) => ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!("could not get the cloud prompt: {m}"),
@@ -351,6 +403,7 @@ async fn run(
                 "this edge is shutting down; retry on another",
             )
         },
+        Refusal::Dead(why) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why),
     })?;
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -421,7 +474,7 @@ fn token_text(s: &EdgeServer) -> Arc<dyn Fn(u32) -> String + Send + Sync> {
 fn failure(m: String) -> ApiError {
     let status = if m.contains("timed out") {
         StatusCode::GATEWAY_TIMEOUT
-    } else if m == STOPPED {
+    } else if m == STOPPED || m.starts_with(DEAD) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::INTERNAL_SERVER_ERROR

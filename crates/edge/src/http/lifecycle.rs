@@ -76,6 +76,13 @@ pub async fn refuse_when_draining(
     // Counted before the check, so a drain that starts in between still waits for it.
     s.in_flight.fetch_add(1, Ordering::AcqRel);
     let _guard = InFlight(&s.in_flight);
+    if let Some(why) = s.scheduler.dead() {
+        return ApiError {
+            code: Some("scheduler_dead"),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why)
+        }
+        .into_response();
+    }
     if s.is_draining() {
         return ApiError {
             retry_after: Some(RETRY_AFTER_SECS),
@@ -90,9 +97,14 @@ pub async fn refuse_when_draining(
     next.run(req).await
 }
 
-/// `GET /ready`: 200 when a new request can be served now (not draining, and the cloud
-/// answers or prompts can be computed here), else 503; the body says which part is missing.
+/// `GET /ready`: 200 when a new request can be served now (the scheduler alive, not
+/// draining, and the cloud answers or prompts can be computed here), else 503; the body says
+/// which part is missing.
 pub async fn ready(State(s): State<Arc<EdgeServer>>) -> Response {
+    if let Some(why) = s.scheduler.dead() {
+        let body = json!({"ready": false, "dead": true, "reason": why});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     let cloud = s.prefixes.cloud_reachable().await;
     let local = s.prefixes.computes_locally();
     let draining = s.is_draining();

@@ -114,6 +114,8 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`).
     pub code: Option<&'static str>,
+    /// The request field at fault (OpenAI's `param`).
+    pub param: Option<&'static str>,
 }
 
 impl ApiError {
@@ -123,6 +125,7 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
             code: None,
+            param: None,
         }
     }
 
@@ -133,7 +136,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = openai::error_body(self.status.as_u16(), &self.message, self.code);
+        let mut body = openai::error_body(self.status.as_u16(), &self.message, self.code);
+        if let Some(p) = self.param {
+            body["error"]["param"] = p.into();
+        }
         let mut r = (self.status, Json(body)).into_response();
         if let Some(s) = self.retry_after {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {

@@ -144,6 +144,7 @@ pub fn prefix_config(cloud: &str) -> edgeprompt_edge::prefixes::PrefixConfig {
         cloud_layers_from: 0,
         auto_codec: None,
         auto_split: None,
+        ..Default::default()
     }
 }
 

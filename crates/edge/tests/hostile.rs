@@ -1,0 +1,687 @@
+//! The edge against a hostile cloud, a hostile peer and a hostile disk: real tonic servers on
+//! loopback written to send every malformed or forged thing a sender on the path could. Each
+//! attack must end as a clear error on that lookup or as a fallback whose KV is bit for bit the
+//! single-node KV; nothing panics, memory stays bounded, and the next ordinary lookup works.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use edgeprompt_cloud::stream::{header, manifest, send_layer, LayerSeal, Layout};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::peer::{PeerPolicy, PeerService};
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
+use edgeprompt_edge::{ClientSecurity, CloudClient, EdgeError};
+use edgeprompt_engine::{Model, PrefixKv, Sequence};
+use edgeprompt_kv::{Codec, DiskStore, Seal, SealKey, TrustKey};
+use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, PromptRef};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+mod common;
+use common::{edge_ids, model, CODING, SUPPORT};
+
+const USER: &str = "Can I bring my bike on the train tomorrow?";
+
+/// What the hostile sender does to an honest, signed stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Attack {
+    Honest,
+    /// More token ids than the model's context.
+    IdsPastContext,
+    /// A header of millions of ids: past the message bound.
+    HugeHeader,
+    IdsPastVocab,
+    WrongHeads,
+    WrongLayers,
+    StartsPastTheWindow,
+    /// A header for another prompt than the one asked for.
+    OtherPromptHeader,
+    ChunkPastSegment,
+    /// One chunk claiming thousands of tokens (the header claims a long prompt).
+    ChunkTooLong,
+    /// Positions near 2^32 (negative as i32).
+    HugeCounts,
+    /// A few KB of zstd that inflate to 16 MB.
+    ZstdBomb,
+    /// One 20 MB chunk.
+    OversizedChunk,
+    OutOfOrder,
+    Duplicated,
+    MissingLayer,
+    Truncated,
+    /// Values changed, the CRC recomputed, the signature kept.
+    AlteredWithCrc,
+    /// Values changed and the stream signed with another key.
+    WrongKey,
+    Unsigned,
+    /// Another prompt's genuine signed layers under this prompt's header.
+    ReplayedLayers,
+    /// The genuine header and layers, the signed prompt id changed.
+    RenamedPrompt,
+}
+
+const ATTACKS: [Attack; 21] = [
+    Attack::IdsPastContext,
+    Attack::HugeHeader,
+    Attack::IdsPastVocab,
+    Attack::WrongHeads,
+    Attack::WrongLayers,
+    Attack::StartsPastTheWindow,
+    Attack::OtherPromptHeader,
+    Attack::ChunkPastSegment,
+    Attack::ChunkTooLong,
+    Attack::HugeCounts,
+    Attack::ZstdBomb,
+    Attack::OversizedChunk,
+    Attack::OutOfOrder,
+    Attack::Duplicated,
+    Attack::MissingLayer,
+    Attack::Truncated,
+    Attack::AlteredWithCrc,
+    Attack::WrongKey,
+    Attack::Unsigned,
+    Attack::ReplayedLayers,
+    Attack::RenamedPrompt,
+];
+
+/// The genuine KV of the two prompts, the keys, and each attack's messages (made once, so
+/// memory measured during the attacks is the edge's, not the making of them).
+struct Genuine {
+    model: Arc<Model>,
+    support: PrefixKv,
+    coding: PrefixKv,
+    key: SealKey,
+    wrong: SealKey,
+    made: Mutex<Vec<(Attack, Arc<Vec<FetchMessage>>)>>,
+}
+
+fn exact_prefix(m: &Model, ids: &[u32]) -> PrefixKv {
+    let mut seq = Sequence::new(m);
+    seq.prefill_chunked(m, ids, 256).unwrap();
+    seq.export_prefix(m).unwrap().window_cut(&m.cfg)
+}
+
+impl Genuine {
+    fn new() -> Self {
+        let model = model();
+        let (support_ids, _) = edge_ids(&model, SUPPORT, USER);
+        let (coding_ids, _) = edge_ids(&model, CODING, USER);
+        Self {
+            support: exact_prefix(&model, &support_ids),
+            coding: exact_prefix(&model, &coding_ids),
+            model,
+            key: SealKey::from_seed([3; 32]),
+            wrong: SealKey::from_seed([4; 32]),
+            made: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The messages of attack `a`, made on first use.
+    async fn messages(&self, a: Attack) -> Arc<Vec<FetchMessage>> {
+        if let Some(m) = self.made.lock().unwrap().iter().find(|x| x.0 == a) {
+            return m.1.clone();
+        }
+        let m = Arc::new(self.attack(a).await);
+        self.made.lock().unwrap().push((a, m.clone()));
+        m
+    }
+
+    /// The honest messages for `p`, named `id`, signed with `key` (none: unsigned).
+    async fn stream(&self, p: &PrefixKv, id: &str, key: Option<&SealKey>) -> Vec<FetchMessage> {
+        let layout = Layout::full(&self.model);
+        let address = edgeprompt_kv::content_address(&p.fingerprint, &p.token_ids);
+        let m = manifest(&layout, id, &p.token_ids, Codec::F16);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+        tx.send(Ok(header(
+            &layout,
+            id,
+            &address,
+            &p.token_ids,
+            Codec::F16,
+            None,
+            None,
+        )))
+        .await
+        .unwrap();
+        let starts = layout.starts(p.token_ids.len());
+        for (l, layer) in p.layers.iter().enumerate() {
+            let seal = key.map_or(LayerSeal::None, |k| LayerSeal::Sign(k, &m));
+            send_layer(&tx, l, layer, starts[l], Codec::F16, None, seal)
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        let mut out = Vec::new();
+        while let Some(m) = rx.recv().await {
+            out.push(m.unwrap());
+        }
+        out
+    }
+
+    /// What a hostile cloud answers to a fetch of the support prompt.
+    async fn attack(&self, a: Attack) -> Vec<FetchMessage> {
+        let (p, id) = (&self.support, "support");
+        let cfg = self.model.cfg.clone();
+        let mut msgs = match a {
+            Attack::Unsigned => self.stream(p, id, None).await,
+            Attack::ReplayedLayers => {
+                let mut theirs = self.stream(&self.coding, "coding", Some(&self.key)).await;
+                theirs[0] = self.stream(p, id, Some(&self.key)).await.remove(0);
+                theirs
+            }
+            Attack::OtherPromptHeader => self.stream(&self.coding, "coding", Some(&self.key)).await,
+            Attack::WrongKey => self.stream(p, id, Some(&self.wrong)).await,
+            _ => self.stream(p, id, Some(&self.key)).await,
+        };
+        let n_ctx = cfg.context_length;
+        match a {
+            Attack::IdsPastContext => head(&mut msgs).token_ids = vec![1; n_ctx + 1],
+            Attack::HugeHeader => head(&mut msgs).token_ids = vec![1; 8_000_000],
+            Attack::IdsPastVocab => head(&mut msgs).token_ids[3] = cfg.vocab_size as u32 + 7,
+            Attack::WrongHeads => head(&mut msgs).n_kv_head += 1,
+            Attack::WrongLayers => head(&mut msgs).n_layers -= 1,
+            Attack::StartsPastTheWindow => {
+                let h = head(&mut msgs);
+                h.layer_starts = vec![h.token_ids.len() as u32 - 1; cfg.n_layer]
+            }
+            Attack::ChunkPastSegment => reseal(chunk(&mut msgs, 1), |c| c.end += 100),
+            Attack::ChunkTooLong => {
+                let h = head(&mut msgs);
+                h.token_ids = vec![1; 5000];
+                let a = edgeprompt_kv::content_address(&h.model_fingerprint, &h.token_ids);
+                h.content_address = hex::decode(a).unwrap();
+                reseal(chunk(&mut msgs, 1), |c| c.end = 5000);
+            }
+            Attack::HugeCounts => reseal(chunk(&mut msgs, 1), |c| {
+                c.start = u32::MAX - 1;
+                c.end = u32::MAX;
+            }),
+            Attack::ZstdBomb => reseal(chunk(&mut msgs, 1), |c| {
+                c.compressed = true;
+                c.payload = zstd::bulk::compress(&vec![0u8; 16 << 20], 19).unwrap();
+            }),
+            Attack::OversizedChunk => {
+                reseal(chunk(&mut msgs, 1), |c| c.payload = vec![7u8; 20 << 20])
+            }
+            Attack::OutOfOrder => msgs.swap(2, 3),
+            Attack::Duplicated => {
+                let d = msgs[2].clone();
+                msgs.insert(2, d);
+            }
+            Attack::MissingLayer => {
+                msgs.remove(4);
+            }
+            Attack::Truncated => msgs.truncate(msgs.len() / 2),
+            Attack::AlteredWithCrc | Attack::WrongKey => {
+                reseal(chunk(&mut msgs, 5), |c| c.payload[10] ^= 0x08)
+            }
+            Attack::RenamedPrompt => head(&mut msgs).prompt_id = "coding".into(),
+            _ => {}
+        }
+        msgs
+    }
+}
+
+fn head(msgs: &mut [FetchMessage]) -> &mut edgeprompt_protocol::Header {
+    match &mut msgs[0].body {
+        Some(Body::Header(h)) => h,
+        _ => unreachable!("the first message is the header"),
+    }
+}
+
+fn chunk(msgs: &mut [FetchMessage], i: usize) -> &mut edgeprompt_protocol::WireChunk {
+    match &mut msgs[i].body {
+        Some(Body::Chunk(c)) => c,
+        _ => unreachable!("message {i} is a chunk"),
+    }
+}
+
+/// Change a chunk and recompute its CRC, as any sender on the path can.
+fn reseal(
+    c: &mut edgeprompt_protocol::WireChunk,
+    change: impl FnOnce(&mut edgeprompt_protocol::WireChunk),
+) {
+    change(c);
+    let mut k = edgeprompt_kv::Chunk::try_from(c.clone()).unwrap();
+    k.checksum = 0;
+    c.checksum = k.compute_checksum();
+}
+
+type FetchStream = Pin<Box<dyn Stream<Item = Result<FetchMessage, Status>> + Send>>;
+
+/// A cloud or peer that answers every fetch with the attack of the moment, and remembers the
+/// `authorization` each fetch carried.
+#[derive(Clone)]
+struct Hostile {
+    genuine: Arc<Genuine>,
+    attack: Arc<Mutex<Attack>>,
+    auth: Arc<Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl CloudKv for Hostile {
+    type FetchStream = FetchStream;
+
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
+        let auth = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.auth.lock().unwrap().push(auth);
+        let a = *self.attack.lock().unwrap();
+        let msgs = self.genuine.messages(a).await;
+        let n = msgs.len();
+        // One message cloned at a time, as the stream is read.
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            (0..n).map(move |i| Ok(msgs[i].clone())),
+        ))))
+    }
+}
+
+async fn serve(h: Hostile) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudKvServer::new(h).max_encoding_message_size(usize::MAX))
+            .serve_with_incoming(TcpListenerStream::new(l)),
+    );
+    format!("http://{addr}")
+}
+
+fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {
+    Arc::new(Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap())
+}
+
+fn same(a: &PrefixKv, b: &PrefixKv) -> bool {
+    a.token_ids == b.token_ids
+        && a.layers.len() == b.layers.len()
+        && a.layers.iter().zip(&b.layers).all(|(x, y)| **x == **y)
+}
+
+/// Peak resident memory of this process so far (VmHWM), in MB.
+fn peak_rss_mb() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[test]
+fn every_hostile_cloud_stream_ends_in_an_error_or_the_exact_fallback() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let attack = Arc::new(Mutex::new(Attack::Honest));
+        let url = serve(Hostile {
+            genuine: g.clone(),
+            attack: attack.clone(),
+            auth: Default::default(),
+        })
+        .await;
+        let trust = Some(g.key.public());
+        // Warm up the paths once before measuring memory.
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(url.clone()),
+                trust,
+                ..Default::default()
+            },
+        );
+        let r = p.for_system(&ids).await.unwrap();
+        assert_eq!(r.source, Source::Cloud, "the honest signed stream is taken");
+        assert!(same(&r.prefix, &g.support));
+        for a in ATTACKS {
+            g.messages(a).await;
+        }
+        let before = peak_rss_mb();
+        let mut rows = Vec::new();
+        for a in ATTACKS {
+            *attack.lock().unwrap() = a;
+            // A fresh edge each time: nothing cached from the attack before.
+            let p = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(url.clone()),
+                    trust,
+                    ..Default::default()
+                },
+            );
+            // A system prompt: the edge knows its ids, so it falls back to computing it.
+            let r = p.for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Local, "{a:?}: the attack is not used");
+            assert!(same(&r.prefix, &g.support), "{a:?}: the fallback is exact");
+            // The same attack on a direct fetch by id: a clear error, never a panic.
+            let err = fetch_error(&m, &url, trust).await;
+            rows.push(format!("{a:?}: {err}"));
+        }
+        let after = peak_rss_mb();
+        println!("attack outcomes (direct fetch errors):");
+        for r in &rows {
+            println!("  {r}");
+        }
+        println!(
+            "peak RSS {before:.0} MB before the attacks, {after:.0} MB after ({} attacks)",
+            ATTACKS.len()
+        );
+        // The 8 M-id header and the 20 MB chunk were refused at the message bound, the
+        // 16 MB bomb at the chunk bound: none was decoded in full.
+        assert!(
+            after - before < 200.0,
+            "memory grew {:.0} MB under attack",
+            after - before
+        );
+        // And the next ordinary lookup is answered.
+        *attack.lock().unwrap() = Attack::Honest;
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(url.clone()),
+                trust,
+                ..Default::default()
+            },
+        );
+        let r = p.for_system(&ids).await.unwrap();
+        assert_eq!(r.source, Source::Cloud);
+    });
+}
+
+/// The error a one-shot fetch of "support" by id ends with.
+async fn fetch_error(m: &Arc<Model>, url: &str, trust: Option<TrustKey>) -> String {
+    let mut c = CloudClient::connect(url).await.unwrap().trusting(trust);
+    let got = c
+        .fetch(m, PromptRef::Id("support".into()), &[Codec::F16], false)
+        .await;
+    let mut rx = match got {
+        Err(e) => return format!("refused at the header: {e}"),
+        Ok((_, rx)) => rx,
+    };
+    let mut layers = 0;
+    while let Some(l) = rx.recv().await {
+        match l {
+            Ok(_) => layers += 1,
+            Err(e) => return format!("after {layers} layers: {e}"),
+        }
+    }
+    if layers == m.cfg.n_layer {
+        panic!("every layer of a hostile stream was accepted");
+    }
+    format!("stream ended after {layers} layers")
+}
+
+#[test]
+fn without_a_key_the_edge_still_checks_what_it_asked_for() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let attack = Arc::new(Mutex::new(Attack::OtherPromptHeader));
+        let url = serve(Hostile {
+            genuine: g.clone(),
+            attack: attack.clone(),
+            auth: Default::default(),
+        })
+        .await;
+        for a in [
+            Attack::OtherPromptHeader,
+            Attack::ReplayedLayers,
+            Attack::IdsPastContext,
+            Attack::ZstdBomb,
+        ] {
+            *attack.lock().unwrap() = a;
+            let p = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(url.clone()),
+                    ..Default::default()
+                },
+            );
+            let r = p.for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Local, "{a:?}");
+            assert!(same(&r.prefix, &g.support), "{a:?}");
+        }
+    });
+}
+
+#[test]
+fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let trust = Some(g.key.public());
+        // The honest cloud (signing with the deployment's key).
+        let cloud = Arc::new(Mutex::new(Attack::Honest));
+        let cloud_url = serve(Hostile {
+            genuine: g.clone(),
+            attack: cloud,
+            auth: Default::default(),
+        })
+        .await;
+        // A peer that forges (values altered, CRC recomputed, the cloud's signature kept).
+        let peer_auth = Arc::new(Mutex::new(Vec::new()));
+        let peer_url = serve(Hostile {
+            genuine: g.clone(),
+            attack: Arc::new(Mutex::new(Attack::AlteredWithCrc)),
+            auth: peer_auth.clone(),
+        })
+        .await;
+        let token = |t: &str| ClientSecurity {
+            token: Some(t.into()),
+            ..Default::default()
+        };
+        let b = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(cloud_url.clone()),
+                peers: vec![peer_url.clone()],
+                security: token("cloud-secret"),
+                peer_security: token("peer-secret"),
+                trust,
+                ..Default::default()
+            },
+        );
+        let r = b.for_system(&ids).await.unwrap();
+        assert_eq!(r.source, Source::Cloud, "the forged peer copy is refused");
+        assert!(same(&r.prefix, &g.support));
+        assert_eq!(
+            *peer_auth.lock().unwrap(),
+            vec!["Bearer peer-secret".to_string()],
+            "the peer saw the peer token and nothing else"
+        );
+
+        // A real peer edge holding the signed prompt, requiring the peer token.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let real_peer = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PeerService::server(
+                    b.clone(),
+                    PeerPolicy {
+                        token: Some("peer-secret".into()),
+                        signed_only: true,
+                        ..Default::default()
+                    },
+                ))
+                .serve_with_incoming(TcpListenerStream::new(l)),
+        );
+        let dead = "http://127.0.0.1:9".to_string();
+        let asker = |peer_token: Option<&str>| {
+            prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(dead.clone()),
+                    peers: vec![real_peer.clone()],
+                    peer_security: ClientSecurity {
+                        token: peer_token.map(Into::into),
+                        ..Default::default()
+                    },
+                    trust,
+                    ..Default::default()
+                },
+            )
+        };
+        // With the token: the relayed KV verifies against the cloud's key.
+        let r = asker(Some("peer-secret")).for_system(&ids).await.unwrap();
+        assert_eq!(r.source, Source::Peer);
+        assert!(same(&r.prefix, &g.support));
+        // Without it, or with the wrong one: refused; the cloud is down, so computed here.
+        for t in [None, Some("wrong")] {
+            let r = asker(t).for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Local, "token {t:?}");
+        }
+        // Asked directly without the token: unauthenticated.
+        let mut c = CloudClient::connect(&real_peer).await.unwrap();
+        let address = edgeprompt_kv::content_address(&m.fingerprint, &ids);
+        let got = c
+            .fetch(
+                &m,
+                PromptRef::ContentAddress(hex::decode(address).unwrap()),
+                &[Codec::F16],
+                false,
+            )
+            .await;
+        let Err(e) = got else {
+            panic!("served without the peer token")
+        };
+        assert!(e.to_string().contains("Unauthenticated"), "{e}");
+    });
+}
+
+#[test]
+fn a_token_never_leaves_in_plaintext_except_to_loopback() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let sec = ClientSecurity {
+            token: Some("secret".into()),
+            ..Default::default()
+        };
+        // Refused before any connection is tried.
+        for url in ["http://192.0.2.1:50051", "http://cloud.example:50051"] {
+            match CloudClient::connect_with(url, &sec).await {
+                Err(EdgeError::Config(m)) => assert!(m.contains("unencrypted"), "{m}"),
+                Err(e) => panic!("{url}: {e}"),
+                Ok(_) => panic!("{url}: connected"),
+            }
+        }
+        for url in ["http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9"] {
+            assert!(edgeprompt_edge::client::plaintext_ok(url), "{url}");
+        }
+    });
+}
+
+#[test]
+fn hostile_disk_files_are_ignored_and_fetched_again() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let address = edgeprompt_kv::content_address(&m.fingerprint, &ids);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = serve(Hostile {
+            genuine: g.clone(),
+            attack: Arc::new(Mutex::new(Attack::Honest)),
+            auth: Default::default(),
+        })
+        .await;
+        let trust = Some(g.key.public());
+        let seal = Seal::sign(&g.key, "support", &g.support, Codec::F16, 0, false);
+        let mut tampered = g.support.clone();
+        let mut l = (*tampered.layers[7]).clone();
+        l.truncate(l.len() - 1);
+        tampered.layers[7] = Arc::new(l);
+        let other_seal = Seal::sign(&g.key, "coding", &g.coding, Codec::F16, 0, false);
+        let wrong_seal = Seal::sign(&g.wrong, "support", &g.support, Codec::F16, 0, false);
+        // What a hostile disk may hold under this prompt's name.
+        type Make<'a> = Box<dyn Fn(&std::path::Path) + 'a>;
+        let files: Vec<(&str, Make)> = vec![
+            (
+                "garbage",
+                Box::new(|p| std::fs::write(p, b"EPKV1\ngarbage").unwrap()),
+            ),
+            (
+                "header length 2^62",
+                Box::new(|p| {
+                    let mut b = b"EPKV1\n".to_vec();
+                    b.extend((1u64 << 62).to_le_bytes());
+                    std::fs::write(p, b).unwrap()
+                }),
+            ),
+            ("unsigned", Box::new(|p| write(p, &g.support, None))),
+            (
+                "tampered, stale seal",
+                Box::new(|p| write(p, &tampered, Some(&seal))),
+            ),
+            (
+                "another prompt's signed KV",
+                Box::new(|p| write(p, &g.coding, Some(&other_seal))),
+            ),
+            (
+                "signed with another key",
+                Box::new(|p| write(p, &g.support, Some(&wrong_seal))),
+            ),
+        ];
+        for (what, make) in &files {
+            let dir = tempfile::tempdir().unwrap();
+            make(&dir.path().join(format!("{address}.kv")));
+            let p = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(url.clone()),
+                    disk_dir: Some(dir.path().to_path_buf()),
+                    trust,
+                    ..Default::default()
+                },
+            );
+            let r = p.for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Cloud, "{what}: not taken from disk");
+            assert!(same(&r.prefix, &g.support), "{what}");
+            // The good copy replaces it, signed, and is taken from disk after a restart.
+            assert_eq!(p.flush(std::time::Duration::from_secs(10)).await, 0);
+            let again = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some("http://127.0.0.1:9".into()),
+                    disk_dir: Some(dir.path().to_path_buf()),
+                    trust,
+                    ..Default::default()
+                },
+            );
+            let r = again.for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Disk, "{what}: the fetched copy was kept");
+        }
+        // The genuine signed file is taken as it is.
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            &dir.path().join(format!("{address}.kv")),
+            &g.support,
+            Some(&seal),
+        );
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some("http://127.0.0.1:9".into()),
+                disk_dir: Some(dir.path().to_path_buf()),
+                trust,
+                ..Default::default()
+            },
+        );
+        assert_eq!(p.for_system(&ids).await.unwrap().source, Source::Disk);
+    });
+}
+
+fn write(path: &std::path::Path, p: &PrefixKv, seal: Option<&Seal>) {
+    let dir = path.parent().unwrap();
+    let key = path.file_stem().unwrap().to_str().unwrap();
+    DiskStore::open(dir).unwrap().put(key, p, seal).unwrap();
+}

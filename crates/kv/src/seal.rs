@@ -1,0 +1,343 @@
+//! Signed KV: the cloud signs, layer by layer, what an edge will attend to, so a peer, a shared
+//! store or a disk can relay a cloud prompt's KV but cannot alter it.
+//!
+//! What is signed for layer `l` is the prompt's [`Manifest`] (whose KV: prompt id, model
+//! fingerprint, content address of the token ids, shape, first layer, codec, mapped or exact)
+//! and the SHA-256 of layer `l`'s *decoded* values with their positions. Hashing the decoded
+//! values, not the wire bytes, keeps a signature valid through every tier (wire chunks, the
+//! disk's f16 chunks, Redis) and lets each layer be checked the moment it is complete, before
+//! any private token attends to it.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use edgeprompt_engine::{LayerKv, PrefixKv};
+use sha2::{Digest, Sha256};
+
+use crate::codec::Codec;
+use crate::{content_address, KvError, Result};
+
+/// Bytes of one signature.
+pub const SIGNATURE_BYTES: usize = 64;
+
+/// Whose KV a stream or a stored prefix is: everything a signature binds besides the values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub prompt_id: String,
+    /// Fingerprint of the model whose KV this is (the edge model's, for mapped KV).
+    pub fingerprint: String,
+    /// `content_address(fingerprint, token_ids)`, hex.
+    pub address: String,
+    pub n_layers: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Layers below it are not the cloud's (CE-LSLM computes them at the edge).
+    pub first_layer: usize,
+    /// The values are what this codec decodes to.
+    pub codec: Codec,
+    /// A larger model's KV mapped through adapters (CE-LSLM), not the model's own.
+    pub mapped: bool,
+}
+
+impl Manifest {
+    /// The manifest of a prompt's KV with these token ids.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        prompt_id: &str,
+        fingerprint: &str,
+        token_ids: &[u32],
+        shape: (usize, usize, usize),
+        first_layer: usize,
+        codec: Codec,
+        mapped: bool,
+    ) -> Self {
+        Self {
+            prompt_id: prompt_id.to_string(),
+            fingerprint: fingerprint.to_string(),
+            address: content_address(fingerprint, token_ids),
+            n_layers: shape.0,
+            n_kv_head: shape.1,
+            head_dim: shape.2,
+            first_layer,
+            codec,
+            mapped,
+        }
+    }
+
+    /// The bytes signed for layer `l` with values hashing to `digest`.
+    fn statement(&self, l: usize, digest: &[u8; 32]) -> Vec<u8> {
+        let mut m = Vec::with_capacity(256);
+        m.extend_from_slice(b"edgeprompt-kv-seal-v1\0");
+        for s in [
+            self.prompt_id.as_str(),
+            &self.fingerprint,
+            &self.address,
+            self.codec.name(),
+        ] {
+            m.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            m.extend_from_slice(s.as_bytes());
+        }
+        for n in [
+            self.n_layers,
+            self.n_kv_head,
+            self.head_dim,
+            self.first_layer,
+            self.mapped as usize,
+            l,
+        ] {
+            m.extend_from_slice(&(n as u64).to_le_bytes());
+        }
+        m.extend_from_slice(digest);
+        m
+    }
+}
+
+/// SHA-256 of a layer's values and the positions they sit at.
+pub fn layer_digest(layer: &LayerKv) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"edgeprompt-layer-v1\0");
+    for n in [layer.start(), layer.end(), layer.n_kv_head, layer.head_dim] {
+        h.update((n as u64).to_le_bytes());
+    }
+    let mut buf = Vec::new();
+    for head in 0..layer.n_kv_head {
+        for part in [layer.keys(head), layer.values(head)] {
+            buf.clear();
+            buf.extend(part.iter().flat_map(|x| x.to_bits().to_le_bytes()));
+            h.update(&buf);
+        }
+    }
+    h.finalize().into()
+}
+
+/// A cloud's signing key.
+pub struct SealKey(SigningKey);
+
+impl SealKey {
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        Self(SigningKey::from_bytes(&seed))
+    }
+
+    /// A key from its hex seed (a key file's text).
+    pub fn from_hex(text: &str) -> Result<Self> {
+        let seed: [u8; 32] = hex32(text, "signing key")?;
+        Ok(Self::from_seed(seed))
+    }
+
+    pub fn public(&self) -> TrustKey {
+        TrustKey(self.0.verifying_key())
+    }
+
+    pub fn sign_layer(&self, m: &Manifest, l: usize, layer: &LayerKv) -> [u8; 64] {
+        self.sign_digest(m, l, &layer_digest(layer))
+    }
+
+    pub fn sign_digest(&self, m: &Manifest, l: usize, digest: &[u8; 32]) -> [u8; 64] {
+        self.0.sign(&m.statement(l, digest)).to_bytes()
+    }
+}
+
+/// A cloud's public key: what an edge trusts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TrustKey(VerifyingKey);
+
+impl std::fmt::Debug for TrustKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TrustKey({})", self.to_hex())
+    }
+}
+
+impl TrustKey {
+    /// A key from its hex form (a `.pub` file's text).
+    pub fn from_hex(text: &str) -> Result<Self> {
+        let b: [u8; 32] = hex32(text, "public key")?;
+        VerifyingKey::from_bytes(&b)
+            .map(Self)
+            .map_err(|e| KvError::Seal(format!("public key: {e}")))
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0.as_bytes())
+    }
+
+    /// Whether `sig` is this key's signature of layer `l` of `m` holding `layer`.
+    pub fn verify_layer(&self, m: &Manifest, l: usize, layer: &LayerKv, sig: &[u8]) -> Result<()> {
+        let bad = || KvError::Seal(format!("layer {l}: the signature does not match the KV"));
+        let sig = Signature::from_slice(sig).map_err(|_| bad())?;
+        self.0
+            .verify(&m.statement(l, &layer_digest(layer)), &sig)
+            .map_err(|_| bad())
+    }
+}
+
+/// A prefix's signatures, kept with it on disk and in Redis: the manifest fields a stored
+/// prefix does not already carry, and one signature per layer from `first_layer` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seal {
+    pub prompt_id: String,
+    pub codec: Codec,
+    pub first_layer: usize,
+    pub mapped: bool,
+    pub signatures: Vec<[u8; 64]>,
+}
+
+impl Seal {
+    /// The manifest of `prefix` under this seal.
+    pub fn manifest(&self, prefix: &PrefixKv) -> Manifest {
+        let first = prefix.layers.first();
+        Manifest::new(
+            &self.prompt_id,
+            &prefix.fingerprint,
+            &prefix.token_ids,
+            (
+                prefix.layers.len(),
+                first.map_or(0, |l| l.n_kv_head),
+                first.map_or(0, |l| l.head_dim),
+            ),
+            self.first_layer,
+            self.codec,
+            self.mapped,
+        )
+    }
+
+    /// Every layer from `first_layer` on is `key`'s, unaltered.
+    pub fn verify(&self, key: &TrustKey, prefix: &PrefixKv) -> Result<()> {
+        let m = self.manifest(prefix);
+        let want = prefix.layers.len().saturating_sub(self.first_layer);
+        if self.first_layer > prefix.layers.len() || self.signatures.len() != want {
+            return Err(KvError::Seal(format!(
+                "{} signatures for layers {}..{}",
+                self.signatures.len(),
+                self.first_layer,
+                prefix.layers.len()
+            )));
+        }
+        for (i, sig) in self.signatures.iter().enumerate() {
+            let l = self.first_layer + i;
+            key.verify_layer(&m, l, &prefix.layers[l], sig)?;
+        }
+        Ok(())
+    }
+
+    /// Sign every layer of `prefix` from `first_layer` on.
+    pub fn sign(
+        key: &SealKey,
+        prompt_id: &str,
+        prefix: &PrefixKv,
+        codec: Codec,
+        first_layer: usize,
+        mapped: bool,
+    ) -> Self {
+        let mut seal = Self {
+            prompt_id: prompt_id.to_string(),
+            codec,
+            first_layer,
+            mapped,
+            signatures: Vec::new(),
+        };
+        let m = seal.manifest(prefix);
+        seal.signatures = prefix
+            .layers
+            .iter()
+            .enumerate()
+            .skip(first_layer)
+            .map(|(l, layer)| key.sign_layer(&m, l, layer))
+            .collect();
+        seal
+    }
+}
+
+fn hex32(text: &str, what: &str) -> Result<[u8; 32]> {
+    let b = hex::decode(text.trim()).map_err(|e| KvError::Seal(format!("{what}: {e}")))?;
+    b.try_into()
+        .map_err(|_| KvError::Seal(format!("{what}: not 32 bytes of hex")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn prefix() -> PrefixKv {
+        let layers = (0..3)
+            .map(|l| {
+                let mut kv = LayerKv::new(2, 8);
+                let k: Vec<f32> = (0..5 * 16).map(|i| (i * (l + 1)) as f32 * 0.01).collect();
+                kv.append(&k, &k, 5);
+                Arc::new(kv)
+            })
+            .collect();
+        PrefixKv {
+            fingerprint: "fp".into(),
+            token_ids: vec![1, 2, 3, 4, 5],
+            layers,
+        }
+    }
+
+    #[test]
+    fn a_signed_prefix_verifies_and_any_change_breaks_it() {
+        let key = SealKey::from_seed([7; 32]);
+        let trust = key.public();
+        let p = prefix();
+        let seal = Seal::sign(&key, "doc", &p, Codec::F16, 0, false);
+        seal.verify(&trust, &p).unwrap();
+        assert_eq!(TrustKey::from_hex(&trust.to_hex()).unwrap(), trust);
+
+        // One value changed in one layer.
+        let mut bad = p.clone();
+        let mut l1 = (*bad.layers[1]).clone();
+        l1.truncate(4);
+        bad.layers[1] = Arc::new(l1);
+        assert!(seal.verify(&trust, &bad).is_err());
+        // Another prompt's ids, the same values (a replayed seal).
+        let mut other = p.clone();
+        other.token_ids[0] = 9;
+        assert!(seal.verify(&trust, &other).is_err());
+        // The same layers said to be another prompt, codec or layout.
+        for s in [
+            Seal {
+                prompt_id: "other".into(),
+                ..seal.clone()
+            },
+            Seal {
+                codec: Codec::Int8,
+                ..seal.clone()
+            },
+            Seal {
+                mapped: true,
+                ..seal.clone()
+            },
+        ] {
+            assert!(s.verify(&trust, &p).is_err());
+        }
+        // Layers moved: signature of layer 0 on layer 1.
+        let mut swapped = seal.clone();
+        swapped.signatures.swap(0, 1);
+        assert!(swapped.verify(&trust, &p).is_err());
+        // A missing signature, or another key.
+        let mut short = seal.clone();
+        short.signatures.pop();
+        assert!(short.verify(&trust, &p).is_err());
+        let other_key = SealKey::from_seed([8; 32]).public();
+        assert!(seal.verify(&other_key, &p).is_err());
+    }
+
+    #[test]
+    fn a_seal_from_a_later_layer_covers_only_those() {
+        let key = SealKey::from_seed([1; 32]);
+        let p = prefix();
+        let seal = Seal::sign(&key, "", &p, Codec::Int4Ch, 1, true);
+        assert_eq!(seal.signatures.len(), 2);
+        seal.verify(&key.public(), &p).unwrap();
+        // Layer 0 (computed at the edge) may be anything.
+        let mut q = p.clone();
+        q.layers[0] = p.layers[2].clone();
+        seal.verify(&key.public(), &q).unwrap();
+    }
+
+    #[test]
+    fn keys_parse_from_hex_and_refuse_garbage() {
+        assert!(SealKey::from_hex(&"ab".repeat(32)).is_ok());
+        assert!(SealKey::from_hex("abc").is_err());
+        assert!(TrustKey::from_hex("zz").is_err());
+        assert!(TrustKey::from_hex(&"00".repeat(31)).is_err());
+    }
+}
