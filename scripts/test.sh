@@ -17,3 +17,8 @@ cargo test -j2 --release --workspace -- --include-ignored
 # The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
 # every path must give the portable bits.
 EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib
+# The cargo-fuzz targets build (nightly, libFuzzer) and each runs 20 000 inputs from its seeds.
+bash scripts/fuzz.sh 20000
+# The HTTP API against its OpenAPI description: schemathesis on a running edge (no 5xx, every
+# status and body as described, the server healthy after).
+bash scripts/openapi_check.sh 50

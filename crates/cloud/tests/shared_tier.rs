@@ -153,7 +153,8 @@ fn hostile_redis_values_are_refused_and_recomputed() {
                 .exec(&mut conn)
                 .unwrap();
         };
-        let values: Vec<(&str, Box<dyn Fn()>)> = vec![
+        type Put<'a> = Box<dyn Fn() + 'a>;
+        let values: Vec<(&str, Put)> = vec![
             ("garbage", Box::new(|| raw(b"EPKV1\nnot a prefix".to_vec()))),
             (
                 "a header length of 2^62",

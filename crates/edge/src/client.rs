@@ -193,75 +193,8 @@ impl CloudClient {
             Some(Body::Header(h)) => h,
             _ => return Err(EdgeError::Stream("first message is not a header".into())),
         };
-        if h.model_fingerprint != model.fingerprint
-            || h.n_layers as usize != cfg.n_layer
-            || h.n_kv_head as usize != cfg.n_kv_head
-            || h.head_dim as usize != cfg.head_dim
-            || h.first_layer as usize != first_layer
-        {
-            return Err(EdgeError::Stream(format!(
-                "header does not fit this model: {} layers x {} heads x {} from layer {}",
-                h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
-            )));
-        }
-        Expect::of(cfg)
-            .check_ids(&h.token_ids)
-            .map_err(|e| EdgeError::Stream(format!("header: {e}")))?;
-        // It must be the prompt asked for: by address, the one its ids hash to; by id, that id.
-        let address = content_address(&h.model_fingerprint, &h.token_ids);
-        let asked = match &asked {
-            PromptRef::ContentAddress(a) => hex::encode(a) == address,
-            PromptRef::Id(id) => *id == h.prompt_id,
-        };
-        if !asked || hex::encode(&h.content_address) != address {
-            return Err(EdgeError::Stream(format!(
-                "the header names another prompt than the one asked for ({:?}, address {})",
-                h.prompt_id,
-                &address[..12]
-            )));
-        }
-        let values_codec = match h.values_codec.as_str() {
-            "" => &h.codec,
-            c => c,
-        };
-        let values_codec = Codec::parse(values_codec)
-            .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
-        // A cut must leave every position a private token can see: no later than the window.
-        let n = h.token_ids.len();
-        let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
-        if !starts.is_empty()
-            && (starts.len() != cfg.n_layer
-                || starts
-                    .iter()
-                    .enumerate()
-                    .any(|(l, &s)| s > cfg.visible_from(l, n)))
-        {
-            return Err(EdgeError::Stream(format!(
-                "header cuts layers past their windows: starts {starts:?} for {n} tokens"
-            )));
-        }
-        let manifest = Manifest {
-            prompt_id: h.prompt_id.clone(),
-            fingerprint: h.model_fingerprint.clone(),
-            address: address.clone(),
-            n_layers: cfg.n_layer,
-            n_kv_head: cfg.n_kv_head,
-            head_dim: cfg.head_dim,
-            first_layer,
-            codec: values_codec,
-            mapped: h.mapped,
-        };
-        let header = CloudHeader {
-            prompt_id: h.prompt_id,
-            token_ids: h.token_ids,
-            n_layers: cfg.n_layer,
-            first_layer,
-            codec: h.codec,
-            content_address: address,
-            layer_starts: starts,
-            mapped: h.mapped,
-            manifest: manifest.clone(),
-        };
+        let header = check_header(model, &asked, first_layer, h)?;
+        let manifest = header.manifest.clone();
         let trust = self.trust;
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
         let mut re = Reassembler::new(
@@ -351,6 +284,89 @@ impl CloudClient {
         });
         Ok((header, rx))
     }
+}
+
+/// The checks a stream's header must pass before anything it claims is used: this model's
+/// fingerprint and shape, the layer asked for, ids within the context and vocabulary, the
+/// prompt asked for (by address: its ids hash to it; by id: that id), windows no later than
+/// they may be cut. Returns what the stream is, and what its layers' signatures must cover.
+pub fn check_header(
+    model: &Model,
+    asked: &PromptRef,
+    first_layer: usize,
+    h: edgeprompt_protocol::Header,
+) -> Result<CloudHeader> {
+    let cfg = &model.cfg;
+    if h.model_fingerprint != model.fingerprint
+        || h.n_layers as usize != cfg.n_layer
+        || h.n_kv_head as usize != cfg.n_kv_head
+        || h.head_dim as usize != cfg.head_dim
+        || h.first_layer as usize != first_layer
+    {
+        return Err(EdgeError::Stream(format!(
+            "header does not fit this model: {} layers x {} heads x {} from layer {}",
+            h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
+        )));
+    }
+    Expect::of(cfg)
+        .check_ids(&h.token_ids)
+        .map_err(|e| EdgeError::Stream(format!("header: {e}")))?;
+    // It must be the prompt asked for: by address, the one its ids hash to; by id, that id.
+    let address = content_address(&h.model_fingerprint, &h.token_ids);
+    let asked = match asked {
+        PromptRef::ContentAddress(a) => hex::encode(a) == address,
+        PromptRef::Id(id) => *id == h.prompt_id,
+    };
+    if !asked || hex::encode(&h.content_address) != address {
+        return Err(EdgeError::Stream(format!(
+            "the header names another prompt than the one asked for ({:?}, address {})",
+            h.prompt_id,
+            &address[..12]
+        )));
+    }
+    let values_codec = match h.values_codec.as_str() {
+        "" => &h.codec,
+        c => c,
+    };
+    let values_codec = Codec::parse(values_codec)
+        .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
+    // A cut must leave every position a private token can see: no later than the window.
+    let n = h.token_ids.len();
+    let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
+    if !starts.is_empty()
+        && (starts.len() != cfg.n_layer
+            || starts
+                .iter()
+                .enumerate()
+                .any(|(l, &s)| s > cfg.visible_from(l, n)))
+    {
+        return Err(EdgeError::Stream(format!(
+            "header cuts layers past their windows: starts {starts:?} for {n} tokens"
+        )));
+    }
+    let manifest = Manifest {
+        prompt_id: h.prompt_id.clone(),
+        fingerprint: h.model_fingerprint.clone(),
+        address: address.clone(),
+        n_layers: cfg.n_layer,
+        n_kv_head: cfg.n_kv_head,
+        head_dim: cfg.head_dim,
+        first_layer,
+        codec: values_codec,
+        mapped: h.mapped,
+    };
+    let header = CloudHeader {
+        prompt_id: h.prompt_id,
+        token_ids: h.token_ids,
+        n_layers: cfg.n_layer,
+        first_layer,
+        codec: h.codec,
+        content_address: address,
+        layer_starts: starts,
+        mapped: h.mapped,
+        manifest,
+    };
+    Ok(header)
 }
 
 fn refused(s: tonic::Status) -> EdgeError {

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use edgeprompt_engine::{Message, SamplingParams};
+use edgeprompt_engine::{Message, Model, SamplingParams};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -117,38 +117,9 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 }
 
 async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse(body)?;
-    check_model(s, &req.common)?;
-    logprobs_asked(Kind::Chat, &req.common)?;
-    if req.common.echo == Some(true) {
-        return Err(ApiError::bad_request(
-            "echo is a completions option (/v1/completions)",
-        ));
-    }
-    let chat = s
-        .model
-        .chat
-        .as_ref()
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE",
-            )
-        })?;
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_request("messages must not be empty"));
-    }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for m in req.messages {
-        let content = match m.content {
-            Some(c) => c.text().map_err(ApiError::bad_request)?,
-            None => String::new(),
-        };
-        messages.push(Message::new(&m.role, &content));
-    }
-    let system = match messages.first() {
-        Some(m) if SYSTEM_ROLES.contains(&m.role.as_str()) => Some(messages.remove(0).content),
-        _ => None,
-    };
+    let mut req: ChatRequest = parse(body)?;
+    let chat = chat_checks(&s.model, &s.cfg.model_id, &req)?;
+    let (system, messages) = chat_messages(std::mem::take(&mut req.messages))?;
     let tmpl = |e: edgeprompt_engine::EngineError| ApiError::bad_request(e.to_string());
     let system_ids = match &system {
         Some(sys) => Some(encode(
@@ -200,7 +171,7 @@ async fn completions_inner(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
-    check_model(s, &req.common)?;
+    check_sampling(&s.cfg.model_id, &req.common)?;
     logprobs_asked(Kind::Completion, &req.common)?;
     let text = match req.prompt {
         PromptText::One(t) => t,
@@ -266,13 +237,95 @@ fn check_stop(stop: Option<&openai::Stop>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_model(s: &EdgeServer, r: &Sampling) -> Result<(), ApiError> {
-    if r.model != s.cfg.model_id {
+/// The checks of a chat request before its messages: sampling, log-probabilities, no echo, a
+/// chat template, some messages.
+fn chat_checks<'m>(
+    model: &'m Model,
+    model_id: &str,
+    req: &ChatRequest,
+) -> Result<&'m edgeprompt_engine::ChatTemplate, ApiError> {
+    check_sampling(model_id, &req.common)?;
+    logprobs_asked(Kind::Chat, &req.common)?;
+    if req.common.echo == Some(true) {
+        return Err(ApiError::bad_request(
+            "echo is a completions option (/v1/completions)",
+        ));
+    }
+    let chat = model.chat.as_ref().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE",
+        )
+    })?;
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty"));
+    }
+    Ok(chat)
+}
+
+/// The messages as text, the leading system message (the cloud prompt) apart.
+fn chat_messages(
+    wire: Vec<openai::ChatMessage>,
+) -> Result<(Option<String>, Vec<Message>), ApiError> {
+    let mut messages = Vec::with_capacity(wire.len());
+    for m in wire {
+        let content = match m.content {
+            Some(c) => c.text().map_err(ApiError::bad_request)?,
+            None => String::new(),
+        };
+        messages.push(Message::new(&m.role, &content));
+    }
+    let system = match messages.first() {
+        Some(m) if SYSTEM_ROLES.contains(&m.role.as_str()) => Some(messages.remove(0).content),
+        _ => None,
+    };
+    Ok((system, messages))
+}
+
+/// Everything a request body goes through before its cloud prompt is looked up: parsing, the
+/// parameter checks, the chat template (whole and split at the system turn) and the tokenizer.
+/// The HTTP fuzz target drives it with arbitrary bytes; an error is a 4xx, never a panic.
+#[doc(hidden)]
+pub fn check_request(
+    model: &Model,
+    model_id: &str,
+    chat: bool,
+    body: &[u8],
+) -> Result<usize, String> {
+    let err = |e: ApiError| e.message;
+    let tokens = |t: &str| model.tokenizer.encode(t).map_err(|e| e.to_string());
+    if !chat {
+        let req: CompletionRequest = parse(body).map_err(err)?;
+        check_sampling(model_id, &req.common).map_err(err)?;
+        logprobs_asked(Kind::Completion, &req.common).map_err(err)?;
+        return match req.prompt {
+            PromptText::One(t) => tokens(&t).map(|t| t.len()),
+            PromptText::Batch(v) => Ok(v.iter().map(|t| tokens(t).map_or(0, |t| t.len())).sum()),
+        };
+    }
+    let mut req: ChatRequest = parse(body).map_err(err)?;
+    let template = chat_checks(model, model_id, &req).map_err(err)?;
+    let (system, messages) = chat_messages(std::mem::take(&mut req.messages)).map_err(err)?;
+    let e = |e: edgeprompt_engine::EngineError| e.to_string();
+    let mut n = tokens(&template.render(&messages, true).map_err(e)?)?.len();
+    if let Some(sys) = system {
+        n += tokens(
+            &template
+                .render(&[Message::new("system", &sys)], false)
+                .map_err(e)?,
+        )?
+        .len();
+        n += tokens(&template.split(&sys, &messages).map_err(e)?.edge)?.len();
+    }
+    Ok(n)
+}
+
+fn check_sampling(model_id: &str, r: &Sampling) -> Result<(), ApiError> {
+    if r.model != model_id {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "the model {:?} does not exist; this server serves {:?}",
-                r.model, s.cfg.model_id
+                r.model, model_id
             ),
         ));
     }

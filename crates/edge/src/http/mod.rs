@@ -4,6 +4,9 @@
 
 pub mod access;
 mod handlers;
+pub mod schema;
+#[doc(hidden)]
+pub use handlers::check_request;
 pub mod lifecycle;
 pub mod openai;
 
@@ -82,9 +85,22 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         .route("/health", get(handlers::health))
         .route("/ready", get(lifecycle::ready))
         .route("/metrics", get(handlers::metrics))
+        .route("/openapi.json", get(openapi))
         .merge(api)
         .layer(middleware::from_fn(access::request_id))
         .with_state(state)
+}
+
+/// `GET /openapi.json`: the description of this API, naming the model this server serves.
+async fn openapi(
+    axum::extract::State(s): axum::extract::State<Arc<EdgeServer>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        schema::openapi_json(Some(&s.cfg.model_id)),
+    )
+        .into_response()
 }
 
 /// Serve until the listener fails.

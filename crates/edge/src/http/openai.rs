@@ -7,7 +7,7 @@ use edgeprompt_engine::TokenLogprobs;
 
 use crate::scheduler::Done;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     One(String),
@@ -23,14 +23,14 @@ impl Stop {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
@@ -54,21 +54,21 @@ impl Content {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// What both endpoints share.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct Sampling {
     pub model: String,
     #[serde(default)]
@@ -76,8 +76,10 @@ pub struct Sampling {
     #[serde(default)]
     pub max_completion_tokens: Option<usize>,
     #[serde(default)]
+    #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f32>,
     #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     /// Not in OpenAI's API, accepted as vLLM and llama.cpp do.
     #[serde(default)]
@@ -91,12 +93,15 @@ pub struct Sampling {
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<usize>,
     /// Chat: `true`/`false`; completions: how many alternatives per token (0-20).
     #[serde(default)]
+    #[schema(value_type = Option<crate::http::schema::LogprobsParam>)]
     pub logprobs: Option<Value>,
     /// Chat: alternatives per token (0-20) when `logprobs` is true.
     #[serde(default)]
+    #[schema(maximum = 20)]
     pub top_logprobs: Option<usize>,
     /// Completions: answer the prompt too (with `logprobs`, each prompt token scored;
     /// `max_tokens` 0 then scores the prompt only). After a cloud prompt, the prompt is this
@@ -108,21 +113,22 @@ pub struct Sampling {
     pub cloud_prompt: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     #[serde(flatten)]
     pub common: Sampling,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptText {
     One(String),
     Batch(Vec<String>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     pub prompt: PromptText,
     #[serde(flatten)]

@@ -1,0 +1,320 @@
+//! The OpenAPI description of the HTTP API (`GET /openapi.json`): the request schemas are the
+//! request types themselves (`openai.rs`); the responses are described by the types below,
+//! which name every field the handlers write. `schemathesis` checks the running server against
+//! it (`scripts/openapi_check.sh`).
+
+use serde_json::Value;
+use utoipa::{OpenApi, ToSchema};
+
+use super::openai::{ChatRequest, CompletionRequest};
+
+/// Chat's `logprobs` is `true`/`false`; completions' is how many alternatives per token.
+#[derive(ToSchema, serde::Serialize)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum LogprobsParam {
+    Chat(bool),
+    Completion(u32),
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct AssistantMessage {
+    role: String,
+    content: String,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ChatChoice {
+    index: u64,
+    message: AssistantMessage,
+    finish_reason: Option<String>,
+    /// `{"content": [{token, logprob, bytes, top_logprobs}]}` when asked for.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<Value>,
+}
+
+/// A finished chat answer (`stream: false`).
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ChatCompletion {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChoice>,
+    usage: Usage,
+    /// On a cold cloud prompt: when each cloud layer landed and each private layer ran.
+    #[schema(value_type = Option<Vec<Object>>)]
+    edgeprompt_timeline: Option<Value>,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct CompletionChoice {
+    index: u64,
+    text: String,
+    finish_reason: Option<String>,
+    /// `{tokens, token_logprobs, top_logprobs, text_offset}` when asked for.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<Value>,
+}
+
+/// A finished completion (`stream: false`).
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Completion {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<CompletionChoice>,
+    usage: Usage,
+    #[schema(value_type = Option<Vec<Object>>)]
+    edgeprompt_timeline: Option<Value>,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Delta {
+    role: Option<String>,
+    content: Option<String>,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ChatChunkChoice {
+    index: u64,
+    delta: Delta,
+    finish_reason: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<Value>,
+}
+
+/// One streamed chat event's data.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ChatCompletionChunk {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChunkChoice>,
+    /// The last chunk, when `stream_options.include_usage`.
+    usage: Option<Usage>,
+}
+
+/// One streamed completion event's data.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct CompletionChunk {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<CompletionChoice>,
+    usage: Option<Usage>,
+}
+
+/// One server-sent event of a streamed answer.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct StreamEvent {
+    /// A `ChatCompletionChunk` or `CompletionChunk` as JSON, an `ErrorBody` that ends the
+    /// stream, or `[DONE]`.
+    data: String,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ErrorDetail {
+    message: String,
+    r#type: String,
+    param: Option<String>,
+    code: Option<String>,
+}
+
+/// Every error: OpenAI's shape.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ModelCard {
+    id: String,
+    object: String,
+    created: u64,
+    owned_by: String,
+    /// Longest prompt + answer a request may use.
+    context_length: u64,
+    max_model_len: u64,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct ModelList {
+    object: String,
+    data: Vec<ModelCard>,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Health {
+    /// `ok`, `draining` or `dead`.
+    status: String,
+    pending_requests: u64,
+    model: String,
+    fingerprint: String,
+    active_sequences: u64,
+    /// Why the scheduler died (with 503).
+    reason: Option<String>,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Ready {
+    ready: bool,
+    draining: Option<bool>,
+    /// `none`, `reachable` or `unreachable`.
+    cloud: Option<String>,
+    local_compute: Option<bool>,
+    dead: Option<bool>,
+    reason: Option<String>,
+}
+
+/// Answers a chat; `stream: true` sends `chat.completion.chunk` events, then `[DONE]`.
+#[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest,
+    responses(
+        (status = 200, description = "The answer", content(
+            (ChatCompletion = "application/json"),
+            (StreamEvent = "text/event-stream"))),
+        (status = 400, description = "A request the server cannot serve", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "Another model, or an unknown cloud prompt", body = ErrorBody),
+        (status = 422, description = "A body that is not the request", body = ErrorBody),
+        (status = 429, description = "KV budget or queue full; retry later", body = ErrorBody),
+        (status = 500, description = "An internal fault ended this request", body = ErrorBody),
+        (status = 502, description = "The cloud prompt could not be had", body = ErrorBody),
+        (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+        (status = 504, description = "The request timed out", body = ErrorBody),
+    ))]
+#[allow(dead_code)]
+fn chat() {}
+
+/// Completes a prompt; `stream: true` sends `text_completion` events, then `[DONE]`.
+#[utoipa::path(post, path = "/v1/completions", request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The answer", content(
+            (Completion = "application/json"),
+            (StreamEvent = "text/event-stream"))),
+        (status = 400, description = "A request the server cannot serve", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "Another model, or an unknown cloud prompt", body = ErrorBody),
+        (status = 422, description = "A body that is not the request", body = ErrorBody),
+        (status = 429, description = "KV budget or queue full; retry later", body = ErrorBody),
+        (status = 500, description = "An internal fault ended this request", body = ErrorBody),
+        (status = 502, description = "The cloud prompt could not be had", body = ErrorBody),
+        (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+        (status = 504, description = "The request timed out", body = ErrorBody),
+    ))]
+#[allow(dead_code)]
+fn completions() {}
+
+/// The model this edge serves.
+#[utoipa::path(get, path = "/v1/models", responses(
+    (status = 200, description = "One model", body = ModelList),
+    (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn models() {}
+
+/// Alive (200, draining or not), or dead (503, with the reason).
+#[utoipa::path(get, path = "/health", responses(
+    (status = 200, description = "Serving", body = Health),
+    (status = 503, description = "The scheduler is dead", body = Health),
+))]
+#[allow(dead_code)]
+fn health() {}
+
+/// Whether a new request can be served now.
+#[utoipa::path(get, path = "/ready", responses(
+    (status = 200, description = "Ready", body = Ready),
+    (status = 503, description = "Draining, cloud unreachable, or dead", body = Ready),
+))]
+#[allow(dead_code)]
+fn ready() {}
+
+/// Prometheus metrics (OpenMetrics text).
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "Metrics", content((String = "application/openmetrics-text"))),
+))]
+#[allow(dead_code)]
+fn metrics() {}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "EdgePrompt edge",
+        description = "OpenAI-compatible API of an EdgePrompt edge: the leading system message is the cloud prompt (its KV from the cloud), the rest stays on the edge."
+    ),
+    paths(chat, completions, models, health, ready, metrics),
+    components(schemas(ChatCompletionChunk, CompletionChunk))
+)]
+pub struct ApiDoc;
+
+/// The description as JSON; with `model`, the one model name this server takes.
+pub fn openapi_json(model: Option<&str>) -> String {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    if let Some(m) = model {
+        doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"] =
+            serde_json::json!([m]);
+    }
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_description_names_every_route_and_the_request_fields() {
+        let doc: Value = serde_json::from_str(&openapi_json(Some("m"))).unwrap();
+        assert_eq!(
+            doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"][0],
+            "m"
+        );
+        for p in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models",
+            "/health",
+            "/ready",
+            "/metrics",
+        ] {
+            assert!(doc["paths"][p].is_object(), "{p}");
+        }
+        let text = doc.to_string();
+        for field in [
+            "max_tokens",
+            "cloud_prompt",
+            "messages",
+            "top_logprobs",
+            "stop",
+        ] {
+            assert!(text.contains(field), "{field}");
+        }
+    }
+}

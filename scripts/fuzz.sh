@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The cargo-fuzz targets (fuzz/): build them all and run each over its seeds and corpus.
+#   bash scripts/fuzz.sh            # 20 000 runs a target (what scripts/test.sh does)
+#   bash scripts/fuzz.sh 10000000   # a long run: 10 M executions a target
+# Installs what it needs: a nightly toolchain (libFuzzer's coverage flags) and cargo-fuzz.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-20000}
+targets=${TARGETS:-"wire header tokenizer chat http"}
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --jobs 2
+python3 scripts/models.py smollm2 qwen05 gemma3 >/dev/null
+# No sanitizer: the targets are safe Rust; what is hunted is panics, aborts, OOM and hangs.
+CARGO_BUILD_JOBS=2 cargo +nightly fuzz build -s none
+for t in $targets; do
+  mkdir -p "fuzz/corpus/$t"
+  seeds=()
+  [ -d "fuzz/seeds/$t" ] && seeds=("fuzz/seeds/$t")
+  log=$(mktemp)
+  if ! cargo +nightly fuzz run -s none "$t" "fuzz/corpus/$t" "${seeds[@]}" -- \
+    -runs="$runs" -max_len=4096 -rss_limit_mb=3072 -timeout=30 -print_final_stats=1 >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    echo "fuzz $t: failed; the input is in fuzz/artifacts/$t" >&2
+    exit 1
+  fi
+  echo "fuzz $t: $(grep -E '^stat::(number_of_executed_units|peak_rss_mb|slowest_unit_time_sec)' "$log" | tr '\n' ' ')"
+  rm -f "$log"
+done
