@@ -264,6 +264,11 @@ impl Prefixes {
             .map(|(p, s)| (Arc::new(p), s.map(Arc::new)))
     }
 
+    /// Prompts in the memory tier, resolved or being looked up (failed lookups leave none).
+    pub fn entries(&self) -> usize {
+        self.entries.lock().map_or(0, |e| e.len())
+    }
+
     /// Whether this edge checks the cloud's signature on everything it takes.
     pub fn verifies(&self) -> bool {
         self.cfg.trust.is_some()

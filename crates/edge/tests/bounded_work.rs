@@ -1,0 +1,198 @@
+//! What a client or a peer can make an edge do is bounded: system prompts computed here at once
+//! and in bytes, failed lookups that leave nothing behind, and a peer plane that speaks TLS,
+//! wants its own token and relays only what the cloud signed.
+
+use std::sync::Arc;
+
+use edgeprompt_cloud::{CloudNode, PromptSpec};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::peer::{PeerPolicy, PeerService};
+use edgeprompt_edge::prefixes::{LookupError, PrefixConfig, Prefixes, Source};
+use edgeprompt_edge::ClientSecurity;
+use edgeprompt_engine::Model;
+use edgeprompt_kv::SealKey;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+mod common;
+use common::{edge_ids, model, serve_cloud, CODING, SUPPORT};
+
+fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {
+    Arc::new(Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap())
+}
+
+#[test]
+fn local_prefills_are_bounded_in_number_and_bytes() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A long system prompt (about 2000 tokens) keeps the one slot busy for a while.
+    let long = SUPPORT.repeat(30);
+    let (long_ids, _) = edge_ids(&m, &long, "hi");
+    let (short_ids, _) = edge_ids(&m, CODING, "hi");
+    rt.block_on(async {
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                max_local_prefills: 1,
+                ..Default::default()
+            },
+        );
+        let busy = {
+            let p = p.clone();
+            let ids = long_ids.clone();
+            tokio::spawn(async move { p.for_system(&ids).await.map(|r| r.source) })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        match p.for_system(&short_ids).await {
+            Err(LookupError::Busy(m)) => assert!(m.contains("retry later"), "{m}"),
+            other => panic!("expected busy, got {:?}", other.map(|r| r.source)),
+        }
+        assert_eq!(busy.await.unwrap().unwrap(), Source::Local);
+        // Once the slot is free the next one is served.
+        assert_eq!(
+            p.for_system(&short_ids).await.unwrap().source,
+            Source::Local
+        );
+
+        // A prompt whose KV could never fit the prompt cache is refused up front.
+        let small = prefixes(
+            &m,
+            PrefixConfig {
+                cache_bytes: 1 << 20,
+                ..Default::default()
+            },
+        );
+        assert!(matches!(
+            small.for_system(&long_ids).await,
+            Err(LookupError::TooLong(_))
+        ));
+    });
+}
+
+#[test]
+fn failed_lookups_leave_nothing_behind() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cloud = common::start_cloud(m.clone()).await;
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(cloud),
+                ..Default::default()
+            },
+        );
+        for i in 0..200 {
+            let got = p.for_id(&format!("no-such-prompt-{i}")).await;
+            assert!(matches!(got, Err(LookupError::UnknownId(_))));
+        }
+        assert_eq!(p.entries(), 0, "failed lookups are not kept");
+        // A known one is kept.
+        p.for_id("support").await.unwrap();
+        assert_eq!(p.entries(), 1);
+    });
+}
+
+/// A CA and a certificate for "localhost" signed by it: (CA PEM, cert PEM, key PEM).
+fn pki() -> (String, String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+}
+
+#[test]
+fn peers_over_tls_with_their_token_relay_only_signed_kv() {
+    let m = model();
+    let (ca, cert, key) = pki();
+    let (ids, _) = edge_ids(&m, SUPPORT, "hi");
+    let (coding_ids, _) = edge_ids(&m, CODING, "hi");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let signer = SealKey::from_seed([5; 32]);
+        let trust = Some(signer.public());
+        let specs = vec![PromptSpec {
+            id: "support".into(),
+            system: SUPPORT.into(),
+            text: None,
+        }];
+        let cloud = serve_cloud(Arc::new(
+            CloudNode::new(m.clone(), &specs, 64 << 20)
+                .unwrap()
+                .with_signing(signer),
+        ))
+        .await;
+        // Edge A: the signed prompt from the cloud, an unsigned one computed here.
+        let a = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(cloud),
+                trust,
+                ..Default::default()
+            },
+        );
+        assert_eq!(a.for_system(&ids).await.unwrap().source, Source::Cloud);
+        assert_eq!(
+            a.for_system(&coding_ids).await.unwrap().source,
+            Source::Local
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(
+            Server::builder()
+                .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(&cert, &key)))
+                .unwrap()
+                .add_service(PeerService::server(
+                    a.clone(),
+                    PeerPolicy {
+                        token: Some("peer-secret".into()),
+                        signed_only: true,
+                        ..Default::default()
+                    },
+                ))
+                .serve_with_incoming(TcpListenerStream::new(l)),
+        );
+        // Edge B asks A over TLS; its cloud is down.
+        let b = |url: String, ca: Option<&str>| {
+            prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some("http://127.0.0.1:9".into()),
+                    peers: vec![url],
+                    peer_security: ClientSecurity {
+                        ca_pem: ca.map(|c| c.as_bytes().to_vec()),
+                        domain: Some("localhost".into()),
+                        token: Some("peer-secret".into()),
+                    },
+                    trust,
+                    ..Default::default()
+                },
+            )
+        };
+        let https = format!("https://127.0.0.1:{port}");
+        let got = b(https.clone(), Some(&ca)).for_system(&ids).await.unwrap();
+        assert_eq!(
+            got.source,
+            Source::Peer,
+            "relayed over TLS, signature checked"
+        );
+        // The unsigned prompt A computed itself is not served to peers.
+        let got = b(https, Some(&ca)).for_system(&coding_ids).await.unwrap();
+        assert_eq!(got.source, Source::Local);
+        // Plaintext to the TLS port does not get the token out (http:// to loopback is allowed
+        // to try, and fails at the handshake).
+        let got = b(format!("http://127.0.0.1:{port}"), None)
+            .for_system(&ids)
+            .await
+            .unwrap();
+        assert_eq!(got.source, Source::Local);
+    });
+}
