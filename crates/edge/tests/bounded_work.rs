@@ -11,12 +11,11 @@ use edgeprompt_edge::prefixes::{LookupError, PrefixConfig, Prefixes, Source};
 use edgeprompt_edge::ClientSecurity;
 use edgeprompt_engine::Model;
 use edgeprompt_kv::SealKey;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 mod common;
-use common::{edge_ids, model, serve_cloud, CODING, SUPPORT};
+use common::{edge_ids, model, pki, serve_cloud, CODING, SUPPORT};
 
 fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {
     Arc::new(Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap())
@@ -92,21 +91,6 @@ fn failed_lookups_leave_nothing_behind() {
         p.for_id("support").await.unwrap();
         assert_eq!(p.entries(), 1);
     });
-}
-
-/// A CA and a certificate for "localhost" signed by it: (CA PEM, cert PEM, key PEM).
-fn pki() -> (String, String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
 }
 
 #[test]

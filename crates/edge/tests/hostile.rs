@@ -297,6 +297,28 @@ fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {
     Arc::new(Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap())
 }
 
+/// An edge asking `url`, checking signatures with `trust` if given.
+fn edge(m: &Arc<Model>, url: &str, trust: Option<TrustKey>) -> Arc<Prefixes> {
+    prefixes(
+        m,
+        PrefixConfig {
+            cloud_url: Some(url.into()),
+            trust,
+            ..Default::default()
+        },
+    )
+}
+
+/// A hostile server on loopback doing `attack`; its URL.
+async fn hostile(g: &Arc<Genuine>, attack: Arc<Mutex<Attack>>) -> String {
+    serve(Hostile {
+        genuine: g.clone(),
+        attack,
+        auth: Default::default(),
+    })
+    .await
+}
+
 fn same(a: &PrefixKv, b: &PrefixKv) -> bool {
     a.token_ids == b.token_ids
         && a.layers.len() == b.layers.len()
@@ -320,22 +342,10 @@ fn every_hostile_cloud_stream_ends_in_an_error_or_the_exact_fallback() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let attack = Arc::new(Mutex::new(Attack::Honest));
-        let url = serve(Hostile {
-            genuine: g.clone(),
-            attack: attack.clone(),
-            auth: Default::default(),
-        })
-        .await;
+        let url = hostile(&g, attack.clone()).await;
         let trust = Some(g.key.public());
         // Warm up the paths once before measuring memory.
-        let p = prefixes(
-            &m,
-            PrefixConfig {
-                cloud_url: Some(url.clone()),
-                trust,
-                ..Default::default()
-            },
-        );
+        let p = edge(&m, &url, trust);
         let r = p.for_system(&ids).await.unwrap();
         assert_eq!(r.source, Source::Cloud, "the honest signed stream is taken");
         assert!(same(&r.prefix, &g.support));
@@ -347,14 +357,7 @@ fn every_hostile_cloud_stream_ends_in_an_error_or_the_exact_fallback() {
         for a in ATTACKS {
             *attack.lock().unwrap() = a;
             // A fresh edge each time: nothing cached from the attack before.
-            let p = prefixes(
-                &m,
-                PrefixConfig {
-                    cloud_url: Some(url.clone()),
-                    trust,
-                    ..Default::default()
-                },
-            );
+            let p = edge(&m, &url, trust);
             // A system prompt: the edge knows its ids, so it falls back to computing it.
             let r = p.for_system(&ids).await.unwrap();
             assert_eq!(r.source, Source::Local, "{a:?}: the attack is not used");
@@ -381,14 +384,7 @@ fn every_hostile_cloud_stream_ends_in_an_error_or_the_exact_fallback() {
         );
         // And the next ordinary lookup is answered.
         *attack.lock().unwrap() = Attack::Honest;
-        let p = prefixes(
-            &m,
-            PrefixConfig {
-                cloud_url: Some(url.clone()),
-                trust,
-                ..Default::default()
-            },
-        );
+        let p = edge(&m, &url, trust);
         let r = p.for_system(&ids).await.unwrap();
         assert_eq!(r.source, Source::Cloud);
     });
@@ -425,12 +421,7 @@ fn without_a_key_the_edge_still_checks_what_it_asked_for() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let attack = Arc::new(Mutex::new(Attack::OtherPromptHeader));
-        let url = serve(Hostile {
-            genuine: g.clone(),
-            attack: attack.clone(),
-            auth: Default::default(),
-        })
-        .await;
+        let url = hostile(&g, attack.clone()).await;
         for a in [
             Attack::OtherPromptHeader,
             Attack::ReplayedLayers,
@@ -438,13 +429,7 @@ fn without_a_key_the_edge_still_checks_what_it_asked_for() {
             Attack::ZstdBomb,
         ] {
             *attack.lock().unwrap() = a;
-            let p = prefixes(
-                &m,
-                PrefixConfig {
-                    cloud_url: Some(url.clone()),
-                    ..Default::default()
-                },
-            );
+            let p = edge(&m, &url, None);
             let r = p.for_system(&ids).await.unwrap();
             assert_eq!(r.source, Source::Local, "{a:?}");
             assert!(same(&r.prefix, &g.support), "{a:?}");
@@ -588,12 +573,7 @@ fn hostile_disk_files_are_ignored_and_fetched_again() {
     let address = edgeprompt_kv::content_address(&m.fingerprint, &ids);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let url = serve(Hostile {
-            genuine: g.clone(),
-            attack: Arc::new(Mutex::new(Attack::Honest)),
-            auth: Default::default(),
-        })
-        .await;
+        let url = hostile(&g, Arc::new(Mutex::new(Attack::Honest))).await;
         let trust = Some(g.key.public());
         let seal = Seal::sign(&g.key, "support", &g.support, Codec::F16, 0, false);
         let mut tampered = g.support.clone();

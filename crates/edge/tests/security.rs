@@ -7,27 +7,11 @@ use edgeprompt_cloud::{CloudNode, CloudService, Limits, PromptSpec};
 use edgeprompt_edge::{ClientSecurity, CloudClient};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 mod common;
-use common::{model, SUPPORT};
-
-/// A CA and a certificate for "localhost" signed by it: (CA PEM, cert PEM, key PEM).
-fn pki() -> (String, String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
-}
+use common::{model, pki, SUPPORT};
 
 async fn fetch(url: &str, sec: &ClientSecurity) -> Result<usize, String> {
     let m = model();

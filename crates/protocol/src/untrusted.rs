@@ -43,6 +43,18 @@ pub fn shape_bytes(shape: (usize, usize, usize, usize)) -> Option<[u8; 4]> {
     ])
 }
 
+/// What a stored prefix of `shape` must be (any token id below 2^20).
+pub fn expect_of(shape: (usize, usize, usize, usize)) -> edgeprompt_kv::Expect {
+    let (n_layers, max_tokens, n_kv_head, head_dim) = shape;
+    edgeprompt_kv::Expect {
+        n_layers,
+        n_kv_head,
+        head_dim,
+        max_tokens,
+        vocab_size: 1 << 20,
+    }
+}
+
 pub fn read_untrusted(data: &[u8]) {
     let _ = FetchRequest::decode(data);
     let Some((head, data)) = data.split_first_chunk::<4>() else {
@@ -73,14 +85,7 @@ pub fn read_untrusted(data: &[u8]) {
             None => {}
         }
     }
-    let expect = edgeprompt_kv::Expect {
-        n_layers: layers,
-        n_kv_head: heads,
-        head_dim: dim,
-        max_tokens: tokens,
-        vocab_size: 1 << 20,
-    };
-    let _ = edgeprompt_kv::read_prefix(&mut &data[..], &expect);
+    let _ = edgeprompt_kv::read_prefix(&mut &data[..], &expect_of(shape_of(*head)));
     for c in Codec::ALL {
         for compressed in [false, true] {
             let _ = codec::decode(c, compressed, data, heads, dim, tokens);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use edgeprompt_engine::{LayerKv, PrefixKv};
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::Codec;
-use edgeprompt_protocol::untrusted::{read_untrusted, shape_bytes, shape_of, SHAPE};
+use edgeprompt_protocol::untrusted::{expect_of, read_untrusted, shape_bytes, shape_of, SHAPE};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage};
 use prost::Message;
 
@@ -102,14 +102,8 @@ fn seeds_are_valid_so_mutations_reach_deep() {
             }
             assert!(re.is_complete(), "{shape:?}");
         }
-        let expect = edgeprompt_kv::Expect {
-            n_layers: layers,
-            n_kv_head: heads,
-            head_dim: dim,
-            max_tokens: tokens,
-            vocab_size: 1 << 20,
-        };
-        let (back, _) = edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect).unwrap();
+        let (back, _) =
+            edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect_of(shape)).unwrap();
         assert_eq!(back.token_ids.len(), tokens);
     }
     let s = seeds();

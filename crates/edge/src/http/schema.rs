@@ -194,21 +194,40 @@ struct Ready {
     reason: Option<String>,
 }
 
+/// How a generation request is refused or ended (OpenAI's error body each time).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum Refusals {
+    #[response(status = 400, description = "A request the server cannot serve")]
+    BadRequest(ErrorBody),
+    #[response(status = 401, description = "No or a wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(
+        status = 404,
+        description = "Another model, or an unknown cloud prompt"
+    )]
+    NotFound(ErrorBody),
+    #[response(status = 422, description = "A body that is not the request")]
+    Unprocessable(ErrorBody),
+    #[response(status = 429, description = "KV budget or queue full; retry later")]
+    Busy(ErrorBody),
+    #[response(status = 500, description = "An internal fault ended this request")]
+    Fault(ErrorBody),
+    #[response(status = 502, description = "The cloud prompt could not be had")]
+    BadGateway(ErrorBody),
+    #[response(status = 503, description = "Draining, or the scheduler is dead")]
+    Unavailable(ErrorBody),
+    #[response(status = 504, description = "The request timed out")]
+    Timeout(ErrorBody),
+}
+
 /// Answers a chat; `stream: true` sends `chat.completion.chunk` events, then `[DONE]`.
 #[utoipa::path(post, path = "/v1/chat/completions", request_body = ChatRequest,
     responses(
         (status = 200, description = "The answer", content(
             (ChatCompletion = "application/json"),
             (StreamEvent = "text/event-stream"))),
-        (status = 400, description = "A request the server cannot serve", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "Another model, or an unknown cloud prompt", body = ErrorBody),
-        (status = 422, description = "A body that is not the request", body = ErrorBody),
-        (status = 429, description = "KV budget or queue full; retry later", body = ErrorBody),
-        (status = 500, description = "An internal fault ended this request", body = ErrorBody),
-        (status = 502, description = "The cloud prompt could not be had", body = ErrorBody),
-        (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
-        (status = 504, description = "The request timed out", body = ErrorBody),
+        Refusals,
     ))]
 #[allow(dead_code)]
 fn chat() {}
@@ -219,15 +238,7 @@ fn chat() {}
         (status = 200, description = "The answer", content(
             (Completion = "application/json"),
             (StreamEvent = "text/event-stream"))),
-        (status = 400, description = "A request the server cannot serve", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "Another model, or an unknown cloud prompt", body = ErrorBody),
-        (status = 422, description = "A body that is not the request", body = ErrorBody),
-        (status = 429, description = "KV budget or queue full; retry later", body = ErrorBody),
-        (status = 500, description = "An internal fault ended this request", body = ErrorBody),
-        (status = 502, description = "The cloud prompt could not be had", body = ErrorBody),
-        (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
-        (status = 504, description = "The request timed out", body = ErrorBody),
+        Refusals,
     ))]
 #[allow(dead_code)]
 fn completions() {}

@@ -177,3 +177,18 @@ pub fn done(rx: &mut mpsc::UnboundedReceiver<Event>) -> Done {
     }
     panic!("no answer")
 }
+
+/// A CA and a certificate for "localhost" signed by it: (CA PEM, cert PEM, key PEM).
+pub fn pki() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+}
