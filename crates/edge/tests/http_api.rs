@@ -297,3 +297,98 @@ async fn stop_sequences_are_limited() {
         assert_eq!(status, 200, "{v}");
     }
 }
+
+/// Token-id prompts and the tokenizer endpoints (llama-server's and vLLM's shapes): the ids
+/// `/tokenize` gives, sent as the prompt, answer exactly as the text does; `/detokenize` gives
+/// the text back; ids past the vocabulary are a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_id_prompts_and_the_tokenizer_endpoints() {
+    let m = model();
+    let cloud = start_cloud(m.clone()).await;
+    let base = start_server(
+        m.clone(),
+        &cloud,
+        1 << 30,
+        UnknownSystem::ComputeLocally,
+        ApiKeys::default(),
+    )
+    .await;
+    let addr: std::net::SocketAddr = base
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .parse()
+        .unwrap();
+    let post = |path: &'static str, body: serde_json::Value| {
+        tokio::task::spawn_blocking(move || common::post_json(addr, path, &body.to_string()))
+    };
+    let (status, t) = post("/tokenize", serde_json::json!({"content": ECHO_TEXT}))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{t}");
+    let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone()).unwrap();
+    assert_eq!(ids, m.tokenizer.encode_prompt(ECHO_TEXT).unwrap());
+    assert_eq!(t["count"], ids.len());
+    // vLLM's field names, and no special tokens.
+    let (_, plain) = post(
+        "/tokenize",
+        serde_json::json!({"prompt": ECHO_TEXT, "add_special_tokens": false}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        plain["tokens"],
+        serde_json::json!(m.tokenizer.encode(ECHO_TEXT).unwrap())
+    );
+    let (status, d) = post(
+        "/detokenize",
+        serde_json::json!({"tokens": plain["tokens"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(d["content"], ECHO_TEXT);
+    assert_eq!(d["prompt"], ECHO_TEXT);
+
+    // The same greedy answer and scores from the text, the ids, and a batch of one id list.
+    let answer = |prompt: serde_json::Value| {
+        post(
+            "/v1/completions",
+            serde_json::json!({"model": "smollm2", "prompt": prompt, "max_tokens": 12,
+                "temperature": 0, "logprobs": 2}),
+        )
+    };
+    let (s1, by_text) = answer(serde_json::json!(ECHO_TEXT)).await.unwrap();
+    let (s2, by_ids) = answer(serde_json::json!(ids)).await.unwrap();
+    let (s3, by_batch) = answer(serde_json::json!([ids])).await.unwrap();
+    assert_eq!((s1, s2, s3), (200, 200, 200), "{by_ids}");
+    for v in [&by_ids, &by_batch] {
+        assert_eq!(v["choices"][0]["text"], by_text["choices"][0]["text"]);
+        assert_eq!(
+            v["choices"][0]["logprobs"],
+            by_text["choices"][0]["logprobs"]
+        );
+        assert_eq!(v["usage"], by_text["usage"]);
+    }
+    let past = m.tokenizer.vocab_size() as u32;
+    for bad in [
+        serde_json::json!([1, past]),
+        serde_json::json!([[1], [2]]),
+        serde_json::json!([]),
+    ] {
+        let (status, v) = answer(bad.clone()).await.unwrap();
+        assert_eq!(status, 400, "{bad}: {v}");
+    }
+    let (status, v) = post("/detokenize", serde_json::json!({"tokens": [past]}))
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{v}");
+
+    let (status, info) =
+        tokio::task::spawn_blocking(move || common::http(addr, "GET", "/tokenizer_info", ""))
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["vocab_size"], m.tokenizer.vocab_size());
+    assert_eq!(info["eos_token_id"], serde_json::json!(m.tokenizer.eos_id));
+}

@@ -288,6 +288,22 @@ streamed = "".join(c.choices[0].text for c in client.completions.create(stream=T
 check(streamed == both.choices[0].text, f"streamed echo == whole: {streamed!r}")
 check(client.completions.create(model=MODEL, prompt="hi", max_tokens=0, echo=True)
       .choices[0].text == "hi", "echo without logprobs returns the prompt")
+# Token-id prompts, as lm-evaluation-harness sends them, and the tokenizer endpoints.
+status, body = raw_post(root, "/tokenize", json.dumps({"content": cfg["echo_text"]}).encode())
+ids = json.loads(body)["tokens"]
+check(status == 200 and len(ids) > 3, f"/tokenize: {body}")
+kw = dict(model=MODEL, max_tokens=4, temperature=0, logprobs=2)
+by_text = client.completions.create(prompt=cfg["echo_text"], **kw)
+by_ids = client.completions.create(prompt=ids, **kw)
+check(by_ids.choices[0].text == by_text.choices[0].text
+      and by_ids.choices[0].logprobs.token_logprobs == by_text.choices[0].logprobs.token_logprobs,
+      f"a token-id prompt answers as its text: {by_ids.choices[0].text!r}")
+check(client.completions.create(prompt=[ids], **kw).choices[0].text == by_text.choices[0].text,
+      "a batch of one id list too")
+status, body = raw_post(root, "/detokenize", json.dumps({"tokens": ids}).encode())
+check(status == 200 and json.loads(body)["content"].endswith(cfg["echo_text"]), f"/detokenize: {body}")
+info = json.loads(get(root, "/tokenizer_info"))
+check(info["vocab_size"] > max(ids) and info["model"] == MODEL, f"/tokenizer_info: {info}")
 status, body = raw_post(cfg["base"], "/completions", json.dumps(
     {"model": MODEL, "prompt": "hi", "max_tokens": 0}).encode())
 check(status == 400 and "max_tokens" in json.loads(body)["error"]["message"],

@@ -173,10 +173,13 @@ async fn completions_inner(
     let req: CompletionRequest = parse(body)?;
     check_sampling(&s.cfg.model_id, &req.common)?;
     logprobs_asked(Kind::Completion, &req.common)?;
-    let text = match req.prompt {
-        PromptText::One(t) => t,
-        PromptText::Batch(mut v) if v.len() == 1 => v.remove(0),
-        PromptText::Batch(_) => return Err(ApiError::bad_request("send one prompt per request")),
+    let one = || ApiError::bad_request("send one prompt per request");
+    let (text, ids) = match req.prompt {
+        PromptText::One(t) => (t, None),
+        PromptText::Batch(mut v) if v.len() == 1 => (v.remove(0), None),
+        PromptText::IdBatch(mut v) if v.len() == 1 => prompt_ids(&s.model, v.remove(0))?,
+        PromptText::Ids(ids) => prompt_ids(&s.model, ids)?,
+        PromptText::Batch(_) | PromptText::IdBatch(_) => return Err(one()),
     };
     let prefix = match &req.common.cloud_prompt {
         Some(id) => Some(
@@ -189,17 +192,36 @@ async fn completions_inner(
     };
     // A prompt of its own starts with BOS where the model wants one; after a cloud prompt it
     // continues that prompt's text.
-    let prompt = match prefix {
-        Some(_) => encode(s, &text)?,
-        None => s
+    let prompt = match (ids, prefix.is_some()) {
+        (Some(ids), _) => ids,
+        (None, true) => encode(s, &text)?,
+        (None, false) => s
             .model
             .tokenizer
             .encode_prompt(&text)
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
     };
+    if prompt.is_empty() && prefix.is_none() {
+        return Err(ApiError::bad_request("the prompt has no tokens"));
+    }
     // Echo answers the prompt as sent (after a cloud prompt: this request's part of it).
     let echo = (req.common.echo == Some(true)).then_some(text);
     run(s, Kind::Completion, id, req.common, prefix, prompt, echo).await
+}
+
+/// A prompt given as token ids: each in the vocabulary; its text (for `echo`) decoded.
+fn prompt_ids(model: &Model, ids: Vec<u32>) -> Result<(String, Option<Vec<u32>>), ApiError> {
+    let vocab = model.tokenizer.vocab_size();
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad_request(format!(
+            "token id {bad} is past the vocabulary of {vocab}"
+        )));
+    }
+    let text = model
+        .tokenizer
+        .decode(&ids)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((text, Some(ids)))
 }
 
 /// Most stop sequences a request may give, and most bytes in each (OpenAI's limit is 4; every
@@ -300,6 +322,11 @@ pub fn check_request(
         return match req.prompt {
             PromptText::One(t) => tokens(&t).map(|t| t.len()),
             PromptText::Batch(v) => Ok(v.iter().map(|t| tokens(t).map_or(0, |t| t.len())).sum()),
+            PromptText::Ids(ids) => prompt_ids(model, ids).map(|_| 0).map_err(err),
+            PromptText::IdBatch(v) => Ok(v
+                .into_iter()
+                .filter_map(|ids| prompt_ids(model, ids).ok())
+                .count()),
         };
     }
     let mut req: ChatRequest = parse(body).map_err(err)?;

@@ -5,6 +5,7 @@
 pub mod access;
 mod handlers;
 pub mod schema;
+mod tokens;
 #[doc(hidden)]
 pub use handlers::check_request;
 pub mod lifecycle;
@@ -76,6 +77,9 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/tokenizer_info", get(tokens::tokenizer_info))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             lifecycle::refuse_when_draining,

@@ -126,6 +126,9 @@ pub struct ChatRequest {
 pub enum PromptText {
     One(String),
     Batch(Vec<String>),
+    /// Token ids, taken as they are (no BOS added), as OpenAI, vLLM and llama-server take them.
+    Ids(Vec<u32>),
+    IdBatch(Vec<Vec<u32>>),
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

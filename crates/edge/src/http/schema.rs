@@ -7,6 +7,7 @@ use serde_json::Value;
 use utoipa::{OpenApi, ToSchema};
 
 use super::openai::{ChatRequest, CompletionRequest};
+use super::tokens::{DetokenizeRequest, TokenizeRequest};
 
 /// Chat's `logprobs` is `true`/`false`; completions' is how many alternatives per token.
 #[derive(ToSchema, serde::Serialize)]
@@ -275,13 +276,82 @@ fn ready() {}
 #[allow(dead_code)]
 fn metrics() {}
 
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Tokenized {
+    tokens: Vec<u32>,
+    count: u64,
+    max_model_len: u64,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct Detokenized {
+    /// The text (llama-server's name).
+    content: String,
+    /// The same text (vLLM's name).
+    prompt: String,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct TokenizerInfo {
+    model: String,
+    vocab_size: u64,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    max_model_len: u64,
+    has_chat_template: bool,
+}
+
+/// Token ids of a text (BOS added where the model wants one unless `add_special` is false).
+#[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest, responses(
+    (status = 200, description = "The ids", body = Tokenized),
+    (status = 400, description = "No text, or not the request", body = ErrorBody),
+    (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn tokenize() {}
+
+/// The text of token ids.
+#[utoipa::path(post, path = "/detokenize", request_body = DetokenizeRequest, responses(
+    (status = 200, description = "The text", body = Detokenized),
+    (status = 400, description = "An id past the vocabulary, or not the request", body = ErrorBody),
+    (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn detokenize() {}
+
+/// The tokenizer's vocabulary size and special tokens.
+#[utoipa::path(get, path = "/tokenizer_info", responses(
+    (status = 200, description = "The tokenizer", body = TokenizerInfo),
+    (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn tokenizer_info() {}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "EdgePrompt edge",
         description = "OpenAI-compatible API of an EdgePrompt edge: the leading system message is the cloud prompt (its KV from the cloud), the rest stays on the edge."
     ),
-    paths(chat, completions, models, health, ready, metrics),
+    paths(
+        chat,
+        completions,
+        models,
+        health,
+        ready,
+        metrics,
+        tokenize,
+        detokenize,
+        tokenizer_info
+    ),
     components(schemas(ChatCompletionChunk, CompletionChunk))
 )]
 pub struct ApiDoc;
