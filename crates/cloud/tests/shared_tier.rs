@@ -185,6 +185,13 @@ fn hostile_redis_values_are_refused_and_recomputed() {
                 }),
             ),
             (
+                "forged lower layers under a seal from layer 8 on",
+                Box::new(|| {
+                    let s = Seal::sign(&key(), "support", &tampered, Codec::F16, 8, false);
+                    store.put(&address, &tampered, Some(&s)).unwrap()
+                }),
+            ),
+            (
                 "signed by another key",
                 Box::new(|| {
                     let k = SealKey::from_seed([1; 32]);

@@ -26,6 +26,9 @@ struct State {
 pub struct LayerStream {
     token_ids: Vec<u32>,
     state: Mutex<State>,
+    /// A layer from the cloud has landed: with the cloud's key, its signature bound these ids
+    /// to the prompt.
+    vouched: std::sync::atomic::AtomicBool,
 }
 
 impl LayerStream {
@@ -36,7 +39,17 @@ impl LayerStream {
                 layers: vec![None; n_layer],
                 outcome: None,
             }),
+            vouched: Default::default(),
         }
+    }
+
+    pub fn vouch(&self) {
+        self.vouched
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn vouched(&self) -> bool {
+        self.vouched.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The prompt's tokens (from the cloud's header): known before any layer.

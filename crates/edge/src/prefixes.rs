@@ -269,6 +269,15 @@ impl Prefixes {
         self.entries.lock().map_or(0, |e| e.len())
     }
 
+    /// Whether values decoded from `c` are ones this edge would have asked the cloud for (what
+    /// a peer or the disk holds must be).
+    fn takes_codec(&self, c: Codec) -> bool {
+        match &self.cfg.auto_codec {
+            Some(a) => c == Codec::F16 || a.allowed().iter().any(|q| q.codec == c),
+            None => c == Codec::F16 || c == self.cfg.codec,
+        }
+    }
+
     /// Whether this edge checks the cloud's signature on everything it takes.
     pub fn verifies(&self) -> bool {
         self.cfg.trust.is_some()
@@ -450,7 +459,13 @@ impl Prefixes {
                 // A failed lookup leaves nothing behind but, for an id the cloud does not
                 // know, a short-lived note of it.
                 if let Ok(mut m) = self.entries.lock() {
-                    if m.get(key).is_some_and(|x| x.cell.get().is_none()) {
+                    // Only this lookup's own cell, and only if no other request waits on it
+                    // (the map's reference and ours): a waiter may still fill it.
+                    if m.get(key).is_some_and(|x| {
+                        Arc::ptr_eq(&x.cell, &cell)
+                            && x.cell.get().is_none()
+                            && Arc::strong_count(&cell) == 2
+                    }) {
                         m.remove(key);
                     }
                 }
@@ -536,6 +551,15 @@ impl Prefixes {
                 None => return refuse("unsigned, and this edge takes only signed KV".into()),
                 Some(s) if s.first_layer > 0 => {
                     return refuse(format!("layers below {} are unsigned", s.first_layer))
+                }
+                Some(s) if s.mapped && !self.lslm() => {
+                    return refuse("a larger model's mapped KV where exact KV is kept".into())
+                }
+                Some(s) if !self.takes_codec(s.codec) => {
+                    return refuse(format!(
+                        "values of {}, a codec this edge does not take",
+                        s.codec.name()
+                    ))
                 }
                 Some(s) => {
                     if let Err(e) = s.verify(trust, &p) {
@@ -639,7 +663,14 @@ impl Prefixes {
             (None, _) => None,
         };
         // A prompt named by id that failed after its header: its tokens are known now.
-        let streamed = slot.and_then(|s| s.borrow().as_ref().map(|s| s.token_ids().to_vec()));
+        // With the cloud's key, only once a signed layer bound them to the prompt: an unsigned
+        // header's ids are the sender's choice.
+        let streamed = slot.and_then(|s| {
+            s.borrow()
+                .as_ref()
+                .filter(|s| self.cfg.trust.is_none() || s.vouched())
+                .map(|s| s.token_ids().to_vec())
+        });
         let ids = ids.or(streamed.as_deref());
         let by_id = |id: &str| LookupError::UnknownId(id.to_string());
         match (fetched, ids, &prompt) {
@@ -705,11 +736,14 @@ impl Prefixes {
         let (header, mut rx) = client
             .fetch_from(&self.model, prompt, &[codec], false, first)
             .await?;
-        // What a peer holds must be values of a codec this edge would have asked the cloud for.
-        let codec_ok = |c: Codec| match &self.cfg.auto_codec {
-            Some(a) => c == Codec::F16 || a.allowed().iter().any(|q| q.codec == c),
-            None => c == Codec::F16 || c == self.cfg.codec,
-        };
+        let codec_ok = |c: Codec| self.takes_codec(c);
+        if to_cloud && header.manifest.codec != codec {
+            return Err(EdgeError::Stream(format!(
+                "the cloud sent {} KV; this edge asked for {}",
+                header.manifest.codec.name(),
+                codec.name()
+            )));
+        }
         if !to_cloud && !codec_ok(header.manifest.codec) {
             return Err(EdgeError::Stream(format!(
                 "the peer holds KV decoded from {}, which this edge does not take",
@@ -728,11 +762,6 @@ impl Prefixes {
         }
         // Mapped KV must never be kept where exact KV is expected (and served to peers).
         let exact_expected = !self.lslm();
-        if let Some(a) = &self.cfg.auto_split {
-            if self.cfg.cloud_url.as_deref() == Some(url) {
-                a.learn(header.mapped);
-            }
-        }
         if header.mapped && exact_expected {
             return Err(EdgeError::Stream(
                 "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
@@ -766,6 +795,16 @@ impl Prefixes {
                 None => (a.at, 0, a.at),
                 Some((first, bytes, _)) => (first, bytes + a.wire_bytes, a.at),
             });
+            if deep.is_empty() {
+                // The first layer is in (and, with the cloud's key, verified): now what the
+                // header says of the cloud (mapped or exact) can be learnt, and its ids vouched.
+                if let (Some(a), true) = (&self.cfg.auto_split, to_cloud) {
+                    a.learn(header.mapped);
+                }
+                if let Some(s) = &stream {
+                    s.vouch();
+                }
+            }
             let kv = Arc::new(a.kv);
             if let Some(s) = &stream {
                 s.put(a.layer, kv.clone(), a.wire_bytes);

@@ -60,6 +60,9 @@ enum Attack {
     ReplayedLayers,
     /// The genuine header and layers, the signed prompt id changed.
     RenamedPrompt,
+    /// Asked by id: a header naming that id over another prompt's ids (and their address),
+    /// then unsigned layers: the sender choosing which system prompt the id means.
+    ForgedIdHeader,
 }
 
 const ATTACKS: [Attack; 21] = [
@@ -172,6 +175,7 @@ impl Genuine {
                 theirs
             }
             Attack::OtherPromptHeader => self.stream(&self.coding, "coding", Some(&self.key)).await,
+            Attack::ForgedIdHeader => self.stream(&self.coding, id, None).await,
             Attack::WrongKey => self.stream(p, id, Some(&self.wrong)).await,
             _ => self.stream(p, id, Some(&self.key)).await,
         };
@@ -664,4 +668,42 @@ fn write(path: &std::path::Path, p: &PrefixKv, seal: Option<&Seal>) {
     let dir = path.parent().unwrap();
     let key = path.file_stem().unwrap().to_str().unwrap();
     DiskStore::open(dir).unwrap().put(key, p, seal).unwrap();
+}
+
+/// The ids of a prompt asked for by id come from its header, which nobody signs: with the
+/// cloud's key they are used (to compute the prompt here after a failure) only once a signed
+/// layer bound them to the prompt. A forged header cannot choose what "support" means.
+#[test]
+fn a_forged_header_cannot_choose_the_prompt_an_id_names() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = hostile(&g, Arc::new(Mutex::new(Attack::ForgedIdHeader))).await;
+        let p = edge(&m, &url, Some(g.key.public()));
+        assert!(p.for_id("support").await.is_err(), "whole: refused");
+        match p.for_id_streaming("support").await {
+            Err(_) => {}
+            Ok(edgeprompt_edge::PromptKv::Ready(k)) => {
+                panic!("resolved to {} tokens of the sender's choice", k.n_tokens())
+            }
+            Ok(edgeprompt_edge::PromptKv::Streaming(s)) => {
+                let out = loop {
+                    if let Some(o) = s.outcome() {
+                        break o;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                };
+                assert!(
+                    out.is_err(),
+                    "streamed: the lookup fails, nothing is computed"
+                );
+            }
+        }
+        assert_eq!(p.entries(), 0);
+        // Without a key the edge cannot tell, and computes what the header names (the
+        // documented limit of running without --cloud-key).
+        let open = edge(&m, &url, None);
+        assert!(open.for_id_streaming("support").await.is_ok());
+    });
 }
