@@ -111,7 +111,7 @@ pub async fn metrics(State(s): AppState) -> Response {
         .into_response()
 }
 
-fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+pub(super) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
@@ -209,19 +209,23 @@ async fn completions_inner(
     run(s, Kind::Completion, id, req.common, prefix, prompt, echo).await
 }
 
-/// A prompt given as token ids: each in the vocabulary; its text (for `echo`) decoded.
+/// A prompt given as token ids: its text (for `echo`), and the ids.
 fn prompt_ids(model: &Model, ids: Vec<u32>) -> Result<(String, Option<Vec<u32>>), ApiError> {
+    Ok((text_of(model, &ids)?, Some(ids)))
+}
+
+/// The text of token ids from a client: each must be in the vocabulary.
+pub(super) fn text_of(model: &Model, ids: &[u32]) -> Result<String, ApiError> {
     let vocab = model.tokenizer.vocab_size();
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::bad_request(format!(
             "token id {bad} is past the vocabulary of {vocab}"
         )));
     }
-    let text = model
+    model
         .tokenizer
-        .decode(&ids)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok((text, Some(ids)))
+        .decode(ids)
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// Most stop sequences a request may give, and most bytes in each (OpenAI's limit is 4; every

@@ -9,6 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::handlers::{parse, text_of};
 use super::{ApiError, EdgeServer};
 
 type AppState = State<std::sync::Arc<EdgeServer>>;
@@ -32,11 +33,6 @@ pub struct TokenizeRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
-}
-
-fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
 pub async fn tokenize(State(s): AppState, body: Bytes) -> Response {
@@ -66,17 +62,7 @@ pub async fn tokenize(State(s): AppState, body: Bytes) -> Response {
 pub async fn detokenize(State(s): AppState, body: Bytes) -> Response {
     let run = || -> Result<Response, ApiError> {
         let r: DetokenizeRequest = parse(&body)?;
-        let vocab = s.model.tokenizer.vocab_size();
-        if let Some(bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::bad_request(format!(
-                "token id {bad} is past the vocabulary of {vocab}"
-            )));
-        }
-        let text = s
-            .model
-            .tokenizer
-            .decode(&r.tokens)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let text = text_of(&s.model, &r.tokens)?;
         Ok(Json(json!({"content": text, "prompt": text})).into_response())
     };
     run().unwrap_or_else(IntoResponse::into_response)
