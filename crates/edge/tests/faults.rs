@@ -90,6 +90,17 @@ async fn alive(addr: SocketAddr) {
     }
 }
 
+/// After a contained fault: nothing held, the scheduler alive, health and readiness 200, and
+/// the next request answered token for token as `want`.
+async fn recovered(s: &EdgeServer, addr: SocketAddr, want: &Value) {
+    nothing_held(s).await;
+    assert_eq!(s.scheduler.dead(), None);
+    alive(addr).await;
+    let (status, b) = chat(addr, false).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(&answer(&b), want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_step_fails_its_requests_and_repeated_faults_make_the_edge_dead() {
     let cloud = start_cloud(model()).await;
@@ -107,14 +118,8 @@ async fn a_panicking_step_fails_its_requests_and_repeated_faults_make_the_edge_d
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["error"]["message"], FAULT, "{b}");
     assert_eq!(v["error"]["type"], "server_error", "{b}");
-    nothing_held(&s).await;
-    assert_eq!(s.scheduler.dead(), None);
-    alive(addr).await;
-
-    // The next request is served, token for token as on a fresh server.
-    let (status, b) = chat(addr, false).await;
-    assert_eq!(status, 200, "{b}");
-    assert_eq!(answer(&b), want);
+    // Nothing held, still alive, and the next request served as on a fresh server.
+    recovered(&s, addr, &want).await;
 
     // Fault 2, streamed: the stream carries the error, then ends.
     s.scheduler.inject_panic_next_step();
@@ -122,12 +127,7 @@ async fn a_panicking_step_fails_its_requests_and_repeated_faults_make_the_edge_d
     assert_eq!(status, 200, "the stream had started: {b}");
     assert!(b.contains(FAULT), "{b}");
     assert!(!b.contains("finish_reason\":\"length"), "{b}");
-    nothing_held(&s).await;
-    assert_eq!(s.scheduler.dead(), None);
-    alive(addr).await;
-    let (status, b) = chat(addr, false).await;
-    assert_eq!(status, 200, "{b}");
-    assert_eq!(answer(&b), want);
+    recovered(&s, addr, &want).await;
 
     // Fault 3 within the minute: no longer contained. Its request still gets the fault's
     // error; then the scheduler is dead and says so everywhere.

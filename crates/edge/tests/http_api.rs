@@ -64,6 +64,24 @@ async fn start_server(
     format!("http://{addr}/v1")
 }
 
+/// An edge server on its own cloud, system prompts computed here when unknown, no API keys;
+/// its address.
+async fn open_server(m: Arc<Model>) -> std::net::SocketAddr {
+    let cloud = start_cloud(m.clone()).await;
+    let base = start_server(
+        m,
+        &cloud,
+        1 << 30,
+        UnknownSystem::ComputeLocally,
+        ApiKeys::default(),
+    )
+    .await;
+    base.trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn openai_client_against_the_edge_server() {
     let m = model();
@@ -207,20 +225,7 @@ fn reference_logprobs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_sequences_are_limited() {
     let m = model();
-    let cloud = start_cloud(m.clone()).await;
-    let base = start_server(
-        m,
-        &cloud,
-        1 << 30,
-        UnknownSystem::ComputeLocally,
-        ApiKeys::default(),
-    )
-    .await;
-    let addr: std::net::SocketAddr = base
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .parse()
-        .unwrap();
+    let addr = open_server(m.clone()).await;
     let chat = |stop: serde_json::Value, stream: bool| {
         serde_json::json!({
             "model": "smollm2", "max_tokens": 4, "temperature": 0, "stream": stream, "stop": stop,
@@ -304,20 +309,7 @@ async fn stop_sequences_are_limited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_id_prompts_and_the_tokenizer_endpoints() {
     let m = model();
-    let cloud = start_cloud(m.clone()).await;
-    let base = start_server(
-        m.clone(),
-        &cloud,
-        1 << 30,
-        UnknownSystem::ComputeLocally,
-        ApiKeys::default(),
-    )
-    .await;
-    let addr: std::net::SocketAddr = base
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .parse()
-        .unwrap();
+    let addr = open_server(m.clone()).await;
     let post = |path: &'static str, body: serde_json::Value| {
         tokio::task::spawn_blocking(move || common::post_json(addr, path, &body.to_string()))
     };
