@@ -146,17 +146,7 @@ impl CloudNode {
                     (None, _) => Ok(()),
                     // Whole, exact f16 KV only: a seal from a later layer leaves the ones
                     // below it unsigned, and this node re-signs whatever it serves.
-                    (Some(_), Some(s))
-                        if s.first_layer != 0 || s.mapped || s.codec != Codec::F16 =>
-                    {
-                        Err(edgeprompt_kv::KvError::Seal(format!(
-                            "a seal from layer {} ({}, mapped: {}), not the whole exact f16 KV",
-                            s.first_layer,
-                            s.codec.name(),
-                            s.mapped
-                        )))
-                    }
-                    (Some(k), Some(s)) => s.verify(&k.public(), &kv),
+                    (Some(k), Some(s)) => s.verify_whole(&k.public(), &kv, |c| c == Codec::F16),
                     (Some(_), None) => Err(edgeprompt_kv::KvError::Seal("unsigned".into())),
                 };
                 match (fits, addressed, signed) {

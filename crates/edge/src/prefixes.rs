@@ -549,20 +549,8 @@ impl Prefixes {
         if let Some(trust) = &self.cfg.trust {
             match &seal {
                 None => return refuse("unsigned, and this edge takes only signed KV".into()),
-                Some(s) if s.first_layer > 0 => {
-                    return refuse(format!("layers below {} are unsigned", s.first_layer))
-                }
-                Some(s) if s.mapped && !self.lslm() => {
-                    return refuse("a larger model's mapped KV where exact KV is kept".into())
-                }
-                Some(s) if !self.takes_codec(s.codec) => {
-                    return refuse(format!(
-                        "values of {}, a codec this edge does not take",
-                        s.codec.name()
-                    ))
-                }
                 Some(s) => {
-                    if let Err(e) = s.verify(trust, &p) {
+                    if let Err(e) = s.verify_whole(trust, &p, |c| self.takes_codec(c)) {
                         return refuse(e.to_string());
                     }
                 }

@@ -217,6 +217,25 @@ impl Seal {
         Ok(())
     }
 
+    /// `verify`, for a prefix kept whole (a disk file, a shared-tier value): the seal must cover
+    /// every layer of exact (not mapped) KV, with values of a codec `takes`.
+    pub fn verify_whole(
+        &self,
+        key: &TrustKey,
+        prefix: &PrefixKv,
+        takes: impl Fn(Codec) -> bool,
+    ) -> Result<()> {
+        if self.first_layer != 0 || self.mapped || !takes(self.codec) {
+            return Err(KvError::Seal(format!(
+                "a seal from layer {} of {} values (mapped: {}), not the whole exact KV taken here",
+                self.first_layer,
+                self.codec.name(),
+                self.mapped
+            )));
+        }
+        self.verify(key, prefix)
+    }
+
     /// Sign every layer of `prefix` from `first_layer` on.
     pub fn sign(
         key: &SealKey,
@@ -327,6 +346,15 @@ mod tests {
         let seal = Seal::sign(&key, "", &p, Codec::Int4Ch, 1, true);
         assert_eq!(seal.signatures.len(), 2);
         seal.verify(&key.public(), &p).unwrap();
+        // Valid, but not a whole exact prefix: refused where one is kept.
+        assert!(seal.verify_whole(&key.public(), &p, |_| true).is_err());
+        let whole = Seal::sign(&key, "", &p, Codec::Int8, 0, false);
+        whole
+            .verify_whole(&key.public(), &p, |c| c == Codec::Int8)
+            .unwrap();
+        assert!(whole
+            .verify_whole(&key.public(), &p, |c| c == Codec::F16)
+            .is_err());
         // Layer 0 (computed at the edge) may be anything.
         let mut q = p.clone();
         q.layers[0] = p.layers[2].clone();
