@@ -1,4 +1,4 @@
-//! Where a request's cloud-prompt KV comes from, in order (DESIGN.md §5): this edge's memory,
+//! Where a request's cloud-prompt KV comes from, in order (docs/design.md §5): this edge's memory,
 //! its disk (survives restarts), peer edges, the cloud, or computed here (a system message the
 //! cloud does not know, or a cloud that is down or dies mid-stream: the result is the same KV,
 //! bit for bit). One lookup per prompt however many requests ask at once; every request on the

@@ -230,7 +230,7 @@ async fn tap(upstream: String) -> (String, Arc<std::sync::Mutex<Vec<u8>>>) {
     (format!("http://{addr}"), seen)
 }
 
-/// Privacy (DESIGN.md §9): every byte the edge sent toward the cloud is captured; none of the
+/// Privacy (docs/design.md §9): every byte the edge sent toward the cloud is captured; none of the
 /// private prompt's text, token ids or KV is in it, and it is only the request itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_uploads_nothing_of_the_private_prompt() {

@@ -1,4 +1,4 @@
-//! Split-prefix inference is exact (DESIGN.md §2, §9): a cloud prompt prefilled once, its KV
+//! Split-prefix inference is exact (docs/design.md §2, §9): a cloud prompt prefilled once, its KV
 //! exported and imported into a fresh sequence, then the private edge prompt and 32 greedy
 //! tokens, against single-node inference on the concatenated ids.
 

@@ -1,4 +1,4 @@
-//! The edge-to-cloud protocol (DESIGN.md §4): the edge asks for a cloud prompt's KV; the cloud
+//! The edge-to-cloud protocol (docs/design.md §4): the edge asks for a cloud prompt's KV; the cloud
 //! answers with a header and then sealed chunks in layer-major order.
 //!
 //! Privacy is a property of these types: `FetchRequest` names a cloud prompt (a short id or a
