@@ -17,6 +17,9 @@ cargo test -j2 --release --workspace -- --include-ignored
 # The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
 # every path must give the portable bits.
 EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib
+# The aarch64 kernels under qemu emulation: the engine's unit tests on a CPU model for each
+# path (neon, dotprod, i8mm) and a real model's logits on every path against the fixture.
+bash scripts/aarch64.sh
 # The cargo-fuzz targets build (nightly, libFuzzer) and each runs 20 000 inputs from its seeds.
 bash scripts/fuzz.sh 20000
 # The HTTP API against its OpenAPI description: schemathesis on a running edge (no 5xx, every

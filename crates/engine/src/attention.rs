@@ -1,5 +1,5 @@
 //! Attention over a read-only shared prefix (the cloud prompt's KV) and a private causal
-//! segment (the edge prompt and the answer), joined by the log-sum-exp merge of DESIGN.md §2.
+//! segment (the edge prompt and the answer), joined by the log-sum-exp merge of docs/design.md §2.
 //!
 //! Every query row keeps a running softmax state `(m, l, acc)` and consumes keys one at a
 //! time in absolute position order. Folding the private keys into the state left by the
@@ -817,7 +817,7 @@ mod simd {
     }
 }
 
-/// The exact two-part merge (DESIGN.md §2): softmax over the union of two key sets from the
+/// The exact two-part merge (docs/design.md §2): softmax over the union of two key sets from the
 /// softmaxes over each set and their log-sum-exps.
 pub fn merge(a: &Partial, b: &Partial) -> Partial {
     let m = a.lse.max(b.lse);

@@ -101,6 +101,38 @@ pub unsafe fn exp_neg16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m5
     _mm512_maskz_mov_ps(ok, _mm512_mul_ps(y, _mm512_castsi512_ps(e)))
 }
 
+/// `exp_neg` of 4 lanes: `exp_neg8`'s operations on Advanced SIMD (floor by `frintm`, the
+/// out-of-range lanes cleared by mask), so the same bits.
+///
+/// # Safety
+/// Advanced SIMD present (every aarch64 Linux target).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub unsafe fn exp_neg4(x: std::arch::aarch64::float32x4_t) -> std::arch::aarch64::float32x4_t {
+    use std::arch::aarch64::*;
+    let ok = vcgeq_f32(x, vdupq_n_f32(MIN_ARG));
+    let x = vmaxq_f32(x, vdupq_n_f32(MIN_ARG));
+    let n = vrndmq_f32(vaddq_f32(
+        vmulq_f32(x, vdupq_n_f32(LOG2E)),
+        vdupq_n_f32(0.5),
+    ));
+    let r = vsubq_f32(
+        vsubq_f32(x, vmulq_f32(n, vdupq_n_f32(LN2_HI))),
+        vmulq_f32(n, vdupq_n_f32(LN2_LO)),
+    );
+    let mut p = vdupq_n_f32(P[0]);
+    for c in &P[1..] {
+        p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(*c));
+    }
+    let y = vaddq_f32(
+        vaddq_f32(vmulq_f32(p, vmulq_f32(r, r)), r),
+        vdupq_n_f32(1.0),
+    );
+    let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+    let v = vmulq_f32(y, vreinterpretq_f32_s32(e));
+    vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), ok))
+}
+
 /// `g = silu(g) * u` in place (the gated FFN), with `exp_neg`: the same bits on every path.
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     gated_mul::<false>(g, u)
@@ -128,6 +160,11 @@ fn gated_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
     } else if crate::kernels::LEVEL.avx2() {
         // SAFETY: AVX2 detected; whole 8-lane chunks only.
         done = unsafe { gated_mul_avx2::<GELU>(g, u) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::kernels::LEVEL.neon() {
+        // SAFETY: Advanced SIMD is part of every aarch64 target; whole 4-lane chunks only.
+        done = unsafe { gated_mul_neon::<GELU>(g, u) };
     }
     for (x, &y) in g[done..].iter_mut().zip(&u[done..]) {
         *x = act1::<GELU>(*x) * y;
@@ -168,6 +205,32 @@ unsafe fn gated_mul_avx2<const GELU: bool>(g: &mut [f32], u: &[f32]) -> usize {
         let s = _mm256_div_ps(num, _mm256_add_ps(one, e));
         let y = _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u.as_ptr().add(i)));
         _mm256_storeu_ps(g.as_mut_ptr().add(i), y);
+    }
+    n
+}
+
+/// `gated_mul_avx2`'s operations on 4 lanes of Advanced SIMD: the same bits.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn gated_mul_neon<const GELU: bool>(g: &mut [f32], u: &[f32]) -> usize {
+    use std::arch::aarch64::*;
+    let n = g.len() / 4 * 4;
+    let one = vdupq_n_f32(1.0);
+    let (a, b) = (vdupq_n_f32(GELU_A), vdupq_n_f32(GELU_B));
+    for i in (0..n).step_by(4) {
+        let x = vld1q_f32(g.as_ptr().add(i));
+        let z = if GELU {
+            vmulq_f32(x, vaddq_f32(a, vmulq_f32(b, vmulq_f32(x, x))))
+        } else {
+            x
+        };
+        // -|z|: the sign bit set.
+        let e = exp_neg4(vnegq_f32(vabsq_f32(z)));
+        let neg = vcltq_f32(z, vdupq_n_f32(0.0));
+        let num = vbslq_f32(neg, e, one);
+        let s = vdivq_f32(num, vaddq_f32(one, e));
+        let y = vmulq_f32(vmulq_f32(x, s), vld1q_f32(u.as_ptr().add(i)));
+        vst1q_f32(g.as_mut_ptr().add(i), y);
     }
     n
 }
@@ -357,6 +420,43 @@ mod tests {
             unsafe {
                 let v = exp_neg16(_mm512_loadu_ps(xs.as_ptr()));
                 _mm512_storeu_ps(out.as_mut_ptr(), v);
+            }
+            for (x, o) in xs.iter().zip(out) {
+                assert_eq!(o.to_bits(), exp_neg(*x).to_bits(), "exp({x})");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_lanes_match_the_scalar_bits() {
+        use std::arch::aarch64::*;
+        let special = [
+            0.0,
+            -0.0,
+            -87.0,
+            -86.99,
+            -100.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -1e-30,
+        ];
+        let mut seed = 5u64;
+        for round in 0..20_000 {
+            let mut xs: [f32; 8] = std::array::from_fn(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                -((seed >> 40) as f32 / (1u64 << 24) as f32) * 90.0
+            });
+            if round == 0 {
+                xs.copy_from_slice(&special);
+            }
+            let mut out = [0f32; 8];
+            // SAFETY: Advanced SIMD is part of every aarch64 target.
+            unsafe {
+                for h in 0..2 {
+                    let v = exp_neg4(vld1q_f32(xs.as_ptr().add(4 * h)));
+                    vst1q_f32(out.as_mut_ptr().add(4 * h), v);
+                }
             }
             for (x, o) in xs.iter().zip(out) {
                 assert_eq!(o.to_bits(), exp_neg(*x).to_bits(), "exp({x})");

@@ -1,6 +1,6 @@
 //! EdgePrompt's inference engine: GGUF models run one layer at a time with explicit,
 //! exportable per-layer KV, and attention split into a read-only shared prefix and a private
-//! causal part (DESIGN.md §2).
+//! causal part (docs/design.md §2).
 
 pub mod attention;
 pub mod catalog;

@@ -37,6 +37,16 @@ impl Machine {
                 simd.push("avx512vnni");
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            simd.push("neon");
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                simd.push("dotprod");
+            }
+            if std::arch::is_aarch64_feature_detected!("i8mm") {
+                simd.push("i8mm");
+            }
+        }
         let git_rev = git_rev();
         Self {
             cpu,

@@ -2,29 +2,32 @@
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
-//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The GEMM
-//! (`gemm.rs`: AVX2 or AVX-512 VNNI, on weights repacked at load by `repack.rs`) and the
-//! scalar path (`simd.rs`) produce the same bits, and a row's result never depends on how many
+//! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The tiled
+//! GEMMs on weights repacked at load by `repack.rs` (`x86/`: AVX2, AVX-512 VNNI; `arm/`: NEON,
+//! dotprod, i8mm), picked at run time by `level.rs`, and the scalar path (`portable.rs`)
+//! produce the same bits, and a row's result never depends on how many
 //! rows share the call: prefill, chunked prefill and batched decode agree exactly.
 
 mod acts;
 mod arena;
+#[cfg(target_arch = "aarch64")]
+mod arm;
 mod formats;
-mod gemm;
-mod gemm_wide;
+mod level;
+mod portable;
 mod regions;
 mod repack;
-mod simd;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use rayon::prelude::*;
 
-#[cfg(target_arch = "x86_64")]
 use acts::Acts;
 
 pub(crate) use arena::Carver;
 pub use arena::Slab;
 pub use formats::Format;
-pub use simd::{Level, LEVEL};
+pub use level::{Level, LEVEL};
 
 pub const QK: usize = 32;
 
@@ -137,71 +140,6 @@ impl QMatrix {
         matmul_many(&[self], x, m).pop().unwrap_or_default()
     }
 
-    /// The tile loop over groups `g0..g1` for activation rows `0..m` (`acts` quantized with
-    /// this format's `act_block`), by `level`'s integer dots.
-    #[cfg(target_arch = "x86_64")]
-    fn run_groups(&self, level: Level, acts: &Acts, m: usize, g0: usize, g1: usize, dst: *mut f32) {
-        let gb = self.group_bytes();
-        let (one, pair) = if level.vnni() {
-            (gemm::tile_vnni as TileFn, gemm::tile_vnni_pair as TileFn)
-        } else {
-            (gemm::tile_avx2 as TileFn, gemm::tile_avx2_pair as TileFn)
-        };
-        // Activation rows in chunks that stay in L2 while the task's groups pass over them.
-        for c0 in (0..m).step_by(ACT_CHUNK) {
-            let c1 = (c0 + ACT_CHUNK).min(m);
-            let mut g = g0;
-            while g < g1 {
-                // Four groups per tile on the 512-bit path (two for the K formats, whose
-                // four-group tile runs out of registers, and for calls of up to `PAIR_ROWS`),
-                // then two, a task's odd last alone. The 256-bit paths take two groups for
-                // single rows of the 32-block formats.
-                let pairs = level.wide() || (m == 1 && !self.format.is_k());
-                let span = match g1 - g {
-                    4.. if level.wide() && !self.format.is_k() && m > PAIR_ROWS => 4,
-                    2.. if pairs => 2,
-                    _ => 1,
-                };
-                let tile: TileFn = match span {
-                    4 => gemm_wide::tile_quad,
-                    2 if level.wide() => gemm_wide::tile_pair,
-                    2 => pair,
-                    _ => one,
-                };
-                // The 512-bit tiles but q4_K's take sixteen rows at a time: each block's
-                // weights are unpacked once for twice the rows.
-                let wide_rows = level.wide() && span >= 2 && self.format != Format::Q4K;
-                let group = &self.data[g * gb..(g + span) * gb];
-                let col = g * repack::ROWS;
-                let cols = (self.n - col).min(span * repack::ROWS);
-                let mut i = c0;
-                while i < c1 {
-                    let mt = match c1 - i {
-                        16.. if wide_rows => 16,
-                        left => gemm::tile_rows(left),
-                    };
-                    // SAFETY: `level`'s features detected; tiles write disjoint [rows, cols]
-                    // blocks of the `[m, n]` output at `dst`, inside it.
-                    unsafe {
-                        tile(&gemm::Tile {
-                            f: self.format,
-                            group,
-                            acts,
-                            i0: i,
-                            mt,
-                            out: dst.add(i * self.n + col),
-                            ldo: self.n,
-                            cols,
-                            prefetch: i == c0 && m <= STREAM_ROWS,
-                        })
-                    };
-                    i += mt;
-                }
-                g += span;
-            }
-        }
-    }
-
     /// Scalar reference: each row back to GGUF bytes, unpacked, dotted in canonical order.
     fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let width = self.format.act_block();
@@ -216,7 +154,7 @@ impl QMatrix {
                 let mut un = Unpacked::new(self.k);
                 self.format.unpack(&self.gguf_row(j), &mut un);
                 acts.iter()
-                    .map(|a| simd::dot_scalar(&un, a, self.format))
+                    .map(|a| portable::dot_scalar(&un, a, self.format))
                     .collect()
             })
             .collect();
@@ -263,8 +201,8 @@ fn matmul_into_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut
         // Only growth writes (zeros); the kernels overwrite every value.
         out.resize(m * w.n, 0.0);
     }
-    #[cfg(target_arch = "x86_64")]
-    if level.avx2() {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if level.simd() {
         ACTS.with(|cell| match cell.try_borrow_mut() {
             Ok(mut acts) => matmul_simd(level, ws, x, m, &mut acts, outs),
             Err(_) => matmul_simd(level, ws, x, m, &mut Default::default(), outs),
@@ -277,15 +215,15 @@ fn matmul_into_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut
 }
 
 /// Activations quantized per 32 values and per 256 values (K formats).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 type ActsByWidth = [Acts; 2];
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn width_slot(f: Format) -> usize {
     usize::from(f.act_block() != QK)
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn matmul_simd(
     level: Level,
     ws: &[&QMatrix],
@@ -304,7 +242,11 @@ fn matmul_simd(
     let threads = rayon::current_num_threads().max(1);
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     let run = |j: usize, g0: usize, g1: usize| {
-        ws[j].run_groups(level, &acts[width_slot(ws[j].format)], m, g0, g1, dsts[j].0);
+        let acts = &acts[width_slot(ws[j].format)];
+        #[cfg(target_arch = "x86_64")]
+        x86::run_groups(ws[j], level, acts, m, g0, g1, dsts[j].0);
+        #[cfg(target_arch = "aarch64")]
+        arm::run_groups(ws[j], level, acts, m, g0, g1, dsts[j].0);
     };
     if m <= STREAM_ROWS {
         // The weights stream from memory once: each thread reads its own region.
@@ -325,7 +267,7 @@ fn matmul_simd(
 
 /// `f(matrix, first group, end group)` for each matrix's part of the groups `a..b`, counted
 /// over the matrices' groups one after another.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn for_pieces(groups: &[usize], a: usize, b: usize, f: &dyn Fn(usize, usize, usize)) {
     let mut base = 0;
     for (j, &n) in groups.iter().enumerate() {
@@ -337,12 +279,8 @@ fn for_pieces(groups: &[usize], a: usize, b: usize, f: &dyn Fn(usize, usize, usi
     }
 }
 
-/// A tile kernel (`gemm`, `gemm_wide`).
-#[cfg(target_arch = "x86_64")]
-type TileFn = unsafe fn(&gemm::Tile);
-
 /// Fewest groups in a task.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const MIN_TASK: usize = 4;
 
 /// Tasks `(matrix, first group, end group)` for calls of more than `STREAM_ROWS` rows
@@ -351,7 +289,7 @@ const MIN_TASK: usize = 4;
 /// tasks are short and the threads finish close together (equal tasks left one thread waiting
 /// for up to a whole task at the end of each call). A task never spans two matrices; which
 /// thread runs a task never changes a bit.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
     let mut left: usize = groups.iter().sum();
     let (mut j, mut g) = (0, 0);
@@ -378,35 +316,28 @@ fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
 }
 
 /// Activation rows per L2-resident chunk.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const ACT_CHUNK: usize = 64;
 
 /// Calls of at most this many rows (decode, served batches) read each group once, so they are
 /// bound by the weights' stream: each thread takes its own region and prefetches ahead in it.
 /// With guided tasks and no prefetch, 2-32 rows ran 5-40 % slower (q4_1 at 2 rows 1.9x the
 /// time of one row); longer calls are bound by arithmetic and keep the guided tasks.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const STREAM_ROWS: usize = ACT_CHUNK;
 
-/// Calls of at most this many rows take two groups per 512-bit tile, not four: they are bound
-/// by the stream, and two streams a thread read closer to a plain read's bandwidth than four
-/// (two Zen 5 threads, 1-4 rows of q5_0, q8_0, q4_1: 0.03-0.12 more of it); from 8 rows the
-/// four-group tile's shared broadcasts pay.
-#[cfg(target_arch = "x86_64")]
-const PAIR_ROWS: usize = 4;
-
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 thread_local! {
     /// The calling thread's quantized activations, reused across calls.
     static ACTS: std::cell::RefCell<ActsByWidth> = Default::default();
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct SendPtr(*mut f32);
 // SAFETY: the tasks sharing it write disjoint parts of the buffer.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe impl Sync for SendPtr {}
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe impl Send for SendPtr {}
 
 /// `x` to i8 with one scale per `width` values.

@@ -12,19 +12,18 @@
 //! lanes reduced by the same tree, so every output has the bits of the portable path whatever
 //! the tile, the thread or the other rows.
 
-#![cfg(target_arch = "x86_64")]
 // Lane and sub-block indices are the layout; index loops say it most plainly.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use super::acts::Acts;
-use super::repack::ROWS;
-use super::{Format, QK};
+use crate::kernels::acts::Acts;
+use crate::kernels::repack::ROWS;
+use crate::kernels::{Format, QK};
 
 /// The tile height for `left` remaining rows: up to 8 rows reuse one block's unpacked weights;
 /// powers of two, so four kernels cover any count.
-pub(super) fn tile_rows(left: usize) -> usize {
+pub(crate) fn tile_rows(left: usize) -> usize {
     match left {
         8.. => 8,
         4..=7 => 4,
@@ -45,23 +44,23 @@ const AHEAD: usize = 12 << 10;
 /// bandwidth, 0.93 now; each group prefetching its own stream read 0.78-0.92 on every
 /// shape, two Zen 5 threads.)
 #[inline(always)]
-pub(super) unsafe fn prefetch_run(base: *const u8, tile: usize, at: usize, bytes: usize) {
+pub(crate) unsafe fn prefetch_run(base: *const u8, tile: usize, at: usize, bytes: usize) {
     let p = base.wrapping_add(at + tile.max(AHEAD));
     for line in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
     }
 }
 
-pub(super) const Q4_0: u8 = 0;
-pub(super) const Q4_1: u8 = 1;
-pub(super) const Q5_0: u8 = 2;
-pub(super) const Q8_0: u8 = 3;
-pub(super) const Q4K: u8 = 4;
-pub(super) const Q6K: u8 = 5;
+pub(crate) const Q4_0: u8 = 0;
+pub(crate) const Q4_1: u8 = 1;
+pub(crate) const Q5_0: u8 = 2;
+pub(crate) const Q8_0: u8 = 3;
+pub(crate) const Q4K: u8 = 4;
+pub(crate) const Q6K: u8 = 5;
 
 /// 32-byte chunks in a 32-block's plane of the packed-nibble formats (`repack.rs`): four of
 /// nibbles, one more for q5_0's top bits, two for q6_K's.
-pub(super) const fn plane_chunks(f: u8) -> usize {
+pub(crate) const fn plane_chunks(f: u8) -> usize {
     match f {
         Q5_0 => 5,
         Q6K => 6,
@@ -69,7 +68,7 @@ pub(super) const fn plane_chunks(f: u8) -> usize {
     }
 }
 
-pub(super) fn code(f: Format) -> u8 {
+pub(crate) fn code(f: Format) -> u8 {
     match f {
         Format::Q4_0 => Q4_0,
         Format::Q4_1 => Q4_1,
@@ -83,7 +82,7 @@ pub(super) fn code(f: Format) -> u8 {
 /// One tile: output rows `i0..i0 + mt` (`mt` from `tile_rows`, or 16 on the 512-bit 32-block
 /// tiles) of one repacked `group` of format `f`, written to `out` (row stride `ldo`, `cols`
 /// valid columns from column 0).
-pub(super) struct Tile<'a> {
+pub(crate) struct Tile<'a> {
     pub f: Format,
     pub group: &'a [u8],
     pub acts: &'a Acts,
@@ -103,7 +102,7 @@ pub(super) struct Tile<'a> {
 /// AVX2 and F16C present; `t.group` is a whole repacked group of `t.f` for `t.acts.nb` blocks;
 /// `t.out` has room for `t.mt` rows of `t.cols` columns at stride `t.ldo`.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn tile_avx2(t: &Tile) {
+pub(crate) unsafe fn tile_avx2(t: &Tile) {
     tile::<Avx2>(t)
 }
 
@@ -113,7 +112,7 @@ pub(super) unsafe fn tile_avx2(t: &Tile) {
 /// # Safety
 /// As `tile_avx2`, and AVX-512 F, VL and VNNI present.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-pub(super) unsafe fn tile_vnni(t: &Tile) {
+pub(crate) unsafe fn tile_vnni(t: &Tile) {
     tile::<Vnni>(t)
 }
 
@@ -124,7 +123,7 @@ pub(super) unsafe fn tile_vnni(t: &Tile) {
 /// # Safety
 /// As `tile_avx2`, with two groups in `t.group`, `t.mt == 1` and `t.f` not a K format.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn tile_avx2_pair(t: &Tile) {
+pub(crate) unsafe fn tile_avx2_pair(t: &Tile) {
     pair::<Avx2>(t)
 }
 
@@ -133,7 +132,7 @@ pub(super) unsafe fn tile_avx2_pair(t: &Tile) {
 /// # Safety
 /// As `tile_avx2_pair`, and AVX-512 F, VL and VNNI present.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-pub(super) unsafe fn tile_vnni_pair(t: &Tile) {
+pub(crate) unsafe fn tile_vnni_pair(t: &Tile) {
     pair::<Vnni>(t)
 }
 
@@ -421,7 +420,7 @@ impl Dots for Vnni {
 /// A zero the compiler cannot see: a tile's accumulators (up to 4 KiB) are then cleared with
 /// vector stores in place, not by a `memset` call (~6 % of a batch-32 SmolLM2 decode step).
 #[inline(always)]
-pub(super) fn opaque_zero<T>(z: T) -> T {
+pub(crate) fn opaque_zero<T>(z: T) -> T {
     std::hint::black_box(z)
 }
 
@@ -473,7 +472,7 @@ macro_rules! each_row {
         }
     }};
 }
-pub(super) use each_row;
+pub(crate) use each_row;
 
 /// The 32-block formats over `P` groups back to back (1, or 2 for single rows).
 #[inline(always)]

@@ -11,19 +11,18 @@
 //! two 512-bit ports), a block's dots take half the instructions and half the cycles of the
 //! 256-bit tile.
 
-#![cfg(target_arch = "x86_64")]
 // Lane and sub-block indices are the layout; index loops say it most plainly.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::acts::Acts;
 use super::gemm::{
     code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
 };
-use super::repack::ROWS;
-use super::{Format, QK};
+use crate::kernels::acts::Acts;
+use crate::kernels::repack::ROWS;
+use crate::kernels::{Format, QK};
 
 /// The tile over `t.group`, which holds two whole repacked groups back to back; `t.cols` (up
 /// to 16) of its columns are stored.
@@ -32,7 +31,7 @@ use super::{Format, QK};
 /// AVX2, F16C and AVX-512 F, BW, VL and VNNI present; `t.group` is two repacked groups of `t.f`
 /// for `t.acts.nb` blocks; `t.out` has room for `t.mt` rows of `t.cols` columns at `t.ldo`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn tile_pair(t: &Tile) {
+pub(crate) unsafe fn tile_pair(t: &Tile) {
     tile::<1>(t)
 }
 
@@ -41,7 +40,7 @@ pub(super) unsafe fn tile_pair(t: &Tile) {
 /// # Safety
 /// As `tile_pair`, with four groups in `t.group`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn tile_quad(t: &Tile) {
+pub(crate) unsafe fn tile_quad(t: &Tile) {
     tile::<2>(t)
 }
 
