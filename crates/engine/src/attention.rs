@@ -18,6 +18,8 @@ use crate::kv::LayerKv;
 
 #[cfg(target_arch = "x86_64")]
 mod few;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod wide;
 
@@ -194,6 +196,11 @@ mod simd {
             // SAFETY: F16C present (part of the AVX2 level).
             return unsafe { widen_f16c(src, dst) };
         }
+        #[cfg(target_arch = "aarch64")]
+        if crate::kernels::LEVEL.neon() {
+            // SAFETY: Advanced SIMD is part of every aarch64 target.
+            return unsafe { super::neon::widen(src, dst) };
+        }
         src.convert_to_f32_slice(dst)
     }
 
@@ -239,7 +246,7 @@ mod simd {
 
     pub fn attend(st: &mut State, q: &[f32], k: &[f16], v: &[f16], n: usize) {
         if !fast(st) {
-            return attend_impl(st, q, k, v, n);
+            return attend_one(st, q, Kv::F16(k, v), n);
         }
         attend_many(std::slice::from_mut(st), q, Kv::F16(k, v), n)
     }
@@ -322,10 +329,31 @@ mod simd {
             return;
         }
         for (st, r) in states.iter_mut().zip(rows.chunks_exact(d)) {
-            match kv {
-                Kv::F16(k, v) => attend_impl(st, r, k, v, n),
-                Kv::F32(k, v) => fold_scalar(st, r, k, v, n),
+            attend_one(st, r, kv, n);
+        }
+    }
+
+    /// One query without the x86 kernels: Advanced SIMD on aarch64, else the scalar path.
+    pub fn attend_one(st: &mut State, q: &[f32], kv: Kv, n: usize) {
+        #[cfg(target_arch = "aarch64")]
+        if super::neon::usable(st) {
+            let d = st.dim;
+            // SAFETY: Advanced SIMD present, the head size whole sixteens (`usable`); the
+            // kernels check that the keys and values hold `n` rows.
+            unsafe {
+                match kv {
+                    Kv::F16(k, v) => {
+                        assert!(k.len() >= n * d && v.len() >= n * d);
+                        super::neon::attend(st, q, k, v, n)
+                    }
+                    Kv::F32(k, v) => super::neon::fold(st, q, k, v, n),
+                }
             }
+            return;
+        }
+        match kv {
+            Kv::F16(k, v) => attend_impl(st, q, k, v, n),
+            Kv::F32(k, v) => fold_scalar(st, q, k, v, n),
         }
     }
 
@@ -1134,7 +1162,8 @@ fn attend_shared(
     if !simd::fast(&states[0]) {
         for ((st, r), &(lo, hi)) in states.iter_mut().zip(rows.chunks_exact(d)).zip(ranges) {
             if hi > lo {
-                attend_impl(st, r, &keys[lo * d..], &values[lo * d..], hi - lo);
+                let kv = simd::Kv::F16(&keys[lo * d..], &values[lo * d..]);
+                simd::attend_one(st, r, kv, hi - lo);
             }
         }
         return;
