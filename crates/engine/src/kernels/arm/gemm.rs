@@ -143,12 +143,11 @@ trait Dots {
     const SPAN_Q6: usize;
     const SPAN_Q8: usize;
     unsafe fn prep(v: &[Chunk; 8]) -> Self::W;
-    /// `a[i]`: row `i`'s 32 values of this block.
-    unsafe fn dots<const MT: usize>(
+    /// `a[i]`: row `i`'s 32 values of this block; chunks `FROM..TO` (constants, so every
+    /// loop over them unrolls).
+    unsafe fn dots<const MT: usize, const FROM: usize, const TO: usize>(
         w: &Self::W,
         a: &[*const i8; MT],
-        from: usize,
-        to: usize,
     ) -> [Rows8; MT];
 }
 
@@ -182,15 +181,13 @@ impl Dots for Widen {
     }
 
     #[inline(always)]
-    unsafe fn dots<const MT: usize>(
+    unsafe fn dots<const MT: usize, const FROM: usize, const TO: usize>(
         w: &Self::W,
         a: &[*const i8; MT],
-        from: usize,
-        to: usize,
     ) -> [Rows8; MT] {
         std::array::from_fn(|i| {
             let mut acc = [[vdupq_n_s16(0); 2]; 2];
-            for j in from..to {
+            for j in FROM..TO {
                 let x = bcast(a[i], j);
                 for h in 0..2 {
                     let lo = vmull_s8(vget_low_s8(w[j][h]), vget_low_s8(x));
@@ -226,10 +223,10 @@ unsafe fn sdot<const LANE: i32>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> i
 /// The `sdot` chains of chunks `from..to` for one activation row (both 16-byte halves of
 /// the block loaded once).
 #[inline(always)]
-unsafe fn sdot_row(w: &[Chunk; 8], a: *const i8, from: usize, to: usize) -> Rows8 {
+unsafe fn sdot_row<const FROM: usize, const TO: usize>(w: &[Chunk; 8], a: *const i8) -> Rows8 {
     let x = [vld1q_s8(a), vld1q_s8(a.add(16))];
     let mut acc = [vdupq_n_s32(0); 2];
-    for j in from..to {
+    for j in FROM..TO {
         let xa = x[j / 4];
         for h in 0..2 {
             acc[h] = match j % 4 {
@@ -254,13 +251,11 @@ impl Dots for Sdot {
     }
 
     #[inline(always)]
-    unsafe fn dots<const MT: usize>(
+    unsafe fn dots<const MT: usize, const FROM: usize, const TO: usize>(
         w: &Self::W,
         a: &[*const i8; MT],
-        from: usize,
-        to: usize,
     ) -> [Rows8; MT] {
-        std::array::from_fn(|i| sdot_row(w, a[i], from, to))
+        std::array::from_fn(|i| sdot_row::<FROM, TO>(w, a[i]))
     }
 }
 
@@ -309,21 +304,19 @@ impl Dots for Smmla {
     }
 
     #[inline(always)]
-    unsafe fn dots<const MT: usize>(
+    unsafe fn dots<const MT: usize, const FROM: usize, const TO: usize>(
         w: &Self::W,
         a: &[*const i8; MT],
-        from: usize,
-        to: usize,
     ) -> [Rows8; MT] {
         let mut out = [[vdupq_n_s32(0); 2]; MT];
         if MT == 1 {
-            out[0] = sdot_row(&w.v, a[0], from, to);
+            out[0] = sdot_row::<FROM, TO>(&w.v, a[0]);
             return out;
         }
-        // `from`, `to` even: whole chunk pairs.
+        // `FROM`, `TO` even: whole chunk pairs.
         for i in (0..MT).step_by(2) {
             let mut acc = [vdupq_n_s32(0); 4];
-            for p in from / 2..to / 2 {
+            for p in FROM / 2..TO / 2 {
                 let x = vcombine_s8(vld1_s8(a[i].add(8 * p)), vld1_s8(a[i + 1].add(8 * p)));
                 for q in 0..4 {
                     acc[q] = smmla(acc[q], w.z[p][q], x);
@@ -449,25 +442,27 @@ unsafe fn add2(a: Rows8, b: Rows8) -> Rows8 {
     [vaddq_s32(a[0], b[0]), vaddq_s32(a[1], b[1])]
 }
 
-/// The dots of chunks `0..8` in calls of at most `span` chunks, summed in i32.
+/// The dots of chunks `FROM..TO` (a half or the whole block) in calls of at most `span`
+/// chunks (2, 4 or 8), summed in i32.
 #[inline(always)]
-unsafe fn dots_by<D: Dots, const MT: usize>(
+unsafe fn dots_by<D: Dots, const MT: usize, const FROM: usize, const TO: usize>(
     w: &D::W,
     a: &[*const i8; MT],
-    from: usize,
-    to: usize,
     span: usize,
 ) -> [Rows8; MT] {
-    let mut d = D::dots::<MT>(w, a, from, (from + span).min(to));
-    let mut j = from + span;
-    while j < to {
-        let e = D::dots::<MT>(w, a, j, (j + span).min(to));
-        for i in 0..MT {
-            d[i] = add2(d[i], e[i]);
-        }
-        j += span;
+    let sum = |x: [Rows8; MT], y: [Rows8; MT]| -> [Rows8; MT] {
+        std::array::from_fn(|i| add2(x[i], y[i]))
+    };
+    match (FROM, TO) {
+        (0, 8) if span < 4 => sum(
+            sum(D::dots::<MT, 0, 2>(w, a), D::dots::<MT, 2, 4>(w, a)),
+            sum(D::dots::<MT, 4, 6>(w, a), D::dots::<MT, 6, 8>(w, a)),
+        ),
+        (0, 8) if span < 8 => sum(D::dots::<MT, 0, 4>(w, a), D::dots::<MT, 4, 8>(w, a)),
+        (0, 4) if span < 4 => sum(D::dots::<MT, 0, 2>(w, a), D::dots::<MT, 2, 4>(w, a)),
+        (4, 8) if span < 4 => sum(D::dots::<MT, 4, 6>(w, a), D::dots::<MT, 6, 8>(w, a)),
+        _ => D::dots::<MT, FROM, TO>(w, a),
     }
-    d
 }
 
 /// The 32-block formats.
@@ -507,7 +502,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
             prefetch_run(gp, group.len(), b * sb, sb);
         }
         let a: [*const i8; MT] = std::array::from_fn(|i| r.q[i].add(b * QK));
-        let dots = dots_by::<D, MT>(&w, &a, 0, 8, span);
+        let dots = dots_by::<D, MT, 0, 8>(&w, &a, span);
         for i in 0..MT {
             let corr = vdupq_n_s32(zero_point * *r.bsum[i].add(b));
             let da = vdupq_n_f32(*r.d[i].add(b));
@@ -562,7 +557,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
             if F == Q4K {
                 // Sub-block scales, 0..=63.
                 let sc = bytes8(hdr.add(32 + 8 * bi), false);
-                let d = D::dots::<MT>(&w, &a, 0, 8);
+                let d = D::dots::<MT, 0, 8>(&w, &a);
                 for i in 0..MT {
                     for h in 0..2 {
                         isum[i][h] = vmlaq_s32(isum[i][h], d[i][h], sc[h]);
@@ -572,8 +567,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 // Half-block scales: s0 * (h0 - 32 * hs0) + s1 * (h1 - 32 * hs1), exact i32.
                 let s0 = bytes8(hdr.add(16 + 16 * bi), true);
                 let s1 = bytes8(hdr.add(24 + 16 * bi), true);
-                let d0 = dots_by::<D, MT>(&w, &a, 0, 4, D::SPAN_Q6);
-                let d1 = dots_by::<D, MT>(&w, &a, 4, 8, D::SPAN_Q6);
+                let d0 = dots_by::<D, MT, 0, 4>(&w, &a, D::SPAN_Q6);
+                let d1 = dots_by::<D, MT, 4, 8>(&w, &a, D::SPAN_Q6);
                 for i in 0..MT {
                     let hp = *r.hpair[i].add(b);
                     let c0 = vdupq_n_s32(32 * (hp as i16 as i32));
