@@ -73,7 +73,6 @@ impl Acts {
         self.bsum.resize(m * nb, 0);
         self.hpair.resize(m * nb, 0);
         self.bpair.resize(m * nb.div_ceil(2), 0);
-        assert!(super::LEVEL.simd(), "Acts is the tiled GEMM's input");
         assert!(
             k >= width && k.is_multiple_of(width),
             "rows of whole scale blocks"
@@ -126,12 +125,14 @@ pub(super) struct RowsMut<'a> {
 
 impl RowsMut<'_> {
     fn quantize(&mut self, width: usize) {
+        if !super::LEVEL.simd() {
+            // SAFETY: the scalar quantizer needs no feature; every slice is whole 32-blocks.
+            return unsafe { self.quantize_by::<Scalar>(width) };
+        }
         #[cfg(target_arch = "x86_64")]
         super::x86::acts::quantize(self, width);
         #[cfg(target_arch = "aarch64")]
         super::arm::acts::quantize(self, width);
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        self.quantize_by::<Scalar>(width);
     }
 
     /// The rows' blocks by `B`'s block quantizer, inlined into the caller's features: as
@@ -174,8 +175,7 @@ pub(super) trait BlockQuant {
     unsafe fn quantize(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32);
 }
 
-/// The scalar block quantizer (targets with no SIMD path).
-#[allow(dead_code)]
+/// The scalar block quantizer (the portable path).
 pub(super) struct Scalar;
 
 impl BlockQuant for Scalar {

@@ -4,8 +4,8 @@
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
 //! canonical order (block `b` into lane `b % 8`, lanes reduced by a fixed tree). The tiled
 //! GEMMs on weights repacked at load by `repack.rs` (`x86/`: AVX2, AVX-512 VNNI; `arm/`: NEON,
-//! dotprod, i8mm), picked at run time by `level.rs`, and the scalar path (`portable.rs`)
-//! produce the same bits, and a row's result never depends on how many
+//! dotprod, i8mm; `portable.rs` in plain Rust on any other CPU), picked at run time by
+//! `level.rs`, and the scalar reference (`portable::dot_scalar`) produce the same bits, and a row's result never depends on how many
 //! rows share the call: prefill, chunked prefill and batched decode agree exactly.
 
 mod acts;
@@ -20,6 +20,7 @@ mod repack;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+#[cfg(test)]
 use rayon::prelude::*;
 
 use acts::Acts;
@@ -45,6 +46,8 @@ pub struct QMatrix {
 /// `sc` and integer mins per block in `mi`, all folded into the exact integer super-block sum.
 #[derive(Clone)]
 struct Unpacked {
+    // Read by the reference dot (tests); `dequantize` needs only the values and scales.
+    #[cfg_attr(not(test), allow(dead_code))]
     nb: usize,
     q: Vec<i8>,
     d: Vec<f32>,
@@ -69,6 +72,7 @@ impl Unpacked {
 
 /// A row of activations quantized to i8 values with one f32 scale per scale block (32
 /// values, or 256 for the K formats: `Format::act_block`).
+#[cfg(test)]
 pub(crate) struct QuantRow {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
@@ -140,7 +144,9 @@ impl QMatrix {
         matmul_many(&[self], x, m).pop().unwrap_or_default()
     }
 
-    /// Scalar reference: each row back to GGUF bytes, unpacked, dotted in canonical order.
+    /// The scalar reference the tests hold every path to: each row back to GGUF bytes,
+    /// unpacked, dotted in canonical order (`portable::dot_scalar`).
+    #[cfg(test)]
     fn matmul_portable(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let width = self.format.act_block();
         let acts: Vec<QuantRow> = x
@@ -201,30 +207,21 @@ fn matmul_into_at(level: Level, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut
         // Only growth writes (zeros); the kernels overwrite every value.
         out.resize(m * w.n, 0.0);
     }
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if level.simd() {
-        ACTS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut acts) => matmul_simd(level, ws, x, m, &mut acts, outs),
-            Err(_) => matmul_simd(level, ws, x, m, &mut Default::default(), outs),
-        });
-        return;
-    }
-    for (w, out) in ws.iter().zip(outs.iter_mut()) {
-        w.matmul_portable(x, m, out);
-    }
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => matmul_tiled(level, ws, x, m, &mut acts, outs),
+        Err(_) => matmul_tiled(level, ws, x, m, &mut Default::default(), outs),
+    });
 }
 
 /// Activations quantized per 32 values and per 256 values (K formats).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 type ActsByWidth = [Acts; 2];
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn width_slot(f: Format) -> usize {
     usize::from(f.act_block() != QK)
 }
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn matmul_simd(
+/// The tiled GEMM on `level`'s kernels (`x86/`, `arm/`, or `portable.rs` on any CPU).
+fn matmul_tiled(
     level: Level,
     ws: &[&QMatrix],
     x: &[f32],
@@ -243,6 +240,9 @@ fn matmul_simd(
     let dsts: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
     let run = |j: usize, g0: usize, g1: usize| {
         let acts = &acts[width_slot(ws[j].format)];
+        if !level.simd() {
+            return portable::run_groups(ws[j], acts, m, g0, g1, dsts[j].0);
+        }
         #[cfg(target_arch = "x86_64")]
         x86::run_groups(ws[j], level, acts, m, g0, g1, dsts[j].0);
         #[cfg(target_arch = "aarch64")]
@@ -267,7 +267,6 @@ fn matmul_simd(
 
 /// `f(matrix, first group, end group)` for each matrix's part of the groups `a..b`, counted
 /// over the matrices' groups one after another.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn for_pieces(groups: &[usize], a: usize, b: usize, f: &dyn Fn(usize, usize, usize)) {
     let mut base = 0;
     for (j, &n) in groups.iter().enumerate() {
@@ -280,7 +279,6 @@ fn for_pieces(groups: &[usize], a: usize, b: usize, f: &dyn Fn(usize, usize, usi
 }
 
 /// Fewest groups in a task.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const MIN_TASK: usize = 4;
 
 /// Tasks `(matrix, first group, end group)` for calls of more than `STREAM_ROWS` rows
@@ -289,7 +287,6 @@ const MIN_TASK: usize = 4;
 /// tasks are short and the threads finish close together (equal tasks left one thread waiting
 /// for up to a whole task at the end of each call). A task never spans two matrices; which
 /// thread runs a task never changes a bit.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
     let mut left: usize = groups.iter().sum();
     let (mut j, mut g) = (0, 0);
@@ -316,31 +313,26 @@ fn guided(groups: &[usize], threads: usize) -> Vec<(usize, usize, usize)> {
 }
 
 /// Activation rows per L2-resident chunk.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const ACT_CHUNK: usize = 64;
 
 /// Calls of at most this many rows (decode, served batches) read each group once, so they are
 /// bound by the weights' stream: each thread takes its own region and prefetches ahead in it.
 /// With guided tasks and no prefetch, 2-32 rows ran 5-40 % slower (q4_1 at 2 rows 1.9x the
 /// time of one row); longer calls are bound by arithmetic and keep the guided tasks.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const STREAM_ROWS: usize = ACT_CHUNK;
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 thread_local! {
     /// The calling thread's quantized activations, reused across calls.
     static ACTS: std::cell::RefCell<ActsByWidth> = Default::default();
 }
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct SendPtr(*mut f32);
 // SAFETY: the tasks sharing it write disjoint parts of the buffer.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe impl Sync for SendPtr {}
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe impl Send for SendPtr {}
 
 /// `x` to i8 with one scale per `width` values.
+#[cfg(test)]
 pub(crate) fn quantize_row_by(x: &[f32], width: usize) -> QuantRow {
     let nb = x.len() / width;
     let mut r = QuantRow {

@@ -295,6 +295,29 @@ fn several_rows_over_many_matrices_give_the_portable_bits() {
     }
 }
 
+#[test]
+fn portable_tiles_give_the_reference_bits() {
+    let mut seed = 29;
+    for f in FORMATS {
+        let k = if f.block_values() == 256 { 1280 } else { 1312 };
+        // Partial groups and tiles: 21 and 13 columns, 1 to 9 rows.
+        for (n, m) in [(21, 1), (13, 3), (21, 5), (13, 9)] {
+            let w = random_matrix(f, n, k, &mut seed);
+            let x = random_x(m, k, &mut seed);
+            let mut want = vec![0.0; m * n];
+            w.matmul_portable(&x, m, &mut want);
+            let got = matmul_at(Level::Portable, &[&w], &x, m).remove(0);
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{f:?} n={n} m={m} at {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     if !LEVEL.simd() {

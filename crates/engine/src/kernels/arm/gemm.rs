@@ -226,17 +226,23 @@ unsafe fn sdot<const LANE: i32>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> i
 unsafe fn sdot_row<const FROM: usize, const TO: usize>(w: &[Chunk; 8], a: *const i8) -> Rows8 {
     let x = [vld1q_s8(a), vld1q_s8(a.add(16))];
     let mut acc = [vdupq_n_s32(0); 2];
-    for j in FROM..TO {
-        let xa = x[j / 4];
-        for h in 0..2 {
-            acc[h] = match j % 4 {
-                0 => sdot::<0>(acc[h], w[j][h], xa),
-                1 => sdot::<1>(acc[h], w[j][h], xa),
-                2 => sdot::<2>(acc[h], w[j][h], xa),
-                _ => sdot::<3>(acc[h], w[j][h], xa),
-            };
-        }
+    // Spelled out: LLVM does not unroll loops around `asm!`, and the lane is a constant.
+    macro_rules! chunk {
+        ($j:literal, $lane:literal) => {
+            if FROM <= $j && $j < TO {
+                acc[0] = sdot::<$lane>(acc[0], w[$j][0], x[$j / 4]);
+                acc[1] = sdot::<$lane>(acc[1], w[$j][1], x[$j / 4]);
+            }
+        };
     }
+    chunk!(0, 0);
+    chunk!(1, 1);
+    chunk!(2, 2);
+    chunk!(3, 3);
+    chunk!(4, 0);
+    chunk!(5, 1);
+    chunk!(6, 2);
+    chunk!(7, 3);
     acc
 }
 
@@ -316,12 +322,23 @@ impl Dots for Smmla {
         // `FROM`, `TO` even: whole chunk pairs.
         for i in (0..MT).step_by(2) {
             let mut acc = [vdupq_n_s32(0); 4];
-            for p in FROM / 2..TO / 2 {
-                let x = vcombine_s8(vld1_s8(a[i].add(8 * p)), vld1_s8(a[i + 1].add(8 * p)));
-                for q in 0..4 {
-                    acc[q] = smmla(acc[q], w.z[p][q], x);
-                }
+            // Spelled out, as in `sdot_row`.
+            macro_rules! pair {
+                ($p:literal) => {
+                    if FROM / 2 <= $p && $p < TO / 2 {
+                        let (lo, hi) = (a[i].add(8 * $p), a[i + 1].add(8 * $p));
+                        let x = vcombine_s8(vld1_s8(lo), vld1_s8(hi));
+                        acc[0] = smmla(acc[0], w.z[$p][0], x);
+                        acc[1] = smmla(acc[1], w.z[$p][1], x);
+                        acc[2] = smmla(acc[2], w.z[$p][2], x);
+                        acc[3] = smmla(acc[3], w.z[$p][3], x);
+                    }
+                };
             }
+            pair!(0);
+            pair!(1);
+            pair!(2);
+            pair!(3);
             // acc[q] = [r(2q).a_i, r(2q).a_i1, r(2q+1).a_i, r(2q+1).a_i1].
             for h in 0..2 {
                 let (x, y) = (acc[2 * h], acc[2 * h + 1]);
