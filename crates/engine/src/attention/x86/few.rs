@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::wide::widen;
-use super::{State, MAX_HEAD_DIM};
+use crate::attention::{State, MAX_HEAD_DIM};
 use crate::fastexp::exp_neg16;
 
 /// Keys per block: one vector of scores.
@@ -370,7 +370,7 @@ unsafe fn block_scores<const H: bool>(
 /// AVX-512 F present; `keys` and `values` hold `n` rows of the states' head size, a multiple
 /// of 16; `rows` holds a row per state.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn attend_few<const D: usize, const H: bool>(
+pub(in crate::attention) unsafe fn attend_few<const D: usize, const H: bool>(
     states: &mut [State],
     rows: &[f32],
     keys: *const u8,

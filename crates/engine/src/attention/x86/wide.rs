@@ -8,11 +8,11 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{State, MAX_HEAD_DIM};
+use crate::attention::{State, MAX_HEAD_DIM};
 use crate::fastexp::exp_neg16;
 
 /// Queries per call, one per lane.
-pub(super) const LANES: usize = 16;
+pub(in crate::attention) const LANES: usize = 16;
 /// Keys scored, then folded, per block at most: 64-wide heads take 32 (half the passes over
 /// the transposed outputs), wider ones 16, so that the block, the queries and the outputs
 /// stay within L1.
@@ -99,7 +99,7 @@ unsafe fn scores<const KB: usize>(
 
 /// `n` f16 values at `src` to f32 at `dst` (aligned); `n` a multiple of 16.
 #[inline(always)]
-pub(super) unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
+pub(in crate::attention) unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
     for i in (0..n).step_by(16) {
         let h = _mm256_loadu_si256((src as *const u16).add(i) as *const __m256i);
         _mm512_store_ps(dst.add(i), _mm512_cvtph_ps(h));
@@ -109,7 +109,7 @@ pub(super) unsafe fn widen(src: *const u8, dst: *mut f32, n: usize) {
 /// Keys and values `j0..` (`len` floats each) as f32: f16 (`H`) widened into `kbuf` and
 /// `vbuf`, f32 read in place.
 #[inline(always)]
-pub(super) unsafe fn block_rows<const H: bool>(
+pub(in crate::attention) unsafe fn block_rows<const H: bool>(
     keys: *const u8,
     values: *const u8,
     j0: usize,
@@ -130,11 +130,11 @@ pub(super) unsafe fn block_rows<const H: bool>(
 
 /// Most sixteens of queries per call: each block of keys is converted from f16 once for all
 /// of them (a sixth of `attend16`'s time when each sixteen converted its own).
-pub(super) const MAX_SETS: usize = 3;
+pub(in crate::attention) const MAX_SETS: usize = 3;
 
 /// How many sixteens a call takes at head size `d`: their transposed queries and
 /// accumulators and one block of keys and values stay within L1.
-pub(super) fn sets_for(d: usize) -> usize {
+pub(in crate::attention) fn sets_for(d: usize) -> usize {
     if d <= 64 {
         MAX_SETS
     } else if d <= 128 {
@@ -154,7 +154,7 @@ pub(super) fn sets_for(d: usize) -> usize {
 /// of 16; a row per state.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::needless_range_loop)]
-pub(super) unsafe fn attend16<const D: usize, const H: bool>(
+pub(in crate::attention) unsafe fn attend16<const D: usize, const H: bool>(
     states: &mut [State],
     rows: &[f32],
     keys: *const u8,

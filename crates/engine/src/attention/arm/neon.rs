@@ -9,11 +9,11 @@ use std::arch::asm;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::{State, BLOCK, MAX_HEAD_DIM};
+use crate::attention::{State, BLOCK, MAX_HEAD_DIM};
 use crate::fastexp::exp_neg;
 
 /// Whether this state's head size takes this path (whole sixteens).
-pub(super) fn usable(st: &State) -> bool {
+pub(in crate::attention) fn usable(st: &State) -> bool {
     crate::kernels::LEVEL.neon() && st.dim.is_multiple_of(16)
 }
 
@@ -22,7 +22,13 @@ pub(super) fn usable(st: &State) -> bool {
 /// # Safety
 /// Advanced SIMD present; `usable(st)`; `keys` and `values` hold `n` rows of `st.dim`.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn attend(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+pub(in crate::attention) unsafe fn attend(
+    st: &mut State,
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    n: usize,
+) {
     let d = st.dim;
     let mut kbuf = [0f32; BLOCK * MAX_HEAD_DIM];
     let mut vbuf = [0f32; BLOCK * MAX_HEAD_DIM];
@@ -41,7 +47,13 @@ pub(super) unsafe fn attend(st: &mut State, q: &[f32], keys: &[f16], values: &[f
 /// # Safety
 /// As `attend`, the keys and values in f32.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn fold(st: &mut State, q: &[f32], kb: &[f32], vb: &[f32], n: usize) {
+pub(in crate::attention) unsafe fn fold(
+    st: &mut State,
+    q: &[f32],
+    kb: &[f32],
+    vb: &[f32],
+    n: usize,
+) {
     let d = st.dim;
     assert!(kb.len() >= n * d && vb.len() >= n * d && q.len() >= d);
     let mut scores = [0f32; BLOCK];
@@ -97,7 +109,7 @@ unsafe fn dot(a: *const f32, b: *const f32, d: usize) -> f32 {
 /// # Safety
 /// Advanced SIMD present.
 #[target_feature(enable = "neon")]
-pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+pub(in crate::attention) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen lengths");
     let whole = src.len() / 8 * 8;
     for i in (0..whole).step_by(8) {
