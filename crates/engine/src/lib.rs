@@ -7,7 +7,6 @@ pub mod catalog;
 pub mod chat;
 pub mod config;
 mod error;
-mod fastexp;
 pub mod generate;
 pub mod kernels;
 pub mod kv;

@@ -654,9 +654,9 @@ fn inv_of(ss: f64, d: usize, eps: f32) -> f32 {
 fn gated_par(g: &mut [f32], u: &[f32], width: usize, gelu: bool) {
     crate::par::rows2(g, u, width, &|g, u| {
         if gelu {
-            crate::fastexp::gelu_mul(g, u)
+            crate::kernels::gelu_mul(g, u)
         } else {
-            crate::fastexp::silu_mul(g, u)
+            crate::kernels::silu_mul(g, u)
         }
     });
 }
@@ -723,9 +723,9 @@ mod tests {
             let mut whole = split.clone();
             gated_par(&mut split, &u, width, gelu);
             if gelu {
-                crate::fastexp::gelu_mul(&mut whole, &u);
+                crate::kernels::gelu_mul(&mut whole, &u);
             } else {
-                crate::fastexp::silu_mul(&mut whole, &u);
+                crate::kernels::silu_mul(&mut whole, &u);
             }
             assert!(split
                 .iter()

@@ -5,7 +5,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::{State, BLOCK, MAX_HEAD_DIM};
-use crate::fastexp::exp_neg;
+use crate::kernels::exp::exp_neg;
 
 /// The canonical score: sixteen lane sums (lane `i` the products of elements `i`, `i + 16`,
 /// ... in order), added by a fixed tree. The first sixteen products start the lanes rather

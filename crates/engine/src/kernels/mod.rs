@@ -8,22 +8,24 @@
 //! `level.rs`, and the scalar reference (`portable::dot_scalar`) produce the same bits, and a row's result never depends on how many
 //! rows share the call: prefill, chunked prefill and batched decode agree exactly.
 
-mod acts;
+mod act_quant;
 mod arena;
 #[cfg(target_arch = "aarch64")]
-mod arm;
+pub(crate) mod arm;
+pub(crate) mod exp;
 mod formats;
+pub(crate) mod gated;
 mod level;
 mod portable;
 mod regions;
 mod repack;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 #[cfg(test)]
 use rayon::prelude::*;
 
-use acts::Acts;
+use act_quant::Acts;
 
 pub(crate) use arena::Carver;
 pub use arena::Slab;
@@ -231,7 +233,7 @@ fn matmul_tiled(
 ) {
     for (slot, a) in acts.iter_mut().enumerate() {
         if let Some(w) = ws.iter().find(|w| width_slot(w.format) == slot) {
-            a.fill(x, m, w.k, w.format.act_block());
+            a.fill(x, m, w.k, w.format.act_block(), quantizer(level));
         }
     }
     let acts = &*acts;
@@ -330,6 +332,51 @@ struct SendPtr(*mut f32);
 // SAFETY: the tasks sharing it write disjoint parts of the buffer.
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
+
+/// `g = silu(g) * u` in place (the gated FFN), with `exp_neg`: the same bits on every path.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul::<false>(g, u)
+}
+
+/// `g = gelu_tanh(g) * u` in place (Gemma's gated FFN): the same bits on every path.
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul::<true>(g, u)
+}
+
+/// `g = x * sigmoid(z) * u` with `z = x` (SiLU) or GELU's `z = x (A + B x^2)`.
+fn gated_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "gated activation lengths");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if LEVEL.wide() {
+        // SAFETY: AVX-512 F and AVX2 detected; whole 16- then 8-lane chunks only.
+        done = unsafe { x86::gated::gated_mul_avx512::<GELU>(g, u) };
+        done += unsafe { x86::gated::gated_mul_avx2::<GELU>(&mut g[done..], &u[done..]) };
+    } else if LEVEL.avx2() {
+        // SAFETY: AVX2 detected; whole 8-lane chunks only.
+        done = unsafe { x86::gated::gated_mul_avx2::<GELU>(g, u) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if LEVEL.neon() {
+        // SAFETY: Advanced SIMD is part of every aarch64 target; whole 4-lane chunks only.
+        done = unsafe { arm::gated::gated_mul_neon::<GELU>(g, u) };
+    }
+    gated::gated_tail::<GELU>(&mut g[done..], &u[done..]);
+}
+
+/// The activation quantizer of `level`'s kernels.
+fn quantizer(level: Level) -> act_quant::Quantizer {
+    #[cfg(target_arch = "x86_64")]
+    if level.simd() {
+        return x86::act_quant::quantize;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.simd() {
+        return arm::act_quant::quantize;
+    }
+    let _ = level;
+    act_quant::quantize_scalar
+}
 
 /// `x` to i8 with one scale per `width` values.
 #[cfg(test)]

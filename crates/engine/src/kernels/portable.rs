@@ -2,7 +2,7 @@
 //! reference every path is tested against, bit for bit; see mod.rs), and the tiled GEMM in
 //! plain Rust that CPUs with no SIMD path run (`run_groups`).
 
-use super::acts::Acts;
+use super::act_quant::Acts;
 use super::repack::ROWS;
 use super::{Format, QMatrix, ACT_CHUNK, QK};
 #[cfg(test)]

@@ -118,8 +118,8 @@ fn activation_quantization_matches_the_scalar_rows() {
     for width in [QK, 256] {
         let k = k / width * width;
         let x: Vec<f32> = x.chunks_exact(320).flat_map(|r| r[..k].to_vec()).collect();
-        let mut acts = acts::Acts::default();
-        acts.fill(&x, m, k, width);
+        let mut acts = act_quant::Acts::default();
+        acts.fill(&x, m, k, width, quantizer(*LEVEL));
         let (nb, ns) = (k / QK, k / width);
         for (i, row) in x.chunks_exact(k).enumerate() {
             let r = quantize_row_by(row, width);
@@ -146,12 +146,12 @@ fn activation_rows_cut_over_threads_match_each_row_alone() {
     let (m, k) = (33, 512);
     let x = random_x(m, k, &mut seed);
     for width in [QK, 256] {
-        let mut all = acts::Acts::default();
-        all.fill(&x, m, k, width);
+        let mut all = act_quant::Acts::default();
+        all.fill(&x, m, k, width, quantizer(*LEVEL));
         let (nb, ns) = (k / QK, k / width);
         for (i, row) in x.chunks_exact(k).enumerate() {
-            let mut one = acts::Acts::default();
-            one.fill(row, 1, k, width);
+            let mut one = act_quant::Acts::default();
+            one.fill(row, 1, k, width, quantizer(*LEVEL));
             assert_eq!(&all.q[i * k..(i + 1) * k], &one.q[..], "row {i}");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&all.d[i * ns..(i + 1) * ns]), bits(&one.d));
@@ -440,5 +440,186 @@ fn guided_tasks_cover_every_group_once_largest_first() {
         // Shrinking: no task after the first is larger than the first.
         let first = tasks[0].2 - tasks[0].1;
         assert!(tasks.iter().all(|t| t.2 - t.1 <= first.max(MIN_TASK)));
+    }
+}
+
+#[test]
+fn silu_matches_its_definition_and_every_path_agrees() {
+    let g: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) / 25.0).collect();
+    let u: Vec<f32> = (0..1001).map(|i| 1.0 + (i % 7) as f32 / 10.0).collect();
+    let mut fast = g.clone();
+    silu_mul(&mut fast, &u);
+    for ((x, y), f) in g.iter().zip(&u).zip(&fast) {
+        let want = (*x as f64 / (1.0 + (-*x as f64).exp())) * *y as f64;
+        assert!(
+            (*f as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "{x}: {f} vs {want}"
+        );
+        assert_eq!(
+            f.to_bits(),
+            (gated::act1::<false>(*x) * y).to_bits(),
+            "{x}: path differs"
+        );
+    }
+}
+
+#[test]
+fn gelu_matches_the_tanh_form_and_every_path_agrees() {
+    let g: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) / 50.0).collect();
+    let u: Vec<f32> = (0..1003).map(|i| 1.0 + (i % 5) as f32 / 10.0).collect();
+    let mut fast = g.clone();
+    gelu_mul(&mut fast, &u);
+    for ((x, y), f) in g.iter().zip(&u).zip(&fast) {
+        let xd = *x as f64;
+        let t = ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh();
+        let want = 0.5 * xd * (1.0 + t) * *y as f64;
+        assert!(
+            (*f as f64 - want).abs() <= 2e-6 * want.abs().max(1.0),
+            "{x}: {f} vs {want}"
+        );
+        assert_eq!(
+            f.to_bits(),
+            (gated::act1::<true>(*x) * y).to_bits(),
+            "{x}: path differs"
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn gated_16_and_8_lane_paths_match_the_scalar_bits() {
+    if !crate::kernels::LEVEL.wide() {
+        return;
+    }
+    let mut seed = 11u64;
+    let g: Vec<f32> = (0..4096)
+        .map(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0
+        })
+        .collect();
+    let u: Vec<f32> = g.iter().map(|x| 1.5 - x / 30.0).collect();
+    for gelu in [false, true] {
+        let (mut wide, mut narrow) = (g.clone(), g.clone());
+        // SAFETY: AVX-512 F (and so AVX2) detected; 4096 is whole 16-lane chunks.
+        unsafe {
+            if gelu {
+                x86::gated::gated_mul_avx512::<true>(&mut wide, &u);
+                x86::gated::gated_mul_avx2::<true>(&mut narrow, &u);
+            } else {
+                x86::gated::gated_mul_avx512::<false>(&mut wide, &u);
+                x86::gated::gated_mul_avx2::<false>(&mut narrow, &u);
+            }
+        }
+        for (i, (w, n)) in wide.iter().zip(&narrow).enumerate() {
+            let x = g[i];
+            let want = if gelu {
+                gated::act1::<true>(x)
+            } else {
+                gated::act1::<false>(x)
+            } * u[i];
+            assert_eq!(w.to_bits(), want.to_bits(), "16 lanes, {x}");
+            assert_eq!(n.to_bits(), want.to_bits(), "8 lanes, {x}");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_lanes_match_the_scalar_bits() {
+    if !is_x86_feature_detected!("avx2") {
+        return;
+    }
+    use std::arch::x86_64::*;
+    let mut seed = 7u64;
+    for _ in 0..20_000 {
+        let xs: [f32; 8] = std::array::from_fn(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            -((seed >> 40) as f32 / (1u64 << 24) as f32) * 90.0
+        });
+        let mut out = [0f32; 8];
+        // SAFETY: AVX2 detected above.
+        unsafe {
+            let v = x86::exp::exp_neg8(_mm256_loadu_ps(xs.as_ptr()));
+            _mm256_storeu_ps(out.as_mut_ptr(), v);
+        }
+        for (x, o) in xs.iter().zip(out) {
+            assert_eq!(o.to_bits(), exp::exp_neg(*x).to_bits(), "exp({x})");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_lanes_match_the_scalar_bits() {
+    if !crate::kernels::LEVEL.wide() {
+        return;
+    }
+    use std::arch::x86_64::*;
+    let special = [
+        0.0,
+        -0.0,
+        -87.0,
+        -86.99,
+        -100.0,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -1e-30,
+    ];
+    let mut seed = 9u64;
+    for round in 0..20_000 {
+        let mut xs: [f32; 16] = std::array::from_fn(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            -((seed >> 40) as f32 / (1u64 << 24) as f32) * 90.0
+        });
+        if round == 0 {
+            xs[..special.len()].copy_from_slice(&special);
+        }
+        let mut out = [0f32; 16];
+        // SAFETY: AVX-512 F detected above (part of the wide level).
+        unsafe {
+            let v = x86::exp::exp_neg16(_mm512_loadu_ps(xs.as_ptr()));
+            _mm512_storeu_ps(out.as_mut_ptr(), v);
+        }
+        for (x, o) in xs.iter().zip(out) {
+            assert_eq!(o.to_bits(), exp::exp_neg(*x).to_bits(), "exp({x})");
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_lanes_match_the_scalar_bits() {
+    use std::arch::aarch64::*;
+    let special = [
+        0.0,
+        -0.0,
+        -87.0,
+        -86.99,
+        -100.0,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -1e-30,
+    ];
+    let mut seed = 5u64;
+    for round in 0..20_000 {
+        let mut xs: [f32; 8] = std::array::from_fn(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            -((seed >> 40) as f32 / (1u64 << 24) as f32) * 90.0
+        });
+        if round == 0 {
+            xs.copy_from_slice(&special);
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: Advanced SIMD is part of every aarch64 target.
+        unsafe {
+            for h in 0..2 {
+                let v = arm::exp::exp_neg4(vld1q_f32(xs.as_ptr().add(4 * h)));
+                vst1q_f32(out.as_mut_ptr().add(4 * h), v);
+            }
+        }
+        for (x, o) in xs.iter().zip(out) {
+            assert_eq!(o.to_bits(), exp::exp_neg(*x).to_bits(), "exp({x})");
+        }
     }
 }

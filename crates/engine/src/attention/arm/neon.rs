@@ -10,7 +10,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::attention::{State, BLOCK, MAX_HEAD_DIM};
-use crate::fastexp::exp_neg;
+use crate::kernels::exp::exp_neg;
 
 /// Whether this state's head size takes this path (whole sixteens).
 pub(in crate::attention) fn usable(st: &State) -> bool {

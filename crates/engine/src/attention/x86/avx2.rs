@@ -3,7 +3,7 @@
 //! shared f32 tile. The same arithmetic as the scalar reference (`scalar.rs`).
 
 use crate::attention::State;
-use crate::fastexp::exp_neg8;
+use crate::kernels::x86::exp::exp_neg8;
 
 /// Eight dot-product vectors (key `j`'s 16 lanes already folded to 8 in `x[j]`) to the
 /// eight scores, each by the scalar `dot`'s tree: `(l0 + l4) + (l2 + l6)` and

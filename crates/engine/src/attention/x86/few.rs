@@ -22,7 +22,7 @@ use std::mem::MaybeUninit;
 
 use super::wide::widen;
 use crate::attention::{State, MAX_HEAD_DIM};
-use crate::fastexp::exp_neg16;
+use crate::kernels::x86::exp::exp_neg16;
 
 /// Keys per block: one vector of scores.
 const BLOCK: usize = 16;

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use crate::attention::{State, MAX_HEAD_DIM};
-use crate::fastexp::exp_neg16;
+use crate::kernels::x86::exp::exp_neg16;
 
 /// Queries per call, one per lane.
 pub(in crate::attention) const LANES: usize = 16;

@@ -25,7 +25,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::kernels::acts::Acts;
+use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 use crate::kernels::{Format, QK};
 

@@ -1,11 +1,13 @@
 //! The aarch64 kernels: the GEMM over repacked groups on Advanced SIMD (`gemm.rs`: widening
-//! multiplies on ARMv8.0, `sdot` with dotprod, `smmla` with i8mm) and the activation
-//! quantizer (`acts.rs`).
+//! multiplies on ARMv8.0, `sdot` with dotprod, `smmla` with i8mm), the activation
+//! quantizer (`act_quant.rs`), exp (`exp.rs`) and the gated activations (`gated.rs`).
 
-pub(crate) mod acts;
+pub(crate) mod act_quant;
+pub(crate) mod exp;
+pub(crate) mod gated;
 mod gemm;
 
-use super::acts::Acts;
+use super::act_quant::Acts;
 use super::{repack, Level, QMatrix, ACT_CHUNK, STREAM_ROWS};
 
 /// The tile loop over `w`'s groups `g0..g1` for activation rows `0..m` (`acts` quantized

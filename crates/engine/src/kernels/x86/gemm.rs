@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::acts::Acts;
+use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 use crate::kernels::{Format, QK};
 

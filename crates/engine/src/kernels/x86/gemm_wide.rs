@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 use super::gemm::{
     code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
 };
-use crate::kernels::acts::Acts;
+use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 use crate::kernels::{Format, QK};
 

@@ -1,11 +1,13 @@
 //! The x86 kernels: the GEMM on AVX2 / AVX-512 VNNI (256-bit tiles, `gemm.rs`) and on 512-bit
-//! vectors (`gemm_wide.rs`), and the activation quantizers (`acts.rs`).
+//! vectors (`gemm_wide.rs`), the activation quantizers (`act_quant.rs`), exp (`exp.rs`) and the gated activations (`gated.rs`).
 
-pub(crate) mod acts;
+pub(crate) mod act_quant;
+pub(crate) mod exp;
+pub(crate) mod gated;
 mod gemm;
 mod gemm_wide;
 
-use super::acts::Acts;
+use super::act_quant::Acts;
 use super::{repack, Format, Level, QMatrix, ACT_CHUNK, STREAM_ROWS};
 
 /// A tile kernel (`gemm`, `gemm_wide`).

@@ -3,10 +3,10 @@
 
 use std::arch::aarch64::*;
 
-use crate::kernels::acts::{BlockQuant, RowsMut};
+use crate::kernels::act_quant::{BlockQuant, RowsMut};
 use crate::kernels::QK;
 
-pub(crate) fn quantize(rows: &mut RowsMut, width: usize) {
+pub(in crate::kernels) fn quantize(rows: &mut RowsMut, width: usize) {
     // SAFETY: Advanced SIMD is part of every aarch64 Linux target; every slice is whole
     // 32-blocks.
     unsafe { quantize_neon(rows, width) }

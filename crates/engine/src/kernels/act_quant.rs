@@ -3,7 +3,7 @@
 //! summed in integers), `d * sum` per scale block (formats with a min), and the exact integer
 //! sums of each 32-block and its halves (zero-point and min corrections). The values and
 //! scales are those of `quantize_row_by` (the scalar path's), bit for bit; the tiled GEMMs read
-//! this form. The per-ISA block quantizers live in `x86/acts.rs` and `arm/acts.rs`.
+//! this form. The per-ISA block quantizers live in `x86/act_quant.rs` and `arm/act_quant.rs`.
 
 use super::QK;
 
@@ -62,7 +62,14 @@ impl Acts {
     /// value's buffers. Many rows are cut over the pool: each row is quantized by itself, so
     /// the cut changes no value (a batch-32 decode step spent ~5 % of its time here on the
     /// calling thread while the others waited).
-    pub fn fill(&mut self, x: &[f32], m: usize, k: usize, width: usize) {
+    pub(super) fn fill(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        width: usize,
+        quantize: Quantizer,
+    ) {
         let nb = k / QK;
         self.nb = nb;
         self.ns = k / width;
@@ -104,7 +111,7 @@ impl Acts {
                 bpair,
             })
             .collect();
-        crate::par::each(&mut parts, 2, &|_, p| p.quantize(width));
+        crate::par::each(&mut parts, 2, &|_, p| quantize(p, width));
     }
 }
 
@@ -123,18 +130,17 @@ pub(super) struct RowsMut<'a> {
     bpair: &'a mut [i32],
 }
 
-impl RowsMut<'_> {
-    fn quantize(&mut self, width: usize) {
-        if !super::LEVEL.simd() {
-            // SAFETY: the scalar quantizer needs no feature; every slice is whole 32-blocks.
-            return unsafe { self.quantize_by::<Scalar>(width) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        super::x86::acts::quantize(self, width);
-        #[cfg(target_arch = "aarch64")]
-        super::arm::acts::quantize(self, width);
-    }
+/// A path's quantizer of `fill`'s rows (`x86/act_quant.rs`, `arm/act_quant.rs`,
+/// `quantize_scalar`), picked by the caller: every one gives `quantize_row_by`'s bits.
+pub(super) type Quantizer = fn(&mut RowsMut, usize);
 
+/// The portable path's quantizer.
+pub(super) fn quantize_scalar(rows: &mut RowsMut, width: usize) {
+    // SAFETY: the scalar quantizer needs no feature; every slice is whole 32-blocks.
+    unsafe { rows.quantize_by::<Scalar>(width) }
+}
+
+impl RowsMut<'_> {
     /// The rows' blocks by `B`'s block quantizer, inlined into the caller's features: as
     /// calls per 32-block the kernels cost about as much as their work.
     #[inline(always)]

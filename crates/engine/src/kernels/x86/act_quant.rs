@@ -2,10 +2,10 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::acts::{BlockQuant, RowsMut};
+use crate::kernels::act_quant::{BlockQuant, RowsMut};
 use crate::kernels::QK;
 
-pub(crate) fn quantize(rows: &mut RowsMut, width: usize) {
+pub(in crate::kernels) fn quantize(rows: &mut RowsMut, width: usize) {
     // SAFETY: AVX2 was detected (`Acts::fill` asserts a SIMD level, and on x86 every one has
     // AVX2), AVX-512 F where `wide`; every slice is whole 32-blocks.
     unsafe {
