@@ -55,7 +55,8 @@ impl Format {
         self.block_values() != QK
     }
 
-    /// Portable unpacking (the SIMD path in `simd.rs` produces the same bytes).
+    /// Unpacking of GGUF rows (the reference dot and `dequantize`; the tiles read the same
+    /// values from the repacked planes).
     #[inline(always)]
     pub(super) fn unpack(self, row: &[u8], out: &mut Unpacked) {
         let bb = self.block_bytes();

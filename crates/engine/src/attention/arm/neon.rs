@@ -86,7 +86,7 @@ pub(in crate::attention) unsafe fn fold(
     }
 }
 
-/// The canonical score (`dot` in attention.rs) of `d` values, `d` a multiple of 16: lane
+/// The canonical score (`dot` in scalar.rs) of `d` values, `d` a multiple of 16: lane
 /// vector `t` holds lanes `4t..4t + 4`.
 #[inline(always)]
 unsafe fn dot(a: *const f32, b: *const f32, d: usize) -> f32 {
