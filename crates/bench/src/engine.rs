@@ -515,10 +515,11 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
 /// The human-readable table: tok/s and ratios against each baseline.
 pub fn table(r: &Report) -> String {
     let mut t = format!(
-        "{} | {} threads | {} | rev {}\n{:<14}{:>10}{:>10}{:>10}{:>12}{:>12}\n",
+        "{} | {} threads | {} | kernels {} | rev {}\n{:<14}{:>10}{:>10}{:>10}{:>12}{:>12}\n",
         r.model,
         r.threads,
         r.machine.cpu,
+        r.machine.kernels,
         r.machine.git_rev,
         "tok/s",
         "ours",
