@@ -18,11 +18,15 @@ fi
 python3 scripts/models.py smollm2 qwen05
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 echo "aarch64: cross-building the engine's tests"
-built=$(cargo test -j2 --release --target "$target" -p edgeprompt-engine --lib --test kernel_paths \
-  --no-run 2>&1 | tee /dev/stderr)
-# The test binaries, as cargo names them: "Executable unittests src/lib.rs (path)".
-exe() { grep -F "$1" <<<"$built" | sed -E 's/.*\((.*)\)$/\1/'; }
-lib=$(exe "src/lib.rs")
+if ! built=$(cargo test -j2 --release --target "$target" -p edgeprompt-engine --lib \
+  --test kernel_paths --no-run 2>&1); then
+  echo "$built" >&2
+  exit 1
+fi
+echo "$built" >&2
+# The test binaries, as cargo names them: "  Executable unittests src/lib.rs (path)".
+exe() { grep -E "^ *Executable $1 \(" <<<"$built" | sed -E 's/.*\((.*)\)$/\1/'; }
+lib=$(exe "unittests src/lib.rs")
 paths=$(exe "tests/kernel_paths.rs")
 export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 for run in cortex-a53:neon cortex-a76:dotprod max:i8mm; do

@@ -1,8 +1,8 @@
 //! Every kernel path gives the same bits on a real model: this test runs a short prompt and a
 //! few decode steps in-process (the SIMD path this CPU picks), then runs itself again in a
-//! child process with `EDGEPROMPT_PORTABLE=1` (the scalar reference path: GGUF rows unpacked
-//! one by one, scalar block dots, scalar attention and SiLU) and compares every logit bit for
-//! bit; on an AVX-512 VNNI machine once more with `EDGEPROMPT_AVX2=1` (the AVX2 dots), and with
+//! child process with `EDGEPROMPT_PORTABLE=1` (the portable path: the tiles in plain Rust,
+//! scalar attention and SiLU; the kernels' unit tests hold it to the GGUF-row reference dot)
+//! and compares every logit bit for bit; on an AVX-512 VNNI machine once more with `EDGEPROMPT_AVX2=1` (the AVX2 dots), and with
 //! `EDGEPROMPT_256=1` (256-bit VNNI tiles) where the 512-bit GEMM runs; on aarch64 with
 //! `EDGEPROMPT_NEON=1` and `EDGEPROMPT_DOTPROD=1` where the CPU has more. Both models cover
 //! q4_1, q5_0, q8_0, q4_K and q6_K. The bits are also checked against a committed fixture

@@ -150,7 +150,12 @@ impl RowsMut<'_> {
             let xs = &self.x[sb * width..(sb + 1) * width];
             let amax = xs.chunks_exact(QK).map(|b| B::amax(b)).fold(0f32, f32::max);
             let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            // A subnormal scale's inverse is infinite: such a block quantizes to zeros on every path.
+            let id = if d > 0.0 && (1.0 / d).is_finite() {
+                1.0 / d
+            } else {
+                0.0
+            };
             let mut sum = 0;
             for (j, b) in xs.chunks_exact(QK).enumerate() {
                 let at = sb * per + j;

@@ -394,7 +394,12 @@ pub(crate) fn quantize_row_by(x: &[f32], width: usize) -> QuantRow {
     {
         let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        // A subnormal scale's inverse is infinite: such a block quantizes to zeros on every path.
+        let id = if d > 0.0 && (1.0 / d).is_finite() {
+            1.0 / d
+        } else {
+            0.0
+        };
         let mut sum = 0i32;
         for (q, v) in qs.iter_mut().zip(xs) {
             *q = (v * id).round() as i8;

@@ -183,7 +183,8 @@ fn tile_n(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
         Format::Q5_0 => 16,
         _ => 0,
     };
-    let mut lanes = vec![[[0f32; ROWS]; 8]; out.len()];
+    let mut lanes = [[[0f32; ROWS]; 8]; TILE_ROWS];
+    let lanes = &mut lanes[..out.len()];
     for b in 0..acts.nb {
         let hdr = &group[b * sb..(b + 1) * sb];
         let v = unpack(f, &hdr[hb..hb + pb]);
@@ -203,7 +204,7 @@ fn tile_n(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
             }
         }
     }
-    for (o, l) in out.iter_mut().zip(&lanes) {
+    for (o, l) in out.iter_mut().zip(lanes.iter()) {
         store(l, o);
     }
 }
@@ -215,15 +216,21 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
         f.plane_bytes(),
         f.super_bytes(),
     );
-    let mut lanes = vec![[[0f32; ROWS]; 8]; out.len()];
+    let mut lanes = [[[0f32; ROWS]; 8]; TILE_ROWS];
+    let lanes = &mut lanes[..out.len()];
     for s in 0..acts.ns {
         let hdr = &group[s * sb..(s + 1) * sb];
-        let mut isum = vec![[0i32; ROWS]; out.len()];
-        let mut msum = vec![[0i32; ROWS]; out.len()];
+        let mut isum = [[0i32; ROWS]; TILE_ROWS];
+        let mut msum = [[0i32; ROWS]; TILE_ROWS];
         for bi in 0..bps {
             let b = s * bps + bi;
             let v = unpack(f, &hdr[hb + bi * pb..hb + (bi + 1) * pb]);
-            for (i, (is, ms)) in isum.iter_mut().zip(msum.iter_mut()).enumerate() {
+            for (i, (is, ms)) in isum
+                .iter_mut()
+                .zip(msum.iter_mut())
+                .take(out.len())
+                .enumerate()
+            {
                 let row = i0 + i;
                 let a = &acts.q[row * acts.row_stride + b * QK..][..QK];
                 if f == Format::Q4K {
@@ -260,7 +267,7 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
             }
         }
     }
-    for (o, l) in out.iter_mut().zip(&lanes) {
+    for (o, l) in out.iter_mut().zip(lanes.iter()) {
         store(l, o);
     }
 }

@@ -1,9 +1,10 @@
 //! GGUF rows repacked once at load into groups of 8 interleaved rows, the layout the GEMM
 //! kernels read (`x86/gemm.rs`, `arm/gemm.rs`, `portable.rs`): one 32-byte load gives 4
 //! consecutive values of each of the 8 rows, so a `maddubs` (or two `sdot`) against 4
-//! broadcast activation bytes yields all 8 rows' partial dots with no horizontal reduction. Nibbles stay packed; the repacked matrix has the GGUF's size
-//! (q4_K: +2.8 % for unpacked 6-bit scales), and the GGUF bytes of any row can be rebuilt
-//! exactly (`gguf_row`), which the portable path and the embedding lookup use.
+//! broadcast activation bytes yields all 8 rows' partial dots with no horizontal reduction.
+//! Nibbles stay packed; the repacked matrix has the GGUF's size (q4_K: +2.8 % for unpacked
+//! 6-bit scales), and the GGUF bytes of any row can be rebuilt exactly (`gguf_row`), which the
+//! tests' reference dot and the embedding lookup use.
 //!
 //! A group is a run of super units (one 32-block, or a 256-value K block of 8 blocks):
 //! `[header][plane of block 0]..[plane of block bps-1]`.

@@ -318,6 +318,37 @@ fn portable_tiles_give_the_reference_bits() {
     }
 }
 
+#[test]
+fn subnormal_activation_blocks_give_the_reference_bits() {
+    let mut seed = 41;
+    for f in FORMATS {
+        let (n, m, k) = (13, 3, 512);
+        let w = random_matrix(f, n, k, &mut seed);
+        let mut x = random_x(m, k, &mut seed);
+        // A row of subnormal values: the inverses of its scales are infinite, and its outputs
+        // are made of those blocks' terms alone.
+        for (i, v) in x[..k].iter_mut().enumerate() {
+            *v = if i % 3 == 0 {
+                -1e-39
+            } else {
+                3e-40 * (i % 7) as f32
+            };
+        }
+        let mut want = vec![0.0; m * n];
+        w.matmul_portable(&x, m, &mut want);
+        for level in std::iter::once(Level::Portable).chain(simd_levels()) {
+            let got = matmul_at(level, &[&w], &x, m).remove(0);
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{level:?} {f:?} at {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
 /// The SIMD paths this CPU can run.
 fn simd_levels() -> Vec<Level> {
     if !LEVEL.simd() {

@@ -12,9 +12,9 @@ use half::slice::HalfFloatSliceExt;
 use crate::attention::{State, BLOCK, MAX_HEAD_DIM};
 use crate::kernels::exp::exp_neg;
 
-/// Whether this state's head size takes this path (whole sixteens).
+/// Whether this state's head size takes this path (whole sixteens, at least one).
 pub(in crate::attention) fn usable(st: &State) -> bool {
-    crate::kernels::LEVEL.neon() && st.dim.is_multiple_of(16)
+    crate::kernels::LEVEL.neon() && st.dim >= 16 && st.dim.is_multiple_of(16)
 }
 
 /// `attend_impl` on Advanced SIMD.

@@ -20,16 +20,17 @@ unsafe fn quantize_neon(rows: &mut RowsMut, width: usize) {
 struct Lanes4;
 
 impl BlockQuant for Lanes4 {
-    /// Largest |x| of one 32-block (max is exact, so any order gives its bits).
+    /// Largest |x| of one 32-block (max is exact, so any order gives its bits; `fmaxnm`
+    /// ignores NaN as `f32::max` does).
     #[inline(always)]
     unsafe fn amax(xs: &[f32]) -> f32 {
         let p = xs[..QK].as_ptr();
         let v: [float32x4_t; 8] = std::array::from_fn(|i| vabsq_f32(vld1q_f32(p.add(4 * i))));
-        let m = vmaxq_f32(
-            vmaxq_f32(vmaxq_f32(v[0], v[1]), vmaxq_f32(v[2], v[3])),
-            vmaxq_f32(vmaxq_f32(v[4], v[5]), vmaxq_f32(v[6], v[7])),
+        let m = vmaxnmq_f32(
+            vmaxnmq_f32(vmaxnmq_f32(v[0], v[1]), vmaxnmq_f32(v[2], v[3])),
+            vmaxnmq_f32(vmaxnmq_f32(v[4], v[5]), vmaxnmq_f32(v[6], v[7])),
         );
-        vmaxvq_f32(m)
+        vmaxnmvq_f32(m)
     }
 
     #[inline(always)]

@@ -7,7 +7,7 @@
 //! reduction. Unsigned weights with a zero point (q4_0: 8, q5_0: 16, q6_K: 32) are
 //! corrected exactly by the activation block sums. The K formats multiply in their integer
 //! sub-block scales and mins and sum a whole 256-value super block in integers (activations
-//! carry one scale per 256 values there). The float part is the canonical one of `simd.rs`:
+//! carry one scale per 256 values there). The float part is the canonical one of `portable.rs`:
 //! `(wd * ad) * isum (+ wm * as)` per scale block, added into lane `term % 8` of the output,
 //! lanes reduced by the same tree, so every output has the bits of the portable path whatever
 //! the tile, the thread or the other rows.
