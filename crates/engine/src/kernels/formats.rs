@@ -15,8 +15,9 @@ pub enum Format {
     Q6K,
 }
 
+/// The f16 at byte `i` of `b`, as f32.
 #[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 

@@ -19,6 +19,7 @@ mod level;
 mod portable;
 mod regions;
 mod repack;
+mod tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

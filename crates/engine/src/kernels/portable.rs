@@ -3,6 +3,7 @@
 //! plain Rust that CPUs with no SIMD path run (`run_groups`).
 
 use super::act_quant::Acts;
+use super::formats::f16_at;
 use super::repack::ROWS;
 use super::{Format, QMatrix, ACT_CHUNK, QK};
 #[cfg(test)]
@@ -113,10 +114,6 @@ const TILE_ROWS: usize = 4;
 /// row `r`'s value `4j + t` (values 0..16 from the low bits, 16..32 from the high bits).
 type Chunks = [[i8; QK]; 8];
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
-}
-
 /// The chunks of one plane (`repack.rs`): unsigned values but q8_0's.
 fn unpack(f: Format, p: &[u8]) -> Chunks {
     let mut v = [[0i8; QK]; 8];
@@ -188,8 +185,8 @@ fn tile_n(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
     for b in 0..acts.nb {
         let hdr = &group[b * sb..(b + 1) * sb];
         let v = unpack(f, &hdr[hb..hb + pb]);
-        let wd: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, r));
-        let wm: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, 8 + r));
+        let wd: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, 2 * r));
+        let wm: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, 16 + 2 * r));
         for (i, l) in lanes.iter_mut().enumerate() {
             let row = i0 + i;
             let a = &acts.q[row * acts.row_stride + b * QK..][..QK];
@@ -254,8 +251,8 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
                 }
             }
         }
-        let wd: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, r));
-        let wm: [f32; ROWS] = std::array::from_fn(|r| -f16_at(hdr, 8 + r));
+        let wd: [f32; ROWS] = std::array::from_fn(|r| f16_at(hdr, 2 * r));
+        let wm: [f32; ROWS] = std::array::from_fn(|r| -f16_at(hdr, 16 + 2 * r));
         for (i, l) in lanes.iter_mut().enumerate() {
             let da = acts.d[(i0 + i) * acts.ns + s];
             for r in 0..ROWS {

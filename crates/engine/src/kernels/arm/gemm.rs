@@ -27,37 +27,11 @@ use std::arch::asm;
 
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
+pub(crate) use crate::kernels::tile::{tile_rows, Tile};
 use crate::kernels::{Format, QK};
 
 /// A tile kernel of one level.
 pub(crate) type TileFn = unsafe fn(&Tile);
-
-/// One tile: output rows `i0..i0 + mt` (`mt` from `tile_rows`) of one repacked `group` of
-/// format `f`, written to `out` (row stride `ldo`, `cols` valid columns from column 0).
-pub(crate) struct Tile<'a> {
-    pub f: Format,
-    pub group: &'a [u8],
-    pub acts: &'a Acts,
-    pub i0: usize,
-    pub mt: usize,
-    pub out: *mut f32,
-    pub ldo: usize,
-    pub cols: usize,
-    /// Prefetch ahead in the run of groups: the first tile over each group of a call that
-    /// streams its weights. Single-row tiles always do.
-    pub prefetch: bool,
-}
-
-/// The tile height for `left` remaining rows: up to 8 rows reuse one block's unpacked
-/// weights; powers of two, so four kernels cover any count.
-pub(crate) fn tile_rows(left: usize) -> usize {
-    match left {
-        8.. => 8,
-        4..=7 => 4,
-        2..=3 => 2,
-        _ => 1,
-    }
-}
 
 /// The tile by ARMv8.0 widening multiplies.
 ///
