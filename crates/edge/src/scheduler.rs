@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{
-    logprobs, sample_each, Model, PrefixKv, Sampler, SamplingParams, Sequence, TextStream,
-    TokenLogprobs,
+    logprobs, sample_each, Constraint, Draw, Model, PrefixKv, Sampler, SamplingParams, Sequence,
+    TextStream, TokenLogprobs,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -75,6 +75,8 @@ pub struct Extras {
     /// Further answers to the same prompt, each on its own channel: the prompt is prefilled
     /// once, then answer `k` (1, 2, ...) samples on its own with seed `seed + k`.
     pub forks: Vec<mpsc::UnboundedSender<Event>>,
+    /// The grammar every answer must match (each answer has its own copy).
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -170,6 +172,7 @@ struct Running {
     fed: usize,
     next: Option<u32>,
     sampler: Sampler,
+    constraint: Option<Constraint>,
     text: TextStream,
     admitted: Instant,
     last_token: Option<Instant>,
@@ -185,6 +188,9 @@ struct Running {
     timeline: Option<Timeline>,
     _reservation: Reservation,
 }
+
+/// A row's next token, or why its grammar could not give one.
+type Drawn = Result<u32, edgeprompt_engine::GrammarError>;
 
 /// A finished cold prefill: the sequence, its last-row logits, the prompt's row scores.
 type Finished = (Sequence, Vec<f32>, Vec<TokenLogprobs>);
@@ -321,6 +327,7 @@ impl Running {
                     fed: self.fed,
                     next: None,
                     sampler: Sampler::new(sampling),
+                    constraint: self.constraint.as_ref().map(Constraint::fork),
                     text: TextStream::new(&self.job.stop),
                     admitted: self.admitted,
                     last_token: None,
@@ -504,7 +511,7 @@ impl Batcher {
             }
         };
         // Decoding sequences draw their next tokens together, over the engine's pool.
-        let mut drawn = vec![None; self.active.len()];
+        let mut drawn: Vec<Option<Drawn>> = (0..self.active.len()).map(|_| None).collect();
         {
             let (mut draws, mut at) = (Vec::new(), Vec::new());
             let mut step_logits = logits.iter();
@@ -517,7 +524,11 @@ impl Batcher {
                 };
                 if r.fed >= r.job.prompt.len() && r.job.max_tokens > 0 {
                     at.push(i);
-                    draws.push((&mut r.sampler, &l[..]));
+                    draws.push(Draw {
+                        sampler: &mut r.sampler,
+                        constraint: r.constraint.as_mut(),
+                        logits: &l[..],
+                    });
                 }
             }
             for (i, id) in at.into_iter().zip(sample_each(draws)) {
@@ -529,7 +540,7 @@ impl Batcher {
         for (i, f) in feeds.iter().enumerate() {
             let Some(f) = f else { continue };
             let (l, scores) = logits.next().unwrap_or_default();
-            ended[i] = self.advance(i, f.len(), &l, scores, drawn[i]);
+            ended[i] = self.advance(i, f.len(), &l, scores, drawn[i].take());
         }
         let mut i = 0;
         self.active.retain(|_| {
@@ -591,7 +602,7 @@ impl Batcher {
         fed: usize,
         logits: &[f32],
         scores: Vec<TokenLogprobs>,
-        drawn: Option<u32>,
+        drawn: Option<Drawn>,
     ) -> bool {
         let r = &mut self.active[i];
         if r.fed < r.job.prompt.len() {
@@ -686,7 +697,7 @@ impl Batcher {
 fn emit(
     r: &mut Running,
     logits: &[f32],
-    drawn: Option<u32>,
+    drawn: Option<Drawn>,
     model: &Model,
     metrics: &Metrics,
 ) -> bool {
@@ -695,7 +706,18 @@ fn emit(
         finish(r, "length", metrics);
         return true;
     }
-    let id = drawn.unwrap_or_else(|| r.sampler.sample(logits));
+    let drawn = drawn.unwrap_or_else(|| match r.constraint.as_mut() {
+        Some(c) => c.draw(&mut r.sampler, logits),
+        None => Ok(r.sampler.sample(logits)),
+    });
+    let id = match drawn {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = r.job.events.send(Event::Failed(e.to_string()));
+            metrics.finished("error");
+            return true;
+        }
+    };
     if let Some(top) = r.logprobs {
         r.token_logprobs.push(logprobs(logits, id, top));
     }
@@ -867,6 +889,7 @@ fn admission(
     let reservation = reservations.next().expect("at least one answer");
     Ok(Running {
         sampler: Sampler::new(job.sampling.clone()),
+        constraint: extras.constraint,
         text: TextStream::new(&job.stop),
         job,
         seq,

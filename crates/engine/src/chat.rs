@@ -6,10 +6,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, Result};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, `[{"id", "type", "function": {"name", "arguments"}}]` with
+    /// `arguments` an object, as templates render them (absent, not null, when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool turn's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -17,6 +24,8 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -25,6 +34,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// The template writes tool calls as `<tool_call>{json}</tool_call>` (Qwen2.5, Hermes).
+    pub tool_calls: bool,
 }
 
 /// A conversation cut at a template boundary: `cloud` is the rendered system turn, `edge` the
@@ -52,10 +63,21 @@ impl ChatTemplate {
             env,
             bos: bos.into(),
             eos: eos.into(),
+            tool_calls: source.contains("<tool_call>") && source.contains("tools"),
         })
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_tools(messages, add_generation_prompt, None)
+    }
+
+    /// Render with the functions a model may call (`[{"type": "function", "function": ...}]`).
+    pub fn render_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template("chat")
@@ -65,6 +87,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
+            tools => tools,
         })
         .map_err(|e| EngineError::Template(e.to_string()))
     }
@@ -72,11 +95,21 @@ impl ChatTemplate {
     /// Render `system` alone as the cloud part and the full conversation; the edge part is
     /// what follows. Errors if the template does not render the system turn as a prefix.
     pub fn split(&self, system: &str, private: &[Message]) -> Result<SplitPrompt> {
+        self.split_tools(system, private, None)
+    }
+
+    /// `split` with tools, which templates render into the system turn.
+    pub fn split_tools(
+        &self,
+        system: &str,
+        private: &[Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<SplitPrompt> {
         let sys = [Message::new("system", system)];
-        let cloud = self.render(&sys, false)?;
+        let cloud = self.render_tools(&sys, false, tools)?;
         let mut all = sys.to_vec();
         all.extend_from_slice(private);
-        let full = self.render(&all, true)?;
+        let full = self.render_tools(&all, true, tools)?;
         match full.strip_prefix(&cloud) {
             Some(edge) => Ok(SplitPrompt {
                 cloud,

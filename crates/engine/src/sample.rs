@@ -3,6 +3,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::grammar::{Constraint, GrammarError};
+
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy.
@@ -91,13 +93,28 @@ impl Sampler {
     }
 }
 
-/// Each sampler's draw from its logits, the batch cut over the pool: at a temperature a draw
-/// is 0.1-4 ms, and each sampler has its own generator, so the cut changes no draw.
-pub fn sample_each(draws: Vec<(&mut Sampler, &[f32])>) -> Vec<u32> {
-    let mut jobs: Vec<(&mut Sampler, &[f32], u32)> =
-        draws.into_iter().map(|(s, l)| (s, l, 0)).collect();
-    crate::par::each(&mut jobs, 2, &|_, (s, l, id)| *id = s.sample(l));
-    jobs.into_iter().map(|(_, _, id)| id).collect()
+/// Each sampler's draw from its logits (through its grammar's mask, when it has one), the
+/// batch cut over the pool: a draw at a temperature is 0.1-4 ms and a grammar's mask about as
+/// much, and each sampler has its own generator and grammar, so the cut changes no draw.
+pub fn sample_each(draws: Vec<Draw<'_>>) -> Vec<std::result::Result<u32, GrammarError>> {
+    let mut jobs: Vec<(Draw<'_>, Option<std::result::Result<u32, GrammarError>>)> =
+        draws.into_iter().map(|d| (d, None)).collect();
+    crate::par::each(&mut jobs, 2, &|_, (d, out)| {
+        *out = Some(match d.constraint.as_deref_mut() {
+            Some(c) => c.draw(d.sampler, d.logits),
+            None => Ok(d.sampler.sample(d.logits)),
+        })
+    });
+    jobs.into_iter()
+        .map(|(_, out)| out.unwrap_or(Err(GrammarError::Failed("not drawn".into()))))
+        .collect()
+}
+
+/// One row's draw: its sampler, its grammar (if any) and its logits.
+pub struct Draw<'a> {
+    pub sampler: &'a mut Sampler,
+    pub constraint: Option<&'a mut Constraint>,
+    pub logits: &'a [f32],
 }
 
 /// Logits this many temperatures below the top one carry weight `e^-18.5` < 2^-26.
@@ -367,8 +384,15 @@ mod tests {
         let mut together: Vec<Sampler> = (0..6).map(|s| Sampler::new(params(s))).collect();
         let mut alone: Vec<Sampler> = (0..6).map(|s| Sampler::new(params(s))).collect();
         for _ in 0..5 {
-            let draws = together.iter_mut().zip(&logits).map(|(s, l)| (s, &l[..]));
-            let got = sample_each(draws.collect());
+            let draws = together.iter_mut().zip(&logits).map(|(s, l)| Draw {
+                sampler: s,
+                constraint: None,
+                logits: &l[..],
+            });
+            let got: Vec<u32> = sample_each(draws.collect())
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect();
             let want: Vec<u32> = alone
                 .iter_mut()
                 .zip(&logits)

@@ -64,6 +64,10 @@ pub struct Tokenizer {
     pub pre: String,
     /// Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token`).
     pub add_bos: bool,
+    /// GGUF token types, by id.
+    types: Vec<i32>,
+    /// Byte-level BPE (pieces spell bytes as GPT-2's printable characters) or SentencePiece.
+    byte_level: bool,
 }
 
 impl Tokenizer {
@@ -75,6 +79,7 @@ impl Tokenizer {
             Some(Value::Array(v)) => v.iter().map(|t| t.to_i32().unwrap_or(1)).collect(),
             _ => vec![1; tokens.len()],
         };
+        let byte_level = model == "gpt2";
         let mut inner = match model.as_str() {
             "gpt2" => byte_level_bpe(content, &tokens, &pre)?,
             "llama" => sentencepiece_bpe(content, &tokens)?,
@@ -141,7 +146,34 @@ impl Tokenizer {
             stop_ids,
             pre,
             add_bos,
+            types,
+            byte_level,
         })
+    }
+
+    /// Each token's bytes, as a grammar engine matches them: control tokens (`<|im_end|>`)
+    /// are `0xFF` and their name, so no text spells them; every other token is the bytes it
+    /// decodes to alone (`<0x0A>` is one byte, `Ġ` a space).
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        let byte_of = gpt2_bytes();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                let piece = self.inner.id_to_token(id).unwrap_or_default();
+                match self.types.get(id as usize).copied() {
+                    Some(TOKEN_TYPE_CONTROL) => [&[0xFF], piece.as_bytes()].concat(),
+                    Some(TOKEN_TYPE_USER_DEFINED) => piece.into_bytes(),
+                    _ if self.byte_level => piece
+                        .chars()
+                        .map(|c| byte_of.get(&c).copied())
+                        .collect::<Option<Vec<u8>>>()
+                        .unwrap_or_else(|| piece.into_bytes()),
+                    _ => match spm_byte(&piece) {
+                        Some(b) => vec![b],
+                        None => piece.replace(SPM_SPACE, " ").into_bytes(),
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Token ids of a whole prompt: BOS first when the model wants one and the text does not
@@ -238,6 +270,30 @@ fn sentencepiece_bpe(content: &Content, tokens: &[String]) -> Result<Inner> {
         Fuse::new().into(),
     ])));
     Ok(inner)
+}
+
+/// GPT-2's byte-level alphabet, read backwards: the printable character that stands for each
+/// byte (printable Latin-1 bytes stand for themselves, the rest for U+0100 on).
+fn gpt2_bytes() -> std::collections::HashMap<char, u8> {
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = b as char;
+            let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+            if printable {
+                (c, b)
+            } else {
+                next += 1;
+                (char::from_u32(next - 1).unwrap_or(c), b)
+            }
+        })
+        .collect()
+}
+
+/// The byte of a SentencePiece byte-fallback piece (`<0x0A>`).
+fn spm_byte(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
 }
 
 fn content_u32(content: &Content, key: &str) -> Option<u32> {

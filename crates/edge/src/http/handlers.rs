@@ -10,14 +10,14 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use edgeprompt_engine::{Message, Model, SamplingParams};
+use edgeprompt_engine::{Message, Model, SamplingParams, Spec};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
-use super::{ApiError, EdgeServer};
+use super::{tools, ApiError, EdgeServer};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
 use crate::scheduler::{Done, Event, Extras, Job, Refusal, DEAD, STOPPED};
@@ -116,20 +116,32 @@ pub(super) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, 
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Response, ApiError> {
+async fn chat_inner(
+    s: &Arc<EdgeServer>,
+    id: &RequestId,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let mut req: ChatRequest = parse(body)?;
     let chat = chat_checks(&s.model, &s.cfg.model_id, &req)?;
+    let plan = tool_plan(chat, &req)?;
+    let tools = plan.rendered.as_ref();
     let (system, messages) = chat_messages(std::mem::take(&mut req.messages))?;
     let tmpl = |e: edgeprompt_engine::EngineError| ApiError::bad_request(e.to_string());
     let system_ids = match &system {
         Some(sys) => Some(encode(
             s,
             &chat
-                .render(&[Message::new("system", sys)], false)
+                .render_tools(&[Message::new("system", sys)], false, tools)
                 .map_err(tmpl)?,
         )?),
         None => None,
     };
+    if tools.is_some() && req.common.cloud_prompt.is_some() {
+        return Err(ApiError::bad_request(
+            "the chat template writes tools into the system turn, which a cloud prompt fixes; \
+             send the system message as text with tools, or no tools",
+        ));
+    }
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
         (Some(id), ids) => {
             let p = s
@@ -155,18 +167,122 @@ async fn chat_inner(s: &EdgeServer, id: &RequestId, body: &[u8]) -> Result<Respo
     let private_text = match &prefix {
         // The split only needs the system turn's place in the template, not its words.
         Some(_) => {
-            chat.split(system.as_deref().unwrap_or("-"), &messages)
+            chat.split_tools(system.as_deref().unwrap_or("-"), &messages, tools)
                 .map_err(tmpl)?
                 .edge
         }
-        None => chat.render(&messages, true).map_err(tmpl)?,
+        None => chat.render_tools(&messages, true, tools).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
-    run(s, Kind::Chat, id, req.common, prefix, prompt, None).await
+    let spec = match plan.grammar {
+        Some(spec) => Some(spec),
+        None => format_spec(&req.common)?,
+    };
+    let constraint = match spec {
+        Some(spec) => Some(s.constraint(spec).await?),
+        None => None,
+    };
+    let shape = Shape {
+        constraint,
+        tool_calls: plan.parse,
+    };
+    run(s, Kind::Chat, id, req.common, prefix, prompt, None, shape).await
+}
+
+/// What the answer is held to: a grammar, and whether calls are read out of it.
+struct Shape {
+    constraint: Option<edgeprompt_engine::Constraint>,
+    tool_calls: Option<Vec<String>>,
+}
+
+/// The request's tools, checked against the template.
+fn tool_plan(
+    chat: &edgeprompt_engine::ChatTemplate,
+    req: &ChatRequest,
+) -> Result<tools::ToolPlan, ApiError> {
+    let bad = |m: String| ApiError {
+        param: Some("tools"),
+        ..ApiError::bad_request(m)
+    };
+    let plan = tools::plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls.unwrap_or(true),
+    )
+    .map_err(bad)?;
+    if plan.rendered.is_some() && !chat.tool_calls {
+        return Err(bad(
+            "this model's chat template does not render tools (Qwen2.5's does)".into(),
+        ));
+    }
+    if plan.grammar.is_some() && format_spec(&req.common)?.is_some() {
+        return Err(bad(
+            "tools cannot be combined with response_format or grammar; set tool_choice \"none\" \
+             to constrain the answer instead"
+                .into(),
+        ));
+    }
+    Ok(plan)
+}
+
+/// Most bytes of a grammar or schema (compiling is bounded by llguidance's own limits too).
+const MAX_GRAMMAR_BYTES: usize = 64 << 10;
+
+/// The grammar `response_format` or `grammar` asks for.
+fn format_spec(r: &Sampling) -> Result<Option<Spec>, ApiError> {
+    let bad = |p: &'static str, m: String| ApiError {
+        param: Some(p),
+        ..ApiError::bad_request(m)
+    };
+    let from_format = match &r.response_format {
+        None => None,
+        Some(f) => match f.kind.as_str() {
+            "text" => None,
+            "json_object" => Some(Spec::JsonSchema(json!({"type": "object"}))),
+            "json_schema" => {
+                let schema = f
+                    .json_schema
+                    .as_ref()
+                    .and_then(|j| j.schema.clone())
+                    .ok_or_else(|| bad("response_format", "json_schema needs a schema".into()))?;
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(bad(
+                        "response_format",
+                        "the schema must be a JSON object".into(),
+                    ));
+                }
+                if schema.to_string().len() > MAX_GRAMMAR_BYTES {
+                    return Err(bad(
+                        "response_format",
+                        format!("the schema is over {MAX_GRAMMAR_BYTES} bytes"),
+                    ));
+                }
+                Some(Spec::JsonSchema(schema))
+            }
+            other => return Err(bad(
+                "response_format",
+                format!(
+                    "response_format {other:?}: use \"text\", \"json_object\" or \"json_schema\""
+                ),
+            )),
+        },
+    };
+    match (&r.grammar, from_format) {
+        (Some(_), Some(_)) => Err(bad(
+            "grammar",
+            "give grammar or response_format, not both".into(),
+        )),
+        (Some(g), None) if g.len() > MAX_GRAMMAR_BYTES => Err(bad(
+            "grammar",
+            format!("the grammar is over {MAX_GRAMMAR_BYTES} bytes"),
+        )),
+        (Some(g), None) => Ok(Some(Spec::Lark(g.clone()))),
+        (None, f) => Ok(f),
+    }
 }
 
 async fn completions_inner(
-    s: &EdgeServer,
+    s: &Arc<EdgeServer>,
     id: &RequestId,
     body: &[u8],
 ) -> Result<Response, ApiError> {
@@ -206,7 +322,25 @@ async fn completions_inner(
     }
     // Echo answers the prompt as sent (after a cloud prompt: this request's part of it).
     let echo = (req.common.echo == Some(true)).then_some(text);
-    run(s, Kind::Completion, id, req.common, prefix, prompt, echo).await
+    let constraint = match format_spec(&req.common)? {
+        Some(spec) => Some(s.constraint(spec).await?),
+        None => None,
+    };
+    let shape = Shape {
+        constraint,
+        tool_calls: None,
+    };
+    run(
+        s,
+        Kind::Completion,
+        id,
+        req.common,
+        prefix,
+        prompt,
+        echo,
+        shape,
+    )
+    .await
 }
 
 /// A prompt given as token ids: its text (for `echo`), and the ids.
@@ -298,7 +432,10 @@ fn chat_messages(
             Some(c) => c.text().map_err(ApiError::bad_request)?,
             None => String::new(),
         };
-        messages.push(Message::new(&m.role, &content));
+        let mut msg = Message::new(&m.role, &content);
+        msg.tool_calls = m.tool_calls.as_deref().map(tools::rendered_calls);
+        msg.tool_call_id = m.tool_call_id;
+        messages.push(msg);
     }
     let system = match messages.first() {
         Some(m) if SYSTEM_ROLES.contains(&m.role.as_str()) => Some(messages.remove(0).content),
@@ -335,6 +472,8 @@ pub fn check_request(
     }
     let mut req: ChatRequest = parse(body).map_err(err)?;
     let template = chat_checks(model, model_id, &req).map_err(err)?;
+    tool_plan(template, &req).map_err(err)?;
+    format_spec(&req.common).map_err(err)?;
     let (system, messages) = chat_messages(std::mem::take(&mut req.messages)).map_err(err)?;
     let e = |e: edgeprompt_engine::EngineError| e.to_string();
     let mut n = tokens(&template.render(&messages, true).map_err(e)?)?.len();
@@ -426,6 +565,7 @@ fn lookup_error(e: LookupError) -> ApiError {
 }
 
 /// Queue the job and answer, streamed or whole; `echo`: the prompt text to answer first.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     s: &EdgeServer,
     kind: Kind,
@@ -434,6 +574,7 @@ async fn run(
     prefix: Option<PromptKv>,
     prompt: Vec<u32>,
     echo: Option<String>,
+    shape: Shape,
 ) -> Result<Response, ApiError> {
     let (prefix, cold) = match prefix {
         Some(PromptKv::Ready(p)) => (Some(p), None),
@@ -470,6 +611,7 @@ async fn run(
         logprobs,
         echo: echo.is_some(),
         forks: txs,
+        constraint: shape.constraint,
     };
     s.scheduler.submit_with(job, extras).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),
@@ -511,6 +653,7 @@ async fn run(
             model,
             include_usage: usage,
             echo,
+            tool_calls: shape.tool_calls.clone(),
         };
         return Ok(stream(meta, rxs, text_of));
     }
@@ -531,6 +674,7 @@ async fn run(
             text,
             done: d,
             logprobs: openai::logprobs_json(kind, echo.as_ref(), d, &*text_of),
+            tool_calls: shape.tool_calls.as_deref(),
         })
         .collect();
     Ok(Json(openai::response(kind, &id, created, &model, &answers)).into_response())
@@ -573,6 +717,31 @@ struct StreamMeta {
     model: String,
     include_usage: bool,
     echo: Option<openai::Echo>,
+    /// Read calls to these functions out of the answers' text.
+    tool_calls: Option<Vec<String>>,
+}
+
+/// One streamed piece of an answer read for tool calls: its text, or a call (the `sent`th).
+fn tool_piece(
+    m: &StreamMeta,
+    index: usize,
+    piece: tools::Streamed,
+    sent: &mut usize,
+) -> Result<SseEvent, Infallible> {
+    let v = match piece {
+        tools::Streamed::Content(t) => openai::chunk(
+            m.kind,
+            &m.id,
+            m.created,
+            &m.model,
+            openai::Piece::new(index, Some(&t), false, None, Value::Null),
+        ),
+        tools::Streamed::Call(c) => {
+            *sent += 1;
+            openai::tool_call_chunk(&m.id, m.created, &m.model, index, *sent - 1, &c)
+        }
+    };
+    Ok(SseEvent::default().data(v.to_string()))
 }
 
 /// Server-sent events, the answers' chunks interleaved by `index`. A client that goes away
@@ -619,35 +788,61 @@ fn stream(
             merged.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
         }
         let mut done: Vec<Done> = Vec::new();
+        let mut calls: Vec<(tools::CallStream, usize)> = (0..n)
+            .map(|_| {
+                (
+                    tools::CallStream::new(m.tool_calls.clone().unwrap_or_default()),
+                    0,
+                )
+            })
+            .collect();
         while done.len() < n {
             let next = tokio::select! {
                 ev = tokio_stream::StreamExt::next(&mut merged) => ev,
                 _ = out.closed() => return,
             };
-            let msg = match next {
-                Some((i, Event::Text(t))) => {
-                    chunk(openai::Piece::new(i, Some(&t), false, None, Value::Null))
+            let mut msgs = Vec::new();
+            let mut stop = false;
+            match next {
+                Some((i, Event::Text(t))) if m.tool_calls.is_some() => {
+                    let (parser, sent) = &mut calls[i];
+                    let pieces = parser.push(&t);
+                    msgs.extend(pieces.into_iter().map(|p| tool_piece(&m, i, p, sent)));
                 }
+                Some((i, Event::Text(t))) => msgs.push(chunk(openai::Piece::new(
+                    i,
+                    Some(&t),
+                    false,
+                    None,
+                    Value::Null,
+                ))),
                 Some((i, Event::Done(d))) => {
+                    let mut reason = d.finish_reason;
+                    if m.tool_calls.is_some() {
+                        let (parser, sent) = &mut calls[i];
+                        let pieces = parser.finish();
+                        msgs.extend(pieces.into_iter().map(|p| tool_piece(&m, i, p, sent)));
+                        if *sent > 0 && reason == "stop" {
+                            reason = "tool_calls";
+                        }
+                    }
                     let lp = openai::logprobs_json(m.kind, m.echo.as_ref(), &d, &*text_of);
-                    let msg = chunk(openai::Piece::new(
-                        i,
-                        None,
-                        false,
-                        Some(d.finish_reason),
-                        lp,
-                    ));
+                    msgs.push(chunk(openai::Piece::new(i, None, false, Some(reason), lp)));
                     done.push(d);
-                    msg
                 }
                 Some((_, Event::Failed(e))) => {
-                    let _ = out.send(data(openai::error_body(500, &e, None))).await;
-                    break;
+                    msgs.push(data(openai::error_body(500, &e, None)));
+                    stop = true;
                 }
-                None => break,
+                None => stop = true,
             };
-            if out.send(msg).await.is_err() {
-                return;
+            for msg in msgs {
+                if out.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            if stop {
+                break;
             }
         }
         if m.include_usage && done.len() == n {

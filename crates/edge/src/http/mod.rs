@@ -6,6 +6,7 @@ pub mod access;
 mod handlers;
 pub mod schema;
 mod tokens;
+mod tools;
 #[doc(hidden)]
 pub use handlers::check_request;
 pub mod lifecycle;
@@ -18,7 +19,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
-use edgeprompt_engine::Model;
+use edgeprompt_engine::{Constraint, Grammars, Model, Spec};
 
 use crate::metrics::Metrics;
 use crate::prefixes::{PrefixConfig, Prefixes};
@@ -43,6 +44,9 @@ pub struct EdgeServer {
     draining: AtomicBool,
     /// API requests between the door and the end of their handler.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// The grammar compiler over this model's vocabulary, built at the first constrained
+    /// request.
+    grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl EdgeServer {
@@ -65,7 +69,29 @@ impl EdgeServer {
             cfg,
             draining: AtomicBool::new(false),
             in_flight: Default::default(),
+            grammars: Default::default(),
         }))
+    }
+
+    /// Compile `spec` on a blocking thread: the vocabulary's trie takes ~0.2 s the first time,
+    /// a large schema some milliseconds.
+    pub async fn constraint(self: &Arc<Self>, spec: Spec) -> Result<Constraint, ApiError> {
+        let s = self.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let g = s
+                .grammars
+                .get_or_init(|| {
+                    Grammars::for_model(&s.model)
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                })
+                .clone()
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+            g.constraint(&spec)
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+        })
+        .await;
+        r.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
     }
 }
 

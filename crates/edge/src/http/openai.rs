@@ -59,6 +59,95 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls (`[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`, `arguments` a JSON string).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON text.
+    pub arguments: String,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function": {"name": ...}}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named(NamedTool),
+}
+
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct NamedTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: NamedFunction,
+}
+
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// `{"type": "text"}`, `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema":
+/// {"name", "schema", "strict"}}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
@@ -111,12 +200,27 @@ pub struct Sampling {
     /// EdgePrompt's extension: a registered cloud prompt by id.
     #[serde(default)]
     pub cloud_prompt: Option<String>,
+    /// The answer's form: free text, any JSON object, or JSON valid under a schema.
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    /// Not in OpenAI's API: a grammar the answer must match, in llguidance's Lark syntax
+    /// (`start: ...`; `/regex/` terminals; `%json {schema}`).
+    #[serde(default)]
+    pub grammar: Option<String>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call; the answer's calls come back as `tool_calls`.
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// False: at most one call per answer.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Sampling,
 }
@@ -236,6 +340,8 @@ pub struct Answer<'a> {
     pub text: &'a str,
     pub done: &'a Done,
     pub logprobs: Value,
+    /// Read calls to these functions out of the text.
+    pub tool_calls: Option<&'a [String]>,
 }
 
 /// The response of a finished request, one choice per answer.
@@ -244,6 +350,24 @@ pub fn response(kind: Kind, id: &str, created: u64, model: &str, answers: &[Answ
         .iter()
         .enumerate()
         .map(|(i, a)| match kind {
+            Kind::Chat if a.tool_calls.is_some() => {
+                let names = a.tool_calls.unwrap_or_default();
+                let (content, calls) = super::tools::split_calls(a.text, names);
+                let mut message = json!({"role": "assistant", "content": content});
+                let mut reason = a.done.finish_reason;
+                if !calls.is_empty() {
+                    message["tool_calls"] = json!(calls);
+                    if reason == "stop" {
+                        reason = "tool_calls";
+                    }
+                }
+                json!({
+                    "index": i,
+                    "message": message,
+                    "finish_reason": reason,
+                    "logprobs": a.logprobs,
+                })
+            }
             Kind::Chat => json!({
                 "index": i,
                 "message": {"role": "assistant", "content": a.text},
@@ -325,6 +449,34 @@ pub fn chunk(kind: Kind, id: &str, created: u64, model: &str, p: Piece) -> Value
         "created": created,
         "model": model,
         "choices": [choice],
+    })
+}
+
+/// A streamed chat chunk carrying answer `index`'s `k`th tool call, whole.
+pub fn tool_call_chunk(
+    id: &str,
+    created: u64,
+    model: &str,
+    index: usize,
+    k: usize,
+    call: &ToolCall,
+) -> Value {
+    json!({
+        "id": id,
+        "object": Kind::Chat.object(true),
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": index,
+            "delta": {"tool_calls": [{
+                "index": k,
+                "id": call.id,
+                "type": call.kind,
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }]},
+            "finish_reason": null,
+            "logprobs": null,
+        }],
     })
 }
 
