@@ -259,12 +259,14 @@ fn format_spec(r: &Sampling) -> Result<Option<Spec>, ApiError> {
                 }
                 Some(Spec::JsonSchema(schema))
             }
-            other => return Err(bad(
-                "response_format",
-                format!(
+            other => {
+                return Err(bad(
+                    "response_format",
+                    format!(
                     "response_format {other:?}: use \"text\", \"json_object\" or \"json_schema\""
                 ),
-            )),
+                ))
+            }
         },
     };
     match (&r.grammar, from_format) {
