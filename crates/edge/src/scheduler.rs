@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{
-    logprobs, sample_each, Constraint, Draw, Model, PrefixKv, Sampler, SamplingParams, Sequence,
-    TextStream, TokenLogprobs,
+    draw, logprobs, sample_each, Constraint, Draw, Model, PrefixKv, Sampler, SamplingParams,
+    Sequence, TextStream, TokenLogprobs,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -706,10 +706,7 @@ fn emit(
         finish(r, "length", metrics);
         return true;
     }
-    let drawn = drawn.unwrap_or_else(|| match r.constraint.as_mut() {
-        Some(c) => c.draw(&mut r.sampler, logits),
-        None => Ok(r.sampler.sample(logits)),
-    });
+    let drawn = drawn.unwrap_or_else(|| draw(&mut r.sampler, r.constraint.as_mut(), logits));
     let id = match drawn {
         Ok(id) => id,
         Err(e) => {

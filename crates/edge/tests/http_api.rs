@@ -13,25 +13,10 @@ use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
 
 mod common;
-use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
+use common::{edge_ids, model, python, start_cloud, CODING, SUPPORT};
 
 const USER: &str = "I booked a train for tomorrow at 9am. Can I still get my money back?";
 const ECHO_TEXT: &str = "Refunds are possible up to 24 hours before departure.";
-
-/// Python with the `openai` package: $EDGEPROMPT_PYTHON, or the venv scripts/test.sh makes.
-fn python() -> PathBuf {
-    let p = std::env::var_os("EDGEPROMPT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python")
-        });
-    assert!(
-        p.exists(),
-        "{} missing: run `bash scripts/test.sh` (it installs the openai client) or set EDGEPROMPT_PYTHON",
-        p.display()
-    );
-    p
-}
 
 async fn start_server(
     model: Arc<Model>,

@@ -10,23 +10,9 @@ use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 
 mod common;
-use common::{load, start_cloud};
+use common::{load, python, start_cloud};
 
 const QWEN15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
-
-fn python() -> PathBuf {
-    let p = std::env::var_os("EDGEPROMPT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python")
-        });
-    assert!(
-        p.exists(),
-        "{} missing: run `bash scripts/test.sh` (it installs the openai client) or set EDGEPROMPT_PYTHON",
-        p.display()
-    );
-    p
-}
 
 #[test]
 #[ignore = "slow: Qwen2.5-1.5B answers ~40 requests; run with --include-ignored"]

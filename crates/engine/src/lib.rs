@@ -28,6 +28,6 @@ pub use generate::{GenerateOptions, GenerateStats, Generator, TextStream};
 pub use grammar::{bounded_whitespace, Constraint, GrammarError, Grammars, Spec};
 pub use kv::{LayerKv, PrefixKv};
 pub use model::{Model, ModelInfo};
-pub use sample::{logprobs, sample_each, Draw, Sampler, SamplingParams, TokenLogprobs};
+pub use sample::{draw, logprobs, sample_each, Draw, Sampler, SamplingParams, TokenLogprobs};
 pub use sequence::Sequence;
 pub use tokenizer::Tokenizer;

@@ -100,14 +100,24 @@ pub fn sample_each(draws: Vec<Draw<'_>>) -> Vec<std::result::Result<u32, Grammar
     let mut jobs: Vec<(Draw<'_>, Option<std::result::Result<u32, GrammarError>>)> =
         draws.into_iter().map(|d| (d, None)).collect();
     crate::par::each(&mut jobs, 2, &|_, (d, out)| {
-        *out = Some(match d.constraint.as_deref_mut() {
-            Some(c) => c.draw(d.sampler, d.logits),
-            None => Ok(d.sampler.sample(d.logits)),
-        })
+        *out = Some(draw(d.sampler, d.constraint.as_deref_mut(), d.logits))
     });
     jobs.into_iter()
         .map(|(_, out)| out.unwrap_or(Err(GrammarError::Failed("not drawn".into()))))
         .collect()
+}
+
+/// One row's next token: `sampler`'s draw from `logits`, through `constraint`'s mask when
+/// there is one.
+pub fn draw(
+    sampler: &mut Sampler,
+    constraint: Option<&mut Constraint>,
+    logits: &[f32],
+) -> std::result::Result<u32, GrammarError> {
+    match constraint {
+        Some(c) => c.draw(sampler, logits),
+        None => Ok(sampler.sample(logits)),
+    }
 }
 
 /// One row's draw: its sampler, its grammar (if any) and its logits.

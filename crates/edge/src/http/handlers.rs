@@ -123,7 +123,8 @@ async fn chat_inner(
 ) -> Result<Response, ApiError> {
     let mut req: ChatRequest = parse(body)?;
     let chat = chat_checks(&s.model, &s.cfg.model_id, &req)?;
-    let plan = tool_plan(chat, &req)?;
+    let format = format_spec(&req.common)?;
+    let plan = tool_plan(chat, &req, format.is_some())?;
     let tools = plan.rendered.as_ref();
     let (system, messages) = chat_messages(std::mem::take(&mut req.messages))?;
     let tmpl = |e: edgeprompt_engine::EngineError| ApiError::bad_request(e.to_string());
@@ -174,10 +175,7 @@ async fn chat_inner(
         None => chat.render_tools(&messages, true, tools).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
-    let spec = match plan.grammar {
-        Some(spec) => Some(spec),
-        None => format_spec(&req.common)?,
-    };
+    let spec = plan.grammar.or(format);
     let constraint = match spec {
         Some(spec) => Some(s.constraint(spec).await?),
         None => None,
@@ -199,6 +197,7 @@ struct Shape {
 fn tool_plan(
     chat: &edgeprompt_engine::ChatTemplate,
     req: &ChatRequest,
+    formatted: bool,
 ) -> Result<tools::ToolPlan, ApiError> {
     let bad = |m: String| ApiError {
         param: Some("tools"),
@@ -215,7 +214,7 @@ fn tool_plan(
             "this model's chat template does not render tools (Qwen2.5's does)".into(),
         ));
     }
-    if plan.grammar.is_some() && format_spec(&req.common)?.is_some() {
+    if plan.grammar.is_some() && formatted {
         return Err(bad(
             "tools cannot be combined with response_format or grammar; set tool_choice \"none\" \
              to constrain the answer instead"
@@ -474,8 +473,8 @@ pub fn check_request(
     }
     let mut req: ChatRequest = parse(body).map_err(err)?;
     let template = chat_checks(model, model_id, &req).map_err(err)?;
-    tool_plan(template, &req).map_err(err)?;
-    format_spec(&req.common).map_err(err)?;
+    let format = format_spec(&req.common).map_err(err)?;
+    tool_plan(template, &req, format.is_some()).map_err(err)?;
     let (system, messages) = chat_messages(std::mem::take(&mut req.messages)).map_err(err)?;
     let e = |e: edgeprompt_engine::EngineError| e.to_string();
     let mut n = tokens(&template.render(&messages, true).map_err(e)?)?.len();

@@ -192,3 +192,18 @@ pub fn pki() -> (String, String, String) {
         .unwrap();
     (ca_cert.pem(), leaf.pem(), key.serialize_pem())
 }
+
+/// Python with the `openai` package: $EDGEPROMPT_PYTHON, or the venv scripts/test.sh makes.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("EDGEPROMPT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} missing: run `bash scripts/test.sh` (it installs the openai client) or set EDGEPROMPT_PYTHON",
+        p.display()
+    );
+    p
+}
