@@ -13,6 +13,8 @@ pub enum Bench {
     Engine(EngineArgs),
     /// TTFT over link profiles: edge-only vs EdgePrompt pipelined/sequential vs the planner.
     Ttft(TtftArgs),
+    /// Constrained decoding's cost: batched decode tok/s with a JSON schema or the tools' text rule vs none.
+    Grammar(GrammarArgs),
     /// Batched decode tok/s vs batch size and cloud prompt length: shared prefix vs per-request copy.
     Decode(DecodeArgs),
     /// Poisson arrivals at a sweep of rates against the edge server (and llama.cpp's): latency, TTFT, throughput.
@@ -250,6 +252,27 @@ pub struct DecodeArgs {
 }
 
 #[derive(clap::Args)]
+pub struct GrammarArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    #[arg(long, default_value_t = 256)]
+    cloud_tokens: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    batch_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    private_tokens: usize,
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// Rounds; each point keeps its best.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
 pub struct TtftArgs {
     #[arg(long, default_value = "qwen05")]
     model: String,
@@ -400,6 +423,26 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::codecs::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/codecs.json and codecs.svg",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Grammar(a) => {
+            let s = edgeprompt_bench::grammar::Settings {
+                model: resolve(&a.model)?,
+                sharegpt: sharegpt().ok(),
+                cloud_tokens: a.cloud_tokens,
+                private_tokens: a.private_tokens,
+                batch_sizes: a.batch_sizes,
+                steps: a.steps.max(1),
+                repeats: a.repeats,
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::grammar::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/grammar.json",
                 r.rows.len(),
                 a.out.display()
             );

@@ -75,6 +75,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     for sub in ["", "avx512/", "xeon/", "xeon-emr/"] {
         decode_section(dir, sub, &mut md);
     }
+    grammar_section(dir, &mut md);
     batch_section(dir, &mut md);
     // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), then the AVX-512 EPYC's.
     for sub in ["", "avx512/"] {
@@ -451,6 +452,47 @@ fn decode_section(dir: &Path, sub: &str, md: &mut String) {
         md,
         "\n![by batch](results/{sub}decode-batch.svg) ![by length](results/{sub}decode-prefix-len.svg)\n"
     );
+}
+
+fn grammar_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "grammar.json") else {
+        return;
+    };
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "## Constrained decoding's cost (`edgeprompt-bench grammar`, `grammar.json`)\n\n{}; cloud prompt {} tokens, \
+         private {} each, {} timed greedy steps, best of {}. Each step is the batched forward pass and every \
+         row's draw, the grammar's mask included. `json_schema`: an object holding an array of at least 60 \
+         objects, so no answer ends in the run. `tools_auto_text`: the free-text rule of `tool_choice: auto`. \
+         The masks' share is what the draws add over the plain draws, in a plain step's time. It is measured \
+         apart, so host noise moves it less than the throughput ratio.\n\n\
+         | batch | mode | tok/s | vs plain | draws per step | masks' share of a step |\n| --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        v["cloud_tokens"],
+        v["private_tokens"],
+        v["steps"],
+        v["repeats"]
+    );
+    for r in &rows {
+        let Some(plain) = rows
+            .iter()
+            .find(|p| p["batch"] == r["batch"] && p["mode"] == "plain")
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.3}x | {:.2} ms | {:.1} % |",
+            r["batch"],
+            r["mode"].as_str().unwrap_or(""),
+            f(&r["tok_s"]),
+            f(&r["tok_s"]) / f(&plain["tok_s"]),
+            f(&r["draw_ms"]),
+            100.0 * (f(&r["draw_ms"]) - f(&plain["draw_ms"])) / f(&plain["step_ms"])
+        );
+    }
+    let _ = writeln!(md);
 }
 
 fn serve_section(dir: &Path, sub: &str, md: &mut String) {
