@@ -33,7 +33,7 @@ pub enum Spec {
 }
 
 /// The compiler of grammars for one model: its vocabulary as llguidance's token trie, built
-/// once (~0.2 s for 150k tokens).
+/// once (0.13 s for SmolLM2's 49k tokens, 0.49 s for Qwen2.5's 152k on a Zen 4 core).
 pub struct Grammars {
     factory: ParserFactory,
     /// Logits a row has (may exceed the tokenizer's vocabulary: padded embeddings).

@@ -73,8 +73,8 @@ impl EdgeServer {
         }))
     }
 
-    /// Compile `spec` on a blocking thread: the vocabulary's trie takes ~0.2 s the first time,
-    /// a large schema some milliseconds.
+    /// Compile `spec` on a blocking thread: the vocabulary's trie takes ~0.5 s the first time
+    /// (Qwen2.5), a large schema some milliseconds.
     pub async fn constraint(self: &Arc<Self>, spec: Spec) -> Result<Constraint, ApiError> {
         let s = self.clone();
         let r = tokio::task::spawn_blocking(move || {

@@ -30,7 +30,10 @@ struct Usage {
 #[allow(dead_code)]
 struct AssistantMessage {
     role: String,
-    content: String,
+    /// Null when the answer is only tool calls.
+    content: Option<String>,
+    /// The answer's calls, when the request gave `tools`.
+    tool_calls: Option<Vec<super::openai::ToolCall>>,
 }
 
 #[derive(ToSchema, serde::Serialize)]
@@ -89,6 +92,9 @@ struct Completion {
 struct Delta {
     role: Option<String>,
     content: Option<String>,
+    /// One whole call: `[{"index", "id", "type", "function": {"name", "arguments"}}]`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    tool_calls: Option<Value>,
 }
 
 #[derive(ToSchema, serde::Serialize)]
