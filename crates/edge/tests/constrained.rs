@@ -138,3 +138,53 @@ fn constrained_answers_are_the_same_alone_in_a_batch_and_on_a_single_node() {
     // The grammar ends the answers: they close their object well within the budget.
     assert_eq!(stops, QUESTIONS.len());
 }
+
+/// `n` > 1: each further answer forks the grammar with the prompt's KV, and answer `k` is the
+/// answer the same request gives alone with seed `seed + k`.
+#[test]
+fn constrained_forks_equal_their_answers_alone() {
+    let m = model();
+    let g = Grammars::for_model(&m).unwrap();
+    let private = edge_ids(&m, SUPPORT, QUESTIONS[3]).1;
+    let spec = Spec::JsonSchema(schema());
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 0.9,
+        seed,
+        ..SamplingParams::default()
+    };
+    let run = |seed: u64, forks: usize| {
+        let mut b = batcher(&m);
+        let (mut j, rx) = job(None, private.clone(), MAX_TOKENS);
+        j.sampling = sampled(seed);
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..forks)
+            .map(|_| tokio::sync::mpsc::unbounded_channel())
+            .unzip();
+        let extras = Extras {
+            constraint: Some(g.constraint(&spec).unwrap()),
+            forks: txs,
+            ..Extras::default()
+        };
+        b.admit_with(j, extras).unwrap();
+        while !b.is_idle() {
+            b.step();
+        }
+        std::iter::once(rx)
+            .chain(rxs)
+            .map(|mut rx| done(&mut rx))
+            .collect::<Vec<_>>()
+    };
+    let together = run(40, 2);
+    for (k, answer) in together.iter().enumerate() {
+        assert_eq!(
+            answer.token_ids,
+            run(40 + k as u64, 0)[0].token_ids,
+            "answer {k}"
+        );
+        let text = m.tokenizer.decode(&answer.token_ids).unwrap();
+        if answer.finish_reason == "stop" {
+            assert!(serde_json::from_str::<Value>(&text).is_ok(), "{text}");
+        }
+    }
+    let ids: Vec<&Vec<u32>> = together.iter().map(|d| &d.token_ids).collect();
+    assert!(ids[0] != ids[1] || ids[1] != ids[2], "the seeds differ");
+}
