@@ -25,3 +25,6 @@ bash scripts/fuzz.sh 20000
 # The HTTP API against its OpenAPI description: schemathesis on a running edge (no 5xx, every
 # status and body as described, the server healthy after).
 bash scripts/openapi_check.sh 50
+# The chat page in headless Chromium (Debian's package, driven by playwright-core from npm):
+# two streamed turns on a cold then warm cloud prompt, the timeline drawn, a screenshot.
+bash scripts/browser_check.sh target/browser/chat.png

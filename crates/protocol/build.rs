@@ -21,6 +21,15 @@ fn main() {
             "crate::FetchRequest",
             "crate::FetchMessage",
         ))
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("list")
+                .route_name("List")
+                .input_type("crate::ListRequest")
+                .output_type("crate::ListReply")
+                .codec_path("tonic_prost::ProstCodec")
+                .build(),
+        )
         .build();
     tonic_build::manual::Builder::new().compile(&[service]);
     println!("cargo:rerun-if-changed=build.rs");

@@ -55,6 +55,17 @@ impl Guard {
 
     /// Check one fetch. The permit holds a stream slot until it is dropped.
     pub fn admit<T>(&self, req: &Request<T>) -> Result<OwnedSemaphorePermit, Status> {
+        self.check(req)?;
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "the cloud is serving its maximum of {} streams; retry later",
+                self.limits.max_streams
+            ))
+        })
+    }
+
+    /// Check one request that holds no stream: the token and the client's rate.
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
         if let Some(want) = &self.token {
             let got = req
                 .metadata()
@@ -70,12 +81,7 @@ impl Guard {
         if let Some(ip) = req.remote_addr().map(|a| a.ip()) {
             self.take(ip)?;
         }
-        self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "the cloud is serving its maximum of {} streams; retry later",
-                self.limits.max_streams
-            ))
-        })
+        Ok(())
     }
 
     fn take(&self, ip: IpAddr) -> Result<(), Status> {

@@ -11,7 +11,9 @@ use edgeprompt_kv::{
     content_address, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey,
 };
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
-use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
+use edgeprompt_protocol::{
+    FetchMessage, FetchRequest, ListReply, ListRequest, PromptInfo, PromptRef,
+};
 use tokio::sync::{mpsc, Mutex};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -367,4 +369,29 @@ impl CloudKv for CloudService {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListReply>, Status> {
+        let this = &self.0;
+        this.guard.check(&req)?;
+        let fp = &req.get_ref().model_fingerprint;
+        if fp != &this.model.fingerprint && this.lslm.for_edge(fp).is_none() {
+            return Err(Status::failed_precondition(
+                "this cloud serves no KV to a model of that fingerprint",
+            ));
+        }
+        let mut prompts: Vec<PromptInfo> = this
+            .prompts
+            .values()
+            .map(|p| PromptInfo {
+                id: p.id.clone(),
+                tokens: p.token_ids.len() as u32,
+            })
+            .collect();
+        prompts.sort_by(|a, b| a.id.cmp(&b.id));
+        prompts.truncate(MAX_LISTED);
+        Ok(Response::new(ListReply { prompts }))
+    }
 }
+
+/// Prompts a list names at most (an edge reads no more).
+pub const MAX_LISTED: usize = 1024;

@@ -2,11 +2,12 @@
 
 use std::time::Instant;
 
+use edgeprompt_cloud::MAX_LISTED;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::chunk::MAX_CHUNK_TOKENS;
 use edgeprompt_kv::{content_address, Chunk, Codec, Expect, Manifest, Reassembler, TrustKey};
 use edgeprompt_protocol::cloud_kv_client::CloudKvClient;
-use edgeprompt_protocol::{fetch_message::Body, FetchRequest, PromptRef};
+use edgeprompt_protocol::{fetch_message::Body, FetchRequest, ListRequest, PromptRef};
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
@@ -28,6 +29,9 @@ pub struct CloudHeader {
     pub mapped: bool,
     /// What the cloud signs for each layer (the values are what `manifest.codec` decodes to).
     pub manifest: Manifest,
+    /// The encoded sizes of this edge's request (all it sent) and of the header it got.
+    pub request_bytes: usize,
+    pub header_bytes: usize,
 }
 
 /// One layer of cloud KV, complete and verified, with when it arrived and its wire size.
@@ -136,6 +140,40 @@ impl CloudClient {
         &self.url
     }
 
+    /// The cloud prompts the cloud serves to `model`: ids checked like a fetch's, at most
+    /// `MAX_LISTED`.
+    pub async fn list(&mut self, model: &Model) -> Result<Vec<(String, usize)>> {
+        let mut req = tonic::Request::new(ListRequest {
+            model_fingerprint: model.fingerprint.clone(),
+        });
+        self.authorize(&mut req)?;
+        let mut inner = self.inner.clone().max_decoding_message_size(256 << 10);
+        let reply = inner.list(req).await.map_err(refused)?.into_inner();
+        let ok = |id: &str| {
+            (1..=64).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        };
+        Ok(reply
+            .prompts
+            .into_iter()
+            .filter(|p| ok(&p.id))
+            .take(MAX_LISTED)
+            .map(|p| (p.id, p.tokens as usize))
+            .collect())
+    }
+
+    fn authorize<T>(&self, req: &mut tonic::Request<T>) -> Result<()> {
+        if let Some(t) = &self.token {
+            let v = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| EdgeError::Refused("the token is not a valid header value".into()))?;
+            req.metadata_mut().insert("authorization", v);
+        }
+        Ok(())
+    }
+
     /// Ask for a cloud prompt's KV. Returns the header and a channel of layers in order; a
     /// chunk that fails its checksum, comes out of order or does not fit the model ends the
     /// stream with an error, and nothing of it is used.
@@ -167,13 +205,9 @@ impl CloudClient {
             accept_zstd: zstd,
             first_layer: first_layer as u32,
         };
+        let request_bytes = prost::Message::encoded_len(&req);
         let mut req = tonic::Request::new(req);
-        if let Some(t) = &self.token {
-            let v = format!("Bearer {t}")
-                .parse()
-                .map_err(|_| EdgeError::Refused("the token is not a valid header value".into()))?;
-            req.metadata_mut().insert("authorization", v);
-        }
+        self.authorize(&mut req)?;
         // No message may be larger than the largest a valid stream for this model holds: a
         // header of a context's worth of ids, or one chunk of f16.
         let cfg = &model.cfg;
@@ -189,11 +223,16 @@ impl CloudClient {
             .await
             .map_err(refused)?
             .ok_or_else(|| EdgeError::Stream("stream ended before the header".into()))?;
+        let header_bytes = prost::Message::encoded_len(&first);
         let h = match first.body {
             Some(Body::Header(h)) => h,
             _ => return Err(EdgeError::Stream("first message is not a header".into())),
         };
-        let header = check_header(model, &asked, first_layer, h)?;
+        let header = CloudHeader {
+            request_bytes,
+            header_bytes,
+            ..check_header(model, &asked, first_layer, h)?
+        };
         let manifest = header.manifest.clone();
         let trust = self.trust;
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
@@ -365,6 +404,8 @@ pub fn check_header(
         layer_starts: starts,
         mapped: h.mapped,
         manifest,
+        request_bytes: 0,
+        header_bytes: 0,
     };
     Ok(header)
 }

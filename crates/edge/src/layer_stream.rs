@@ -15,6 +15,14 @@ pub struct Landed {
     pub wire_bytes: usize,
 }
 
+/// Bytes a lookup put on the network: `up` what this edge sent (a prompt reference, never
+/// private text), `down` what it received (the header and the KV).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Wire {
+    pub up: usize,
+    pub down: usize,
+}
+
 #[derive(Default)]
 struct State {
     layers: Vec<Option<Landed>>,
@@ -29,6 +37,8 @@ pub struct LayerStream {
     /// A layer from the cloud has landed: with the cloud's key, its signature bound these ids
     /// to the prompt.
     vouched: std::sync::atomic::AtomicBool,
+    /// The request and header bytes of the fetch feeding this stream.
+    opened: Wire,
 }
 
 impl LayerStream {
@@ -40,6 +50,28 @@ impl LayerStream {
                 outcome: None,
             }),
             vouched: Default::default(),
+            opened: Wire::default(),
+        }
+    }
+
+    /// The fetch that opens the stream sent `up` bytes and got a `down`-byte header.
+    pub fn opened_with(mut self, wire: Wire) -> Self {
+        self.opened = wire;
+        self
+    }
+
+    /// The fetch's bytes so far: its request, its header and the layers landed from the wire.
+    pub fn wire(&self) -> Wire {
+        let layers: usize = self
+            .state()
+            .layers
+            .iter()
+            .flatten()
+            .map(|l| l.wire_bytes)
+            .sum();
+        Wire {
+            up: self.opened.up,
+            down: self.opened.down + layers,
         }
     }
 

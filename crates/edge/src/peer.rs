@@ -11,7 +11,7 @@ use edgeprompt_cloud::guard::{Guard, Limits};
 use edgeprompt_cloud::stream::{check_fingerprint, header, send_layer, LayerSeal, Layout};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
-use edgeprompt_protocol::{FetchMessage, FetchRequest, PromptRef};
+use edgeprompt_protocol::{FetchMessage, FetchRequest, ListReply, ListRequest, PromptRef};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -56,6 +56,11 @@ type FetchStream = Pin<Box<dyn Stream<Item = Result<FetchMessage, Status>> + Sen
 #[tonic::async_trait]
 impl CloudKv for PeerService {
     type FetchStream = FetchStream;
+
+    /// Peers serve by content address, not by name: they list nothing.
+    async fn list(&self, _req: Request<ListRequest>) -> Result<Response<ListReply>, Status> {
+        Err(Status::unimplemented("peers serve by content address only"))
+    }
 
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
         let permit = self.guard.admit(&req)?;

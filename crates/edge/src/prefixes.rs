@@ -16,7 +16,7 @@ use edgeprompt_protocol::PromptRef;
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
-use crate::layer_stream::{LayerStream, PromptKv};
+use crate::layer_stream::{LayerStream, PromptKv, Wire};
 use crate::metrics::Metrics;
 use crate::{ClientSecurity, CloudClient, EdgeError};
 
@@ -118,10 +118,47 @@ impl Source {
     }
 }
 
+/// A cloud prompt a request may name by id.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Named {
+    pub id: String,
+    pub tokens: usize,
+    /// Its KV is in this edge's memory.
+    pub in_memory: bool,
+}
+
 /// A resolved cloud prompt.
 pub struct Resolved {
     pub prefix: Arc<PrefixKv>,
     pub source: Source,
+    /// What getting it put on the network (nothing when it was here already).
+    pub wire: Wire,
+}
+
+/// A request's cloud prompt, whole or streaming, and where it came from.
+#[derive(Clone)]
+pub struct Lookup {
+    pub kv: PromptKv,
+    pub source: Source,
+    wire: Wire,
+}
+
+impl Lookup {
+    /// The bytes of the fetch behind it (so far, while it streams).
+    pub fn wire(&self) -> Wire {
+        match &self.kv {
+            PromptKv::Streaming(s) => s.wire(),
+            PromptKv::Ready(_) => self.wire,
+        }
+    }
+}
+
+/// A prompt got from a tier below memory.
+struct Got {
+    prefix: PrefixKv,
+    source: Source,
+    seal: Option<Seal>,
+    wire: Wire,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +234,10 @@ impl Prefixes {
         })
     }
 
+    pub fn has_cloud(&self) -> bool {
+        self.cfg.cloud_url.is_some()
+    }
+
     /// Whether a system message the cloud cannot serve is computed here.
     pub fn computes_locally(&self) -> bool {
         self.cfg.unknown_system == UnknownSystem::ComputeLocally
@@ -220,6 +261,57 @@ impl Prefixes {
         .is_ok_and(|c| c.is_ok());
         *last = Some((Instant::now(), ok));
         Some(ok)
+    }
+
+    /// The cloud prompts a request may name: the cloud's list (when it answers within 5 s)
+    /// and the ids this edge holds, each with whether its KV is in memory here. `Err`: why
+    /// the cloud did not answer (the ids held here still come).
+    pub async fn named(&self) -> (Vec<Named>, Result<(), String>) {
+        let held: HashMap<String, usize> = {
+            let ids = self.ids.lock().map(|m| m.clone()).unwrap_or_default();
+            let entries = self.entries.lock();
+            ids.into_iter()
+                .filter_map(|(id, key)| {
+                    let e = entries.as_ref().ok()?;
+                    let p = e.get(&key)?.cell.get()?;
+                    Some((id, p.n_tokens()))
+                })
+                .collect()
+        };
+        let listed = match &self.cfg.cloud_url {
+            None => Ok(Vec::new()),
+            Some(url) => {
+                let ask = async {
+                    let mut c = CloudClient::connect_with(url, &self.cfg.security).await?;
+                    c.list(&self.model).await
+                };
+                match tokio::time::timeout(Duration::from_secs(5), ask).await {
+                    Ok(Ok(l)) => Ok(l),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("the cloud did not answer within 5 s".into()),
+                }
+            }
+        };
+        let mut out: Vec<Named> = Vec::new();
+        let cloud = listed.as_ref().map(|l| l.as_slice()).unwrap_or_default();
+        for (id, tokens) in cloud {
+            out.push(Named {
+                id: id.clone(),
+                tokens: *tokens,
+                in_memory: held.contains_key(id),
+            });
+        }
+        for (id, tokens) in held {
+            if !cloud.iter().any(|(c, _)| c == &id) {
+                out.push(Named {
+                    id,
+                    tokens,
+                    in_memory: true,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        (out, listed.map(|_| ()))
     }
 
     /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold
@@ -360,13 +452,13 @@ impl Prefixes {
     pub async fn for_system_streaming(
         self: &Arc<Self>,
         ids: &[u32],
-    ) -> Result<PromptKv, LookupError> {
+    ) -> Result<Lookup, LookupError> {
         let (key, prompt) = self.system_ref(ids);
         self.resolve(key, prompt, Some(ids.to_vec())).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
-    pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<PromptKv, LookupError> {
+    pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<Lookup, LookupError> {
         self.known_unknown(id)?;
         let key = self.id_key(id)?;
         self.resolve(key, PromptRef::Id(id.into()), None).await
@@ -380,10 +472,15 @@ impl Prefixes {
         key: String,
         prompt: PromptRef,
         ids: Option<Vec<u32>>,
-    ) -> Result<PromptKv, LookupError> {
+    ) -> Result<Lookup, LookupError> {
+        let ready = |r: Resolved| Lookup {
+            kv: PromptKv::Ready(r.prefix),
+            source: r.source,
+            wire: r.wire,
+        };
         if self.cell(&key).initialized() {
             let r = self.lookup(&key, prompt, ids.as_deref(), None).await?;
-            return Ok(PromptKv::Ready(r.prefix));
+            return Ok(ready(r));
         }
         let slot = match self.streams.lock() {
             Ok(mut m) => m
@@ -401,13 +498,18 @@ impl Prefixes {
         });
         tokio::select! {
             // A failed wait (the lookup ended and dropped the slot) leaves the task's answer.
+            // Only a cloud fetch streams.
             Ok(s) = watch.wait_for(Option::is_some) => match s.clone() {
-                Some(s) => Ok(PromptKv::Streaming(s)),
+                Some(s) => Ok(Lookup {
+                    kv: PromptKv::Streaming(s),
+                    source: Source::Cloud,
+                    wire: Wire::default(),
+                }),
                 None => Err(LookupError::Failed("stream vanished".into())),
             },
             r = task => {
                 let r = r.map_err(|e| LookupError::Failed(e.to_string()))??;
-                Ok(PromptKv::Ready(r.prefix))
+                Ok(ready(r))
             }
         }
     }
@@ -441,16 +543,18 @@ impl Prefixes {
             PromptRef::ContentAddress(_) => None,
         };
         let mut source = Source::Memory;
+        let mut wire = Wire::default();
         let mut seal = None;
         let address = (!key.starts_with("id:")).then(|| key.to_string());
         let got = cell
             .get_or_try_init(|| async {
-                let (p, s, sealed) = self
+                let got = self
                     .fetch_or_compute(prompt, address.as_deref(), ids, slot)
                     .await?;
-                source = s;
-                seal = sealed.map(Arc::new);
-                Ok::<_, LookupError>(Arc::new(p))
+                source = got.source;
+                wire = got.wire;
+                seal = got.seal.map(Arc::new);
+                Ok::<_, LookupError>(Arc::new(got.prefix))
             })
             .await;
         let prefix = match got {
@@ -514,7 +618,11 @@ impl Prefixes {
             }
             self.evict();
         }
-        Ok(Resolved { prefix, source })
+        Ok(Resolved {
+            prefix,
+            source,
+            wire,
+        })
     }
 
     /// A prompt from the disk tier, only if it is the one `key` names (its ids hash to the
@@ -620,10 +728,21 @@ impl Prefixes {
         address: Option<&str>,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
-    ) -> Result<(PrefixKv, Source, Option<Seal>), LookupError> {
+    ) -> Result<Got, LookupError> {
+        let local = |prefix| Got {
+            prefix,
+            source: Source::Local,
+            seal: None,
+            wire: Wire::default(),
+        };
         if let Some(a) = address {
-            if let Some((p, seal)) = self.read_disk(a).await {
-                return Ok((p, Source::Disk, seal));
+            if let Some((prefix, seal)) = self.read_disk(a).await {
+                return Ok(Got {
+                    prefix,
+                    source: Source::Disk,
+                    seal,
+                    wire: Wire::default(),
+                });
             }
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
             // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
@@ -633,7 +752,14 @@ impl Prefixes {
             };
             for peer in peers {
                 match self.fetch(peer, by_address.clone(), ids, None, 0).await {
-                    Ok((p, seal)) => return Ok((p, Source::Peer, seal)),
+                    Ok((prefix, seal, wire)) => {
+                        return Ok(Got {
+                            prefix,
+                            source: Source::Peer,
+                            seal,
+                            wire,
+                        })
+                    }
                     Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
                 }
             }
@@ -642,7 +768,7 @@ impl Prefixes {
         let fetched = match (&self.cfg.cloud_url, ids) {
             // The planner computes every layer here: the cloud has nothing to add.
             (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
-                return Ok((self.compute(ids).await?, Source::Local, None));
+                return Ok(local(self.compute(ids).await?));
             }
             (Some(url), _) => {
                 let first = first.min(self.model.cfg.n_layer - 1);
@@ -662,7 +788,12 @@ impl Prefixes {
         let ids = ids.or(streamed.as_deref());
         let by_id = |id: &str| LookupError::UnknownId(id.to_string());
         match (fetched, ids, &prompt) {
-            (Some(Ok((p, seal))), _, _) => Ok((p, Source::Cloud, seal)),
+            (Some(Ok((prefix, seal, wire))), _, _) => Ok(Got {
+                prefix,
+                source: Source::Cloud,
+                seal,
+                wire,
+            }),
             (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
             (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
             (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
@@ -678,7 +809,7 @@ impl Prefixes {
                         tracing::warn!("cloud unavailable ({e}); computing the prompt here");
                     }
                 }
-                Ok((self.compute(ids).await?, Source::Local, None))
+                Ok(local(self.compute(ids).await?))
             }
             (None, None, PromptRef::ContentAddress(_)) => {
                 Err(LookupError::Failed("no cloud configured".into()))
@@ -693,7 +824,7 @@ impl Prefixes {
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
         first: usize,
-    ) -> Result<(PrefixKv, Option<Seal>), EdgeError> {
+    ) -> Result<(PrefixKv, Option<Seal>, Wire), EdgeError> {
         let to_cloud = self.cfg.cloud_url.as_deref() == Some(url);
         let auto = self.cfg.auto_codec.as_ref().filter(|_| to_cloud);
         let codec = match auto {
@@ -739,6 +870,11 @@ impl Prefixes {
             )));
         }
         let header_at = Instant::now();
+        let opened = Wire {
+            up: header.request_bytes,
+            down: header.header_bytes,
+        };
+        let mut received = 0;
         // The link is timed from the first layer's arrival to the last's, over the bytes
         // after the first: the header shares its first packets (or a shaper's first buffer)
         // with the first layer, so timing from the header overstates a small fetch's rate.
@@ -757,10 +893,10 @@ impl Prefixes {
         }
         // Requests waiting on this prompt follow its layers from here on.
         let stream = slot.map(|slot| {
-            let s = Arc::new(LayerStream::new(
-                header.token_ids.clone(),
-                self.model.cfg.n_layer,
-            ));
+            let s = Arc::new(
+                LayerStream::new(header.token_ids.clone(), self.model.cfg.n_layer)
+                    .opened_with(opened),
+            );
             slot.send_replace(Some(s.clone()));
             s
         });
@@ -779,6 +915,7 @@ impl Prefixes {
                 .map_err(|_| EdgeError::Stream("the cloud stream stalled".into()))?
                 .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
+            received += a.wire_bytes;
             wire = Some(match wire {
                 None => (a.at, 0, a.at),
                 Some((first, bytes, _)) => (first, bytes + a.wire_bytes, a.at),
@@ -837,7 +974,11 @@ impl Prefixes {
             layers,
         }
         .window_cut(&self.model.cfg);
-        Ok((prefix, seal))
+        let wire = Wire {
+            up: opened.up,
+            down: opened.down + received,
+        };
+        Ok((prefix, seal, wire))
     }
 
     /// Prefill a prompt here: at most `max_local_prefills` at once, and no more prompt bytes

@@ -103,6 +103,21 @@ pub struct Done {
     /// For a request on a cold cloud prompt: when each layer landed and when this request's
     /// private layer ran (seconds since admission).
     pub timeline: Option<Timeline>,
+    pub served: Served,
+}
+
+/// When a request was admitted and when its first token was drawn. Not part of the answer:
+/// two answers are equal whenever they were served.
+#[derive(Debug, Clone, Copy)]
+pub struct Served {
+    pub admitted: Instant,
+    pub first_token: Option<Instant>,
+}
+
+impl PartialEq for Served {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Why a request ended unfinished when the server stopped (`Event::Failed`).
@@ -175,6 +190,7 @@ struct Running {
     constraint: Option<Constraint>,
     text: TextStream,
     admitted: Instant,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
     logprobs: Option<usize>,
     token_logprobs: Vec<TokenLogprobs>,
@@ -330,6 +346,7 @@ impl Running {
                     constraint: self.constraint.as_ref().map(Constraint::fork),
                     text: TextStream::new(&self.job.stop),
                     admitted: self.admitted,
+                    first_token: None,
                     last_token: None,
                     logprobs: self.logprobs,
                     token_logprobs: Vec::new(),
@@ -721,9 +738,12 @@ fn emit(
 
     let now = Instant::now();
     match r.last_token {
-        None => metrics
-            .ttft_seconds
-            .observe((now - r.admitted).as_secs_f64()),
+        None => {
+            r.first_token = Some(now);
+            metrics
+                .ttft_seconds
+                .observe((now - r.admitted).as_secs_f64())
+        }
         Some(t) => metrics.token_seconds.observe((now - t).as_secs_f64()),
     }
     r.last_token = Some(now);
@@ -769,6 +789,10 @@ fn finish(r: &mut Running, reason: &'static str, metrics: &Metrics) {
         logprobs: std::mem::take(&mut r.token_logprobs),
         prompt_logprobs: r.prompt_logprobs.take().unwrap_or_default(),
         timeline: r.timeline.clone(),
+        served: Served {
+            admitted: r.admitted,
+            first_token: r.first_token,
+        },
     }));
     metrics.finished(reason);
 }
@@ -893,6 +917,7 @@ fn admission(
         fed: 0,
         next: None,
         admitted: Instant::now(),
+        first_token: None,
         last_token: None,
         prompt_logprobs: (extras.echo && extras.logprobs.is_some()).then(Vec::new),
         logprobs: extras.logprobs,

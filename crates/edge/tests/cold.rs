@@ -116,7 +116,7 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
     );
     let n_layer = m.cfg.n_layer;
     for (v, user) in cold.iter().zip(USERS) {
-        let t = v["edgeprompt_timeline"]
+        let t = v["edgeprompt"]["timeline"]
             .as_array()
             .unwrap_or_else(|| panic!("a cold request reports its timeline: {v}"));
         assert_eq!(t.len(), n_layer);
@@ -128,6 +128,20 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
             early >= n_layer / 2,
             "the private prefill waited for the stream: {early} early layers"
         );
+        // The block says where the KV came from and what crossed the link for it: the
+        // request's few bytes up, the one fetch down.
+        let c = &v["edgeprompt"]["cloud_prompt"];
+        assert_eq!(c["source"], "cloud", "{v}");
+        assert_eq!(c["tokens"].as_u64(), Some(n_tokens as u64));
+        let got = c["bytes_down"].as_u64().unwrap();
+        assert!(
+            got >= one && got <= down,
+            "{got} bytes down of {down} on the link"
+        );
+        let up = c["bytes_up"].as_u64().unwrap();
+        assert!(up > 0 && up < 512, "{up} bytes up");
+        let ttft = v["edgeprompt"]["ttft_s"].as_f64().unwrap();
+        assert!(ttft >= last, "the first token came before the last layer");
         for (l, x) in t.iter().enumerate() {
             assert_eq!(x["layer"].as_u64(), Some(l as u64));
             assert!(
@@ -142,7 +156,13 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         let w = tokio::task::spawn_blocking(move || ask(s, user))
             .await
             .unwrap();
-        assert!(w.get("edgeprompt_timeline").is_none());
+        assert!(w["edgeprompt"].get("timeline").is_none());
+        let o = &w["edgeprompt"]["cloud_prompt"];
+        assert_eq!(o["source"], "memory", "{w}");
+        assert_eq!(
+            (o["bytes_up"].as_u64(), o["bytes_down"].as_u64()),
+            (Some(0), Some(0))
+        );
         let text = |v: &serde_json::Value| v["choices"][0]["message"]["content"].clone();
         assert_eq!(text(c), text(&w), "{user:?}: cold and warm answers differ");
         let want = single_node(&m, &system, user, 8);

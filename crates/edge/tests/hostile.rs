@@ -268,6 +268,13 @@ struct Hostile {
 impl CloudKv for Hostile {
     type FetchStream = FetchStream;
 
+    async fn list(
+        &self,
+        _req: Request<edgeprompt_protocol::ListRequest>,
+    ) -> Result<Response<edgeprompt_protocol::ListReply>, Status> {
+        Err(Status::unimplemented("not this test's"))
+    }
+
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
         let auth = req
             .metadata()
@@ -682,7 +689,7 @@ fn a_forged_header_cannot_choose_the_prompt_an_id_names() {
         let url = hostile(&g, Arc::new(Mutex::new(Attack::ForgedIdHeader))).await;
         let p = edge(&m, &url, Some(g.key.public()));
         assert!(p.for_id("support").await.is_err(), "whole: refused");
-        match p.for_id_streaming("support").await {
+        match p.for_id_streaming("support").await.map(|l| l.kv) {
             Err(_) => {}
             Ok(edgeprompt_edge::PromptKv::Ready(k)) => {
                 panic!("resolved to {} tokens of the sender's choice", k.n_tokens())

@@ -78,14 +78,22 @@ check(r.usage.prompt_tokens == cfg["prompt_tokens"],
 if r.choices[0].finish_reason == "length":
     check(r.usage.completion_tokens == 24, "usage.completion_tokens == max_tokens")
 check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "usage total")
+# The EdgePrompt block: the cloud prompt's tokens and the private ones make the prompt
+block = (r.model_extra or {}).get("edgeprompt") or {}
+cp = block.get("cloud_prompt") or {}
+check(cp.get("tokens", 0) + block.get("private_tokens", 0) == cfg["prompt_tokens"]
+      and cp.get("source") in ("memory", "cloud") and block.get("ttft_s", 0) > 0,
+      f"the edgeprompt block accounts for the prompt: {block}")
 
 # Streaming gives the same text and usage
 s = chat(client, cfg["system_a"], cfg["user"], max_tokens=24, stream=True,
          stream_options={"include_usage": True})
-parts, finish, usage = [], None, None
+parts, finish, usage, blocks = [], None, None, []
 for ch in s:
     if ch.usage:
         usage = ch.usage
+    if (ch.model_extra or {}).get("edgeprompt"):
+        blocks.append(ch.model_extra["edgeprompt"])
     for c in ch.choices:
         if c.delta.content:
             parts.append(c.delta.content)
@@ -93,6 +101,8 @@ for ch in s:
 check("".join(parts) == text, "streamed deltas join to the non-streamed answer")
 check(len(parts) > 3, f"streamed in {len(parts)} pieces")
 check(finish == r.choices[0].finish_reason, "stream finish reason")
+check(len(blocks) == 1 and blocks[0]["private_tokens"] == block["private_tokens"]
+      and blocks[0]["cloud_prompt"]["source"] == "memory", f"one streamed edgeprompt block: {blocks}")
 check(usage is not None and usage.completion_tokens == r.usage.completion_tokens
       and usage.prompt_tokens == r.usage.prompt_tokens, "stream usage chunk")
 

@@ -295,6 +295,7 @@ fn a_streaming_cold_prompt_cut_mid_way_still_gives_the_same_answer() {
                 .for_system_streaming(&cloud_ids)
                 .await
                 .unwrap()
+                .kv
         });
         let PromptKv::Streaming(stream) = p else {
             // The cut came before the header: the prompt was computed here, whole.

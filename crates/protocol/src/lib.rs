@@ -28,6 +28,28 @@ pub struct FetchRequest {
     pub first_layer: u32,
 }
 
+/// Which cloud prompts the cloud serves to a model: the fingerprint only, like a fetch.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListRequest {
+    #[prost(string, tag = "1")]
+    pub model_fingerprint: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListReply {
+    #[prost(message, repeated, tag = "1")]
+    pub prompts: Vec<PromptInfo>,
+}
+
+/// A cloud prompt's public facts.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PromptInfo {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    #[prost(uint32, tag = "2")]
+    pub tokens: u32,
+}
+
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum PromptRef {
     /// A registered cloud prompt's name: `[A-Za-z0-9_.-]{1,64}`.

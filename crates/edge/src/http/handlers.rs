@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::access::RequestId;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
+use super::origin::Origin;
 use super::{tools, ApiError, EdgeServer};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
@@ -70,6 +71,24 @@ pub async fn models(State(s): AppState) -> Response {
 
 /// `GET /health`: 200 while the edge can serve (draining or not); 503 with the reason once its
 /// scheduler is dead, so an orchestrator restarts it.
+/// `GET /v1/cloud_prompts`: the ids a request may name as `cloud_prompt`.
+pub async fn cloud_prompts(State(s): AppState) -> Response {
+    let (data, cloud) = s.prefixes.named().await;
+    s.metrics.request("/v1/cloud_prompts", "200");
+    let state = match (&cloud, s.prefixes.has_cloud()) {
+        (_, false) => "none",
+        (Ok(()), true) => "reachable",
+        (Err(_), true) => "unreachable",
+    };
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "cloud": state,
+        "cloud_error": cloud.err(),
+    }))
+    .into_response()
+}
+
 pub async fn health(State(s): AppState) -> Response {
     let u = s.scheduler.usage();
     let dead = s.scheduler.dead();
@@ -121,6 +140,7 @@ async fn chat_inner(
     id: &RequestId,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let mut req: ChatRequest = parse(body)?;
     let chat = chat_checks(&s.model, &s.cfg.model_id, &req)?;
     let format = format_spec(&req.common)?;
@@ -150,7 +170,7 @@ async fn chat_inner(
                 .for_id_streaming(id)
                 .await
                 .map_err(lookup_error)?;
-            if ids.as_ref().is_some_and(|ids| ids != p.token_ids()) {
+            if ids.as_ref().is_some_and(|ids| ids != p.kv.token_ids()) {
                 return Err(ApiError::bad_request(format!(
                     "the system message is not the text of cloud prompt {id:?}; send one or the other"
                 )));
@@ -184,7 +204,8 @@ async fn chat_inner(
         constraint,
         tool_calls: plan.parse,
     };
-    run(s, Kind::Chat, id, req.common, prefix, prompt, None, shape).await
+    let origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
+    run(s, Kind::Chat, id, req.common, origin, prompt, None, shape).await
 }
 
 /// What the answer is held to: a grammar, and whether calls are read out of it.
@@ -287,6 +308,7 @@ async fn completions_inner(
     id: &RequestId,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let req: CompletionRequest = parse(body)?;
     check_sampling(&s.cfg.model_id, &req.common)?;
     logprobs_asked(Kind::Completion, &req.common)?;
@@ -331,12 +353,13 @@ async fn completions_inner(
         constraint,
         tool_calls: None,
     };
+    let origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
     run(
         s,
         Kind::Completion,
         id,
         req.common,
-        prefix,
+        origin,
         prompt,
         echo,
         shape,
@@ -572,16 +595,17 @@ async fn run(
     kind: Kind,
     request: &RequestId,
     r: Sampling,
-    prefix: Option<PromptKv>,
+    origin: Origin,
     prompt: Vec<u32>,
     echo: Option<String>,
     shape: Shape,
 ) -> Result<Response, ApiError> {
-    let (prefix, cold) = match prefix {
-        Some(PromptKv::Ready(p)) => (Some(p), None),
-        Some(PromptKv::Streaming(s)) => (None, Some(s)),
+    let (prefix, cold) = match origin.cloud.as_ref().map(|(l, _)| &l.kv) {
+        Some(PromptKv::Ready(p)) => (Some(p.clone()), None),
+        Some(PromptKv::Streaming(s)) => (None, Some(s.clone())),
         None => (None, None),
     };
+    let private_tokens = prompt.len();
     let logprobs = logprobs_asked(kind, &r)?;
     let n = r.n.unwrap_or(1);
     let (mut txs, mut rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
@@ -655,6 +679,8 @@ async fn run(
             include_usage: usage,
             echo,
             tool_calls: shape.tool_calls.clone(),
+            origin,
+            private_tokens,
         };
         return Ok(stream(meta, rxs, text_of));
     }
@@ -678,7 +704,11 @@ async fn run(
             tool_calls: shape.tool_calls.as_deref(),
         })
         .collect();
-    Ok(Json(openai::response(kind, &id, created, &model, &answers)).into_response())
+    let mut v = openai::response(kind, &id, created, &model, &answers);
+    if let Some(a) = answers.first() {
+        v["edgeprompt"] = origin.block(a.done, private_tokens);
+    }
+    Ok(Json(v).into_response())
 }
 
 /// One answer, whole.
@@ -720,6 +750,8 @@ struct StreamMeta {
     echo: Option<openai::Echo>,
     /// Read calls to these functions out of the answers' text.
     tool_calls: Option<Vec<String>>,
+    origin: Origin,
+    private_tokens: usize,
 }
 
 /// One streamed piece of an answer read for tool calls: its text, or a call (the `sent`th).
@@ -828,7 +860,10 @@ fn stream(
                         }
                     }
                     let lp = openai::logprobs_json(m.kind, m.echo.as_ref(), &d, &*text_of);
-                    msgs.push(chunk(openai::Piece::new(i, None, false, Some(reason), lp)));
+                    let piece = openai::Piece::new(i, None, false, Some(reason), lp);
+                    let mut last = openai::chunk(m.kind, &m.id, m.created, &m.model, piece);
+                    last["edgeprompt"] = m.origin.block(&d, m.private_tokens);
+                    msgs.push(data(last));
                     done.push(d);
                 }
                 Some((_, Event::Failed(e))) => {

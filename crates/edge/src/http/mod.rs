@@ -11,6 +11,8 @@ mod tools;
 pub use handlers::check_request;
 pub mod lifecycle;
 pub mod openai;
+mod origin;
+mod page;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -95,14 +97,16 @@ impl EdgeServer {
     }
 }
 
-/// The API under `/v1` (behind the API keys when set; refused while draining) and the
-/// operator's `/health`, `/ready` and `/metrics`; every response carries its request id.
+/// The API under `/v1` (behind the API keys when set; refused while draining), the chat page
+/// at `/` and the operator's `/health`, `/ready` and `/metrics`; every response carries its
+/// request id.
 pub fn router(state: Arc<EdgeServer>) -> Router {
     let keys = Arc::new(state.cfg.api_keys.clone());
     let api = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/cloud_prompts", get(handlers::cloud_prompts))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/tokenizer_info", get(tokens::tokenizer_info))
@@ -112,6 +116,8 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         ))
         .route_layer(middleware::from_fn_with_state(keys, access::require_key));
     Router::new()
+        .route("/", get(page::index))
+        .route("/page.js", get(page::script))
         .route("/health", get(handlers::health))
         .route("/ready", get(lifecycle::ready))
         .route("/metrics", get(handlers::metrics))

@@ -383,19 +383,14 @@ pub fn response(kind: Kind, id: &str, created: u64, model: &str, answers: &[Answ
         })
         .collect();
     let done: Vec<&Done> = answers.iter().map(|a| a.done).collect();
-    let mut v = json!({
+    json!({
         "id": id,
         "object": kind.object(false),
         "created": created,
         "model": model,
         "choices": choices,
         "usage": usage(&done),
-    });
-    // A request on a cold cloud prompt says how its private prefill followed the layers.
-    if let Some(t) = done.first().and_then(|d| d.timeline.as_ref()) {
-        v["edgeprompt_timeline"] = json!(t.layers);
-    }
-    v
+    })
 }
 
 /// What one streamed chunk carries for choice `index`: a text delta, the opening role, or

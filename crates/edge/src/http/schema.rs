@@ -47,6 +47,47 @@ struct ChatChoice {
     logprobs: Option<Value>,
 }
 
+/// The request's cloud prompt: where its KV came from and what crossed the network for it.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct CloudPromptOrigin {
+    /// The `cloud_prompt` id it was named by (null: found by its system text).
+    id: Option<String>,
+    tokens: u64,
+    /// `memory`, `disk`, `peer`, `cloud` or `local` (computed on this edge).
+    source: String,
+    /// Bytes this edge sent for it: a prompt reference, never private text.
+    bytes_up: u64,
+    /// Bytes it received for it: the header and the KV.
+    bytes_down: u64,
+}
+
+/// One layer of a cold cloud prompt: seconds since admission.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct LayerTiming {
+    layer: u64,
+    arrived: f64,
+    compute_start: f64,
+    compute_end: f64,
+    wire_bytes: u64,
+}
+
+/// What makes the answer EdgePrompt's: what stayed here, what came over the network, when.
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct EdgepromptBlock {
+    cloud_prompt: Option<CloudPromptOrigin>,
+    /// The request's own prompt tokens, computed here and never sent.
+    private_tokens: u64,
+    /// Seconds from the request's arrival to its admission (the lookup, the grammar).
+    admitted_s: f64,
+    /// Seconds from arrival to the first token.
+    ttft_s: Option<f64>,
+    /// On a cold cloud prompt: when each cloud layer landed and each private layer ran.
+    timeline: Option<Vec<LayerTiming>>,
+}
+
 /// A finished chat answer (`stream: false`).
 #[derive(ToSchema, serde::Serialize)]
 #[allow(dead_code)]
@@ -57,9 +98,7 @@ struct ChatCompletion {
     model: String,
     choices: Vec<ChatChoice>,
     usage: Usage,
-    /// On a cold cloud prompt: when each cloud layer landed and each private layer ran.
-    #[schema(value_type = Option<Vec<Object>>)]
-    edgeprompt_timeline: Option<Value>,
+    edgeprompt: EdgepromptBlock,
 }
 
 #[derive(ToSchema, serde::Serialize)]
@@ -83,8 +122,7 @@ struct Completion {
     model: String,
     choices: Vec<CompletionChoice>,
     usage: Usage,
-    #[schema(value_type = Option<Vec<Object>>)]
-    edgeprompt_timeline: Option<Value>,
+    edgeprompt: EdgepromptBlock,
 }
 
 #[derive(ToSchema, serde::Serialize)]
@@ -118,6 +156,8 @@ struct ChatCompletionChunk {
     choices: Vec<ChatChunkChoice>,
     /// The last chunk, when `stream_options.include_usage`.
     usage: Option<Usage>,
+    /// On the chunk that finishes an answer.
+    edgeprompt: Option<EdgepromptBlock>,
 }
 
 /// One streamed completion event's data.
@@ -130,6 +170,7 @@ struct CompletionChunk {
     model: String,
     choices: Vec<CompletionChoice>,
     usage: Option<Usage>,
+    edgeprompt: Option<EdgepromptBlock>,
 }
 
 /// One server-sent event of a streamed answer.
@@ -259,6 +300,35 @@ fn completions() {}
 #[allow(dead_code)]
 fn models() {}
 
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct NamedPrompt {
+    id: String,
+    tokens: u64,
+    /// Its KV is in this edge's memory.
+    in_memory: bool,
+}
+
+#[derive(ToSchema, serde::Serialize)]
+#[allow(dead_code)]
+struct CloudPromptList {
+    object: String,
+    data: Vec<NamedPrompt>,
+    /// `none`, `reachable` or `unreachable`.
+    cloud: String,
+    /// Why the cloud did not list its prompts (the ids held here are listed still).
+    cloud_error: Option<String>,
+}
+
+/// The cloud prompts a request may name (`cloud_prompt`): the cloud's and those held here.
+#[utoipa::path(get, path = "/v1/cloud_prompts", responses(
+    (status = 200, description = "The prompts", body = CloudPromptList),
+    (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
+))]
+#[allow(dead_code)]
+fn cloud_prompts() {}
+
 /// Alive (200, draining or not), or dead (503, with the reason).
 #[utoipa::path(get, path = "/health", responses(
     (status = 200, description = "Serving", body = Health),
@@ -274,6 +344,20 @@ fn health() {}
 ))]
 #[allow(dead_code)]
 fn ready() {}
+
+/// The chat page.
+#[utoipa::path(get, path = "/", responses(
+    (status = 200, description = "The page", content((String = "text/html"))),
+))]
+#[allow(dead_code)]
+fn page() {}
+
+/// The chat page's script.
+#[utoipa::path(get, path = "/page.js", responses(
+    (status = 200, description = "The script", content((String = "text/javascript"))),
+))]
+#[allow(dead_code)]
+fn page_script() {}
 
 /// Prometheus metrics (OpenMetrics text).
 #[utoipa::path(get, path = "/metrics", responses(
@@ -351,6 +435,9 @@ fn tokenizer_info() {}
         chat,
         completions,
         models,
+        cloud_prompts,
+        page,
+        page_script,
         health,
         ready,
         metrics,

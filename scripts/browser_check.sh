@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The chat page in a real browser: a cloud node, a shaped link (wifi) and `edgeprompt serve`
+# on loopback, and headless Chromium (Debian's package) driven by playwright-core (npm) through
+# two chat turns (scripts/browser/chat.mjs). Needs the release binary and the model.
+#   bash scripts/browser_check.sh [SCREENSHOT.png]      (MODEL=smollm2 by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${MODEL:-smollm2}
+shot=${1:-target/browser/chat.png}
+mkdir -p "$(dirname "$shot")"
+if ! command -v chromium >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+(cd scripts/browser && npm ci --silent --no-audit --no-fund)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+cloud=$(port); link=$(port); edge=$(port)
+logs=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$logs"' EXIT
+bin=./target/release/edgeprompt
+$bin cloud --model "$model" --prompts scripts/browser/prompts.toml --listen "127.0.0.1:$cloud" >"$logs/cloud" 2>&1 &
+pids+=($!)
+$bin link --listen "127.0.0.1:$link" --upstream "127.0.0.1:$cloud" --profile wifi >"$logs/link" 2>&1 &
+pids+=($!)
+# Every layer from the cloud, so the timeline shows the whole stream.
+$bin serve --model "$model" --cloud "http://127.0.0.1:$link" --listen "127.0.0.1:$edge" \
+  --cloud-layers-from 0 >"$logs/edge" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$edge/ready" >/dev/null && break
+  sleep 0.2
+done
+if ! node scripts/browser/chat.mjs "http://127.0.0.1:$edge" "$shot"; then
+  for f in cloud link edge; do echo "--- $f log"; tail -20 "$logs/$f"; done
+  exit 1
+fi
+echo "browser check: the chat page streamed two answers and drew the timeline; screenshot $shot"
