@@ -9,23 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${1:-smollm2}"
 shift || true
-# shellcheck source=scripts/llama_venv.sh
-source scripts/llama_venv.sh
-SERVER=.venv-bench/llama-server/llama-server
-if [ ! -x "$SERVER" ]; then
-  SRC=$(mktemp -d)
-  .venv-bench/bin/pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$SRC"
-  tar xzf "$SRC"/llama_cpp_python-0.3.36.tar.gz -C "$SRC"
-  LLAMA="$SRC/llama_cpp_python-0.3.36/vendor/llama.cpp"
-  echo "building llama-server from $LLAMA (several minutes)..."
-  cmake -S "$LLAMA" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$SRC/build" --target llama-server -j2 >/dev/null
-  mkdir -p "$(dirname "$SERVER")"
-  cp "$SRC/build/bin/llama-server" "$SERVER"
-  cp "$SRC"/build/bin/*.so* "$(dirname "$SERVER")"/ 2>/dev/null || true
-  rm -rf "$SRC"
-fi
+# shellcheck source=scripts/llama_server.sh
+source scripts/llama_server.sh
+SERVER=$LLAMA_SERVER
 python3 scripts/models.py "$MODEL" sharegpt
 cargo build -j2 --release --bin edgeprompt-bench
 case "$MODEL" in
@@ -53,4 +39,4 @@ if ! curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || ! kill -0 "$PID" 2>/
 fi
 ./target/release/edgeprompt-bench serve --model "$MODEL" --threads 2 \
   --llama-server "http://127.0.0.1:$PORT/v1" \
-  --llama-server-args "llama-server (llama.cpp 0c1e570, vendored by llama-cpp-python 0.3.36) $ARGS" "$@"
+  --llama-server-args "llama-server ($LLAMA_SERVER_VERSION) $ARGS" "$@"

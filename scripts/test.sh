@@ -28,3 +28,7 @@ bash scripts/openapi_check.sh 50
 # The chat page in headless Chromium (Debian's package, driven by playwright-core from npm):
 # two streamed turns on a cold then warm cloud prompt, the timeline drawn, a screenshot.
 bash scripts/browser_check.sh target/browser/chat.png
+# lm-evaluation-harness (unchanged, its own venv) against the edge: token-id, text, chat and
+# `gguf` clients on tasks made from local data; the few-shot preamble as a cloud prompt must
+# change no sample.
+bash scripts/lm_eval.sh --small

@@ -76,6 +76,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
         decode_section(dir, sub, &mut md);
     }
     grammar_section(dir, &mut md);
+    lm_eval_section(dir, &mut md);
     batch_section(dir, &mut md);
     // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), then the AVX-512 EPYC's.
     for sub in ["", "avx512/"] {
@@ -490,6 +491,74 @@ fn grammar_section(dir: &Path, md: &mut String) {
             f(&r["tok_s"]) / f(&plain["tok_s"]),
             f(&r["draw_ms"]),
             100.0 * (f(&r["draw_ms"]) - f(&plain["draw_ms"])) / f(&plain["step_ms"])
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// The lm-evaluation-harness table `scripts/lm_eval.sh` writes.
+fn lm_eval_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "lm_eval.json") else {
+        return;
+    };
+    let tasks = [
+        ("ep_arith_mc", "addition, multiple choice: acc"),
+        ("ep_arith_gen", "addition, generated: exact match"),
+        ("ep_sharegpt_ppl", "ShareGPT: word perplexity"),
+    ];
+    let _ = writeln!(
+        md,
+        "## Evaluation harnesses (`scripts/lm_eval.sh`, `lm_eval.json`)\n\n{}; {}, unchanged, on tasks made \
+         from local data: {} addition items after an 8-example few-shot preamble (loglikelihood and \
+         generate_until) and {} ShareGPT messages (loglikelihood_rolling). `ours-cloud`: the preamble is a \
+         cloud prompt, and every prompt that begins with it runs on the cloud's KV. llama.cpp's servers run \
+         the same GGUF through the same harness clients.\n\n| run | {} |\n| --- |{}",
+        machine_line(&v),
+        v["harness"].as_str().unwrap_or("?"),
+        v["items"],
+        v["documents"],
+        tasks.map(|t| t.1).join(" | "),
+        " --- |".repeat(tasks.len())
+    );
+    if let Some(scores) = v["scores"].as_object() {
+        for (run, s) in scores {
+            let cells: Vec<String> = tasks
+                .iter()
+                .map(|(t, _)| s[*t].as_f64().map_or("-".into(), |x| format!("{x:.4}")))
+                .collect();
+            let _ = writeln!(md, "| {run} | {} |", cells.join(" | "));
+        }
+    }
+    let _ = writeln!(md);
+    if let Some(eq) = v["equal_with_cloud_prompt"].as_object() {
+        let parts: Vec<String> = eq
+            .iter()
+            .map(|(t, e)| format!("{t} {} of {}", e["equal"], e["samples"]))
+            .collect();
+        let _ = writeln!(
+            md,
+            "With the cloud prompt, samples scored exactly as without it: {}; {} prompts ran on the \
+             preamble's cloud KV.\n",
+            parts.join(", "),
+            v["prompts_on_cloud_kv"]
+        );
+    }
+    for g in v["vs_llama_cpp"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "- {} vs {} on {}: {:.4} vs {:.4}, {:+.2} points",
+            g["ours"].as_str().unwrap_or("?"),
+            g["baseline"].as_str().unwrap_or("?"),
+            g["task"].as_str().unwrap_or("?"),
+            f(&g["ours_score"]),
+            f(&g["baseline_score"]),
+            f(&g["points"])
+        );
+    }
+    if let Some(e) = v["llama_server_echo"].as_str() {
+        let _ = writeln!(
+            md,
+            "- llama-server refuses the harness's loglikelihood request (`echo`): \"{e}\""
         );
     }
     let _ = writeln!(md);

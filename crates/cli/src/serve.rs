@@ -98,6 +98,10 @@ pub struct ServeArgs {
     peer_listen: Option<String>,
     #[arg(long, default_value_t = 300)]
     request_timeout_secs: u64,
+    /// Do not run a completion whose prompt begins with a cloud prompt held here on that
+    /// prompt's KV (by default it does; the echoed prompt's shared tokens are then not scored).
+    #[arg(long)]
+    no_prompt_matching: bool,
     #[command(flatten)]
     security: crate::security::ClientArgs,
     #[command(flatten)]
@@ -240,6 +244,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             trust,
             disk_max_bytes: a.cache_max_mb << 20,
             max_local_prefills: a.max_local_prefills,
+            match_prompts: !a.no_prompt_matching,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;

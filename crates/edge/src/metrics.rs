@@ -53,6 +53,7 @@ pub struct Metrics {
     pub codec_choices: Family<CodecLabels, Counter>,
     pub link_bytes_per_second: Gauge,
     pub cold_prefills: Counter,
+    pub prefix_matches: Counter,
     pub cold_layers_overlapped: Counter,
     pub cloud_layers_from: Gauge,
 }
@@ -86,6 +87,7 @@ impl Metrics {
             codec_choices: Family::default(),
             link_bytes_per_second: Gauge::default(),
             cold_prefills: Counter::default(),
+            prefix_matches: Counter::default(),
             cold_layers_overlapped: Counter::default(),
             cloud_layers_from: Gauge::default(),
             registry: Registry::default(),
@@ -94,6 +96,11 @@ impl Metrics {
             "cold_prefills",
             "Private prompts prefilled layer by layer while their cloud prompt streamed in",
             m.cold_prefills.clone(),
+        );
+        registry.register(
+            "prompt_prefix_matches",
+            "Completions whose prompt began with a cloud prompt held here, run on its KV",
+            m.prefix_matches.clone(),
         );
         registry.register(
             "cold_layers_overlapped",

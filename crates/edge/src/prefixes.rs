@@ -73,6 +73,9 @@ pub struct PrefixConfig {
     /// `--cloud-layers-from auto`: the CE-LSLM split per fetch from the measured link, the
     /// engine's per-layer compute and a quality floor (overrides `cloud_layers_from`).
     pub auto_split: Option<Arc<crate::split_choice::AutoSplit>>,
+    /// A completion whose prompt begins with a cloud prompt held here runs on its KV (the
+    /// echoed prompt's shared tokens are then not scored).
+    pub match_prompts: bool,
 }
 
 impl Default for PrefixConfig {
@@ -92,6 +95,7 @@ impl Default for PrefixConfig {
             cloud_layers_from: 0,
             auto_codec: None,
             auto_split: None,
+            match_prompts: true,
         }
     }
 }
@@ -312,6 +316,33 @@ impl Prefixes {
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         (out, listed.map(|_| ()))
+    }
+
+    /// The longest cloud prompt held in memory whose tokens begin `ids` and leave at least one
+    /// token after them: a completion sent whole (an evaluation harness's few-shot preamble
+    /// and question) then runs on the prompt's KV. Never on a CE-LSLM edge, whose KV is mapped,
+    /// not this model's own.
+    pub fn held_prefix_of(&self, ids: &[u32]) -> Option<Lookup> {
+        if self.lslm() || !self.cfg.match_prompts {
+            return None;
+        }
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut e = self.entries.lock().ok()?;
+        let best = e
+            .values_mut()
+            .filter_map(|x| x.cell.get().cloned().map(|p| (x, p)))
+            .filter(|(_, p)| p.n_tokens() < ids.len() && ids.starts_with(&p.token_ids))
+            .max_by_key(|(_, p)| p.n_tokens());
+        let (entry, prefix) = best?;
+        entry.last_used = now;
+        drop(e);
+        self.metrics.lookup(Source::Memory.name());
+        self.metrics.prefix_matches.inc();
+        Some(Lookup {
+            kv: PromptKv::Ready(prefix),
+            source: Source::Memory,
+            wire: Wire::default(),
+        })
     }
 
     /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold

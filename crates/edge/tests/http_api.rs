@@ -369,3 +369,89 @@ async fn token_id_prompts_and_the_tokenizer_endpoints() {
     assert_eq!(info["vocab_size"], m.tokenizer.vocab_size());
     assert_eq!(info["eos_token_id"], serde_json::json!(m.tokenizer.eos_id));
 }
+
+/// A completion sent whole (an evaluation harness's few-shot preamble and question) whose
+/// prompt begins with a cloud prompt the edge holds runs on that prompt's KV: the private
+/// tokens score as one node scores them, the shared ones are echoed unscored, and the answer is
+/// the one the request naming the prompt gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_sent_whole_runs_on_a_held_cloud_prompt() {
+    let m = model();
+    let addr = open_server(m.clone()).await;
+    let post = |body: serde_json::Value| {
+        tokio::task::spawn_blocking(move || {
+            common::post_json(addr, "/v1/completions", &body.to_string())
+        })
+    };
+    let support = edge_ids(&m, SUPPORT, USER).0;
+    let private = m.tokenizer.encode(ECHO_TEXT).unwrap();
+    let whole: Vec<u32> = support.iter().chain(&private).copied().collect();
+    let ask = |prompt: serde_json::Value, named: bool| {
+        let mut b = serde_json::json!({"model": "smollm2", "prompt": prompt, "max_tokens": 6,
+            "temperature": 0, "logprobs": 2, "echo": true});
+        if named {
+            b["cloud_prompt"] = "support".into();
+        }
+        post(b)
+    };
+    // Not held yet: computed here whole, every token after the first scored.
+    let (status, cold) = ask(serde_json::json!(whole), false).await.unwrap();
+    assert_eq!(status, 200, "{cold}");
+    assert!(cold["edgeprompt"]["cloud_prompt"].is_null(), "{cold}");
+    // Held once a request names it; then the whole prompt runs on it.
+    let (status, named) = ask(serde_json::json!(private), true).await.unwrap();
+    assert_eq!(status, 200, "{named}");
+    let (status, warm) = ask(serde_json::json!(whole), false).await.unwrap();
+    assert_eq!(status, 200, "{warm}");
+    let c = &warm["edgeprompt"]["cloud_prompt"];
+    assert_eq!(
+        (c["source"].as_str(), c["tokens"].as_u64()),
+        (Some("memory"), Some(support.len() as u64)),
+        "{warm}"
+    );
+    assert_eq!(
+        warm["edgeprompt"]["private_tokens"].as_u64(),
+        Some(private.len() as u64)
+    );
+    let lp = &warm["choices"][0]["logprobs"];
+    let values = lp["token_logprobs"].as_array().unwrap();
+    let n = support.len();
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), whole.len() + 6);
+    assert!(
+        values[..n].iter().all(|v| v.is_null()),
+        "the shared tokens are not scored"
+    );
+    // The private tokens: as one node scores them after the cloud prompt, and as the request
+    // naming the prompt got them; the answer is that request's and the whole computation's.
+    let reference = reference_scores(&m, &support, &private, 2);
+    for (i, r) in reference.as_array().unwrap().iter().enumerate() {
+        let got = values[n + i].as_f64().unwrap();
+        let want = r["logprob"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-5, "token {i}: {got} vs {want}");
+    }
+    let named_values = named["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(&values[n..], &named_values[..]);
+    let answer = |v: &serde_json::Value| {
+        let lp = &v["choices"][0]["logprobs"]["token_logprobs"];
+        lp.as_array().unwrap()[lp.as_array().unwrap().len() - 6..].to_vec()
+    };
+    assert_eq!(answer(&warm), answer(&named));
+    for (w, c) in answer(&warm).iter().zip(answer(&cold)) {
+        assert!((w.as_f64().unwrap() - c.as_f64().unwrap()).abs() < 1e-5);
+    }
+    let text = |v: &serde_json::Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(
+        text(&warm),
+        text(&cold),
+        "the echo is the prompt as sent, then the answer"
+    );
+    let metrics = tokio::task::spawn_blocking(move || common::http(addr, "GET", "/metrics", "").1)
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("edgeprompt_prompt_prefix_matches_total 1\n"),
+        "one prompt ran on the held KV"
+    );
+}

@@ -320,7 +320,7 @@ async fn completions_inner(
         PromptText::Ids(ids) => prompt_ids(&s.model, ids)?,
         PromptText::Batch(_) | PromptText::IdBatch(_) => return Err(one()),
     };
-    let prefix = match &req.common.cloud_prompt {
+    let mut prefix = match &req.common.cloud_prompt {
         Some(id) => Some(
             s.prefixes
                 .for_id_streaming(id)
@@ -331,7 +331,7 @@ async fn completions_inner(
     };
     // A prompt of its own starts with BOS where the model wants one; after a cloud prompt it
     // continues that prompt's text.
-    let prompt = match (ids, prefix.is_some()) {
+    let mut prompt = match (ids, prefix.is_some()) {
         (Some(ids), _) => ids,
         (None, true) => encode(s, &text)?,
         (None, false) => s
@@ -343,8 +343,20 @@ async fn completions_inner(
     if prompt.is_empty() && prefix.is_none() {
         return Err(ApiError::bad_request("the prompt has no tokens"));
     }
+    // A prompt sent whole that begins with a cloud prompt held here runs on its KV.
+    let mut shared = Vec::new();
+    if prefix.is_none() {
+        if let Some(l) = s.prefixes.held_prefix_of(&prompt) {
+            shared = prompt.drain(..l.kv.token_ids().len()).collect();
+            prefix = Some(l);
+        }
+    }
     // Echo answers the prompt as sent (after a cloud prompt: this request's part of it).
-    let echo = (req.common.echo == Some(true)).then_some(text);
+    let echo = (req.common.echo == Some(true)).then(|| openai::Echo {
+        text,
+        ids: prompt.clone(),
+        shared,
+    });
     let constraint = match format_spec(&req.common)? {
         Some(spec) => Some(s.constraint(spec).await?),
         None => None,
@@ -514,13 +526,10 @@ pub fn check_request(
 }
 
 fn check_sampling(model_id: &str, r: &Sampling) -> Result<(), ApiError> {
-    if r.model != model_id {
+    if let Some(m) = r.model.as_deref().filter(|m| *m != model_id) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            format!(
-                "the model {:?} does not exist; this server serves {:?}",
-                r.model, model_id
-            ),
+            format!("the model {m:?} does not exist; this server serves {model_id:?}"),
         ));
     }
     if r.n.is_some_and(|n| !(1..=MAX_N).contains(&n)) {
@@ -588,7 +597,7 @@ fn lookup_error(e: LookupError) -> ApiError {
     }
 }
 
-/// Queue the job and answer, streamed or whole; `echo`: the prompt text to answer first.
+/// Queue the job and answer, streamed or whole; `echo`: the prompt to answer first.
 #[allow(clippy::too_many_arguments)]
 async fn run(
     s: &EdgeServer,
@@ -597,7 +606,7 @@ async fn run(
     r: Sampling,
     origin: Origin,
     prompt: Vec<u32>,
-    echo: Option<String>,
+    echo: Option<openai::Echo>,
     shape: Shape,
 ) -> Result<Response, ApiError> {
     let (prefix, cold) = match origin.cloud.as_ref().map(|(l, _)| &l.kv) {
@@ -611,10 +620,6 @@ async fn run(
     let (mut txs, mut rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
     let tx = txs.remove(0);
     let seed = r.seed.unwrap_or_else(rand::random);
-    let echo = echo.map(|text| openai::Echo {
-        text,
-        ids: prompt.clone(),
-    });
     let job = Job {
         prefix,
         prompt,

@@ -159,7 +159,9 @@ pub struct StreamOptions {
 /// What both endpoints share.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct Sampling {
-    pub model: String,
+    /// The served model's id; absent means that model (as llama.cpp's servers take it).
+    #[serde(default)]
+    pub model: Option<String>,
     #[serde(default)]
     pub max_tokens: Option<usize>,
     #[serde(default)]
@@ -256,7 +258,11 @@ pub fn usage(done: &[&Done]) -> Value {
 /// The prompt a completion echoes: its text and its tokens.
 pub struct Echo {
     pub text: String,
+    /// The tokens this request computed (and scores).
     pub ids: Vec<u32>,
+    /// The tokens before them that a cloud prompt held here stood for: echoed, never scored
+    /// (their logits exist only where the prompt was computed).
+    pub shared: Vec<u32>,
 }
 
 /// OpenAI's `logprobs` object of a choice (`null` when none were asked for): chat's
@@ -272,10 +278,15 @@ pub fn logprobs_json(
     let lps = &done.logprobs;
     let prompt: Vec<(u32, Option<&TokenLogprobs>)> = match echo {
         Some(e) if done.prompt_logprobs.len() == e.ids.len() => e
-            .ids
+            .shared
             .iter()
-            .zip(&done.prompt_logprobs)
-            .map(|(&id, l)| (id, l.as_ref()))
+            .map(|&id| (id, None))
+            .chain(
+                e.ids
+                    .iter()
+                    .zip(&done.prompt_logprobs)
+                    .map(|(&id, l)| (id, l.as_ref())),
+            )
             .collect(),
         _ => Vec::new(),
     };
