@@ -8,6 +8,7 @@
 //! when per-layer times are even), names the regime (P1 transmission-bound, P2 edge-compute
 //! bound, P3 mixed) and predicts TTFT from measured bandwidth and per-layer compute time.
 
+pub mod fleet;
 pub mod lslm;
 
 use serde::Serialize;
