@@ -13,7 +13,7 @@ if ! command -v chromium >/dev/null; then
 fi
 (cd scripts/browser && npm ci --silent --no-audit --no-fund)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-cloud=$(port); link=$(port); edge=$(port)
+cloud=$(port); link=$(port); edge=$(port); keyed=$(port)
 logs=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$logs"' EXIT
@@ -26,12 +26,17 @@ pids+=($!)
 $bin serve --model "$model" --cloud "http://127.0.0.1:$link" --listen "127.0.0.1:$edge" \
   --cloud-layers-from 0 >"$logs/edge" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do
-  curl -sf "http://127.0.0.1:$edge/ready" >/dev/null && break
-  sleep 0.2
+# And an edge whose API wants a key, with no cloud.
+$bin serve --model "$model" --listen "127.0.0.1:$keyed" --api-key sk-browser-check >"$logs/keyed" 2>&1 &
+pids+=($!)
+for p in $edge $keyed; do
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$p/ready" >/dev/null && break
+    sleep 0.2
+  done
 done
-if ! node scripts/browser/chat.mjs "http://127.0.0.1:$edge" "$shot"; then
-  for f in cloud link edge; do echo "--- $f log"; tail -20 "$logs/$f"; done
+if ! node scripts/browser/chat.mjs "http://127.0.0.1:$edge" "$shot" "http://127.0.0.1:$keyed" sk-browser-check; then
+  for f in cloud link edge keyed; do echo "--- $f log"; tail -20 "$logs/$f"; done
   exit 1
 fi
-echo "browser check: the chat page streamed two answers and drew the timeline; screenshot $shot"
+echo "browser check: the chat page streamed two answers and drew the timeline, and asked a keyed edge for its key; screenshot $shot"

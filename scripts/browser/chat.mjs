@@ -5,8 +5,8 @@
 //   node chat.mjs BASE_URL SCREENSHOT.png
 import { chromium } from "playwright-core";
 
-const [base, shot] = process.argv.slice(2);
-if (!base || !shot) throw new Error("usage: node chat.mjs BASE_URL SCREENSHOT.png");
+const [base, shot, keyed, key] = process.argv.slice(2);
+if (!base || !shot) throw new Error("usage: node chat.mjs BASE_URL SCREENSHOT.png [KEYED_URL KEY]");
 const PROMPT = "rail-support";
 const TURNS = [
   "I cancel my ticket three hours before the train leaves. Do I get my money back?",
@@ -85,6 +85,27 @@ try {
   await page.screenshot({ path: shot, fullPage: true });
   console.log("screenshot: " + shot);
   check(problems.length === 0, "no page errors (" + problems.join("; ") + ")");
+
+  if (keyed) {
+    // An edge whose API wants a key and has no cloud: the page asks for the key, then chats.
+    const p = await browser.newPage();
+    const errors = [];
+    p.on("pageerror", (e) => errors.push(e.message));
+    await p.goto(keyed);
+    await p.waitForSelector("#keyrow", { state: "visible", timeout: 30000 });
+    check(/API key/.test(await p.textContent("#intro")), "keyed edge: the page asks for the API key");
+    await p.fill("#key", key);
+    await p.dispatchEvent("#key", "change");
+    await p.waitForFunction(() => document.getElementById("model").textContent.length > 2);
+    await p.fill("#text", "Say hello.");
+    await p.press("#text", "Enter");
+    await p.waitForSelector(".facts", { timeout: 120000 });
+    const answer = await p.textContent(".msg.assistant .content");
+    const facts = await p.textContent(".facts");
+    check(answer.trim().length > 0, "keyed edge: an answer with the key");
+    check(/none: the whole prompt was computed on this edge/.test(facts), "keyed edge: no cloud prompt");
+    check(errors.length === 0, "keyed edge: no page errors");
+  }
 } finally {
   await browser.close();
 }
