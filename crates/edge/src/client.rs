@@ -149,16 +149,10 @@ impl CloudClient {
         self.authorize(&mut req)?;
         let mut inner = self.inner.clone().max_decoding_message_size(256 << 10);
         let reply = inner.list(req).await.map_err(refused)?.into_inner();
-        let ok = |id: &str| {
-            (1..=64).contains(&id.len())
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-        };
         Ok(reply
             .prompts
             .into_iter()
-            .filter(|p| ok(&p.id))
+            .filter(|p| edgeprompt_protocol::valid_prompt_id(&p.id))
             .take(MAX_LISTED)
             .map(|p| (p.id, p.tokens as usize))
             .collect())

@@ -122,6 +122,11 @@ impl Source {
     }
 }
 
+/// How long the cloud's list of prompts is reused.
+const LIST_TTL: Duration = Duration::from_secs(5);
+
+type Listed = Result<Vec<(String, usize)>, String>;
+
 /// A cloud prompt a request may name by id.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Named {
@@ -204,6 +209,10 @@ pub struct Prefixes {
     writes: Arc<AtomicUsize>,
     /// The last cloud probe: when, and whether it answered.
     probe: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// The cloud's last list of prompts (or why it gave none) and when: asked at most every
+    /// `LIST_TTL`, one asking at a time, so pages and clients cannot spend the edge's fetch
+    /// budget at the cloud.
+    listed: tokio::sync::Mutex<Option<(Instant, Listed)>>,
     /// Cloud prompt ids the cloud said it does not know, and when.
     unknown_ids: Mutex<LruCache<String, Instant>>,
     /// Prompt bytes being computed here now (bounded by the memory budget) and how many.
@@ -231,6 +240,7 @@ impl Prefixes {
             clock: AtomicU64::new(0),
             writes: Arc::new(AtomicUsize::new(0)),
             probe: tokio::sync::Mutex::new(None),
+            listed: tokio::sync::Mutex::new(None),
             unknown_ids: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(UNKNOWN_IDS_KEPT).expect("nonzero"),
             )),
@@ -282,20 +292,7 @@ impl Prefixes {
                 })
                 .collect()
         };
-        let listed = match &self.cfg.cloud_url {
-            None => Ok(Vec::new()),
-            Some(url) => {
-                let ask = async {
-                    let mut c = CloudClient::connect_with(url, &self.cfg.security).await?;
-                    c.list(&self.model).await
-                };
-                match tokio::time::timeout(Duration::from_secs(5), ask).await {
-                    Ok(Ok(l)) => Ok(l),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("the cloud did not answer within 5 s".into()),
-                }
-            }
-        };
+        let listed = self.cloud_list().await;
         let mut out: Vec<Named> = Vec::new();
         let cloud = listed.as_ref().map(|l| l.as_slice()).unwrap_or_default();
         for (id, tokens) in cloud {
@@ -320,21 +317,26 @@ impl Prefixes {
 
     /// The longest cloud prompt held in memory whose tokens begin `ids` and leave at least one
     /// token after them: a completion sent whole (an evaluation harness's few-shot preamble
-    /// and question) then runs on the prompt's KV. Never on a CE-LSLM edge, whose KV is mapped,
-    /// not this model's own.
+    /// and question) then runs on the prompt's KV. Only prompts named by a cloud id (public:
+    /// a system prompt computed here may be someone's own), and only where the KV is exact:
+    /// never mapped (CE-LSLM) nor decoded from a lossy codec.
     pub fn held_prefix_of(&self, ids: &[u32]) -> Option<Lookup> {
-        if self.lslm() || !self.cfg.match_prompts {
+        let exact = !self.lslm() && self.cfg.codec == Codec::F16 && self.cfg.auto_codec.is_none();
+        if !exact || !self.cfg.match_prompts {
             return None;
         }
+        let named: Vec<String> = self.ids.lock().ok()?.values().cloned().collect();
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut e = self.entries.lock().ok()?;
-        let best = e
-            .values_mut()
-            .filter_map(|x| x.cell.get().cloned().map(|p| (x, p)))
+        let key = named
+            .iter()
+            .filter_map(|k| Some((k, e.get(k)?.cell.get()?.clone())))
             .filter(|(_, p)| p.n_tokens() < ids.len() && ids.starts_with(&p.token_ids))
-            .max_by_key(|(_, p)| p.n_tokens());
-        let (entry, prefix) = best?;
+            .max_by_key(|(_, p)| p.n_tokens())
+            .map(|(k, _)| k.clone())?;
+        let entry = e.get_mut(&key)?;
         entry.last_used = now;
+        let prefix = entry.cell.get()?.clone();
         drop(e);
         self.metrics.lookup(Source::Memory.name());
         self.metrics.prefix_matches.inc();
@@ -343,6 +345,30 @@ impl Prefixes {
             source: Source::Memory,
             wire: Wire::default(),
         })
+    }
+
+    /// The cloud's prompts; an answer younger than `LIST_TTL` is reused.
+    async fn cloud_list(&self) -> Listed {
+        let Some(url) = &self.cfg.cloud_url else {
+            return Ok(Vec::new());
+        };
+        let mut last = self.listed.lock().await;
+        if let Some((at, l)) = last.as_ref() {
+            if at.elapsed() < LIST_TTL {
+                return l.clone();
+            }
+        }
+        let ask = async {
+            let mut c = CloudClient::connect_with(url, &self.cfg.security).await?;
+            c.list(&self.model).await
+        };
+        let l = match tokio::time::timeout(Duration::from_secs(5), ask).await {
+            Ok(Ok(l)) => Ok(l),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the cloud did not answer within 5 s".into()),
+        };
+        *last = Some((Instant::now(), l.clone()));
+        l
     }
 
     /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold

@@ -69,8 +69,6 @@ pub async fn models(State(s): AppState) -> Response {
     .into_response()
 }
 
-/// `GET /health`: 200 while the edge can serve (draining or not); 503 with the reason once its
-/// scheduler is dead, so an orchestrator restarts it.
 /// `GET /v1/cloud_prompts`: the ids a request may name as `cloud_prompt`.
 pub async fn cloud_prompts(State(s): AppState) -> Response {
     let (data, cloud) = s.prefixes.named().await;
@@ -89,6 +87,8 @@ pub async fn cloud_prompts(State(s): AppState) -> Response {
     .into_response()
 }
 
+/// `GET /health`: 200 while the edge can serve (draining or not); 503 with the reason once its
+/// scheduler is dead, so an orchestrator restarts it.
 pub async fn health(State(s): AppState) -> Response {
     let u = s.scheduler.usage();
     let dead = s.scheduler.dead();
@@ -604,12 +604,12 @@ async fn run(
     kind: Kind,
     request: &RequestId,
     r: Sampling,
-    origin: Origin,
+    mut origin: Origin,
     prompt: Vec<u32>,
     echo: Option<openai::Echo>,
     shape: Shape,
 ) -> Result<Response, ApiError> {
-    let (prefix, cold) = match origin.cloud.as_ref().map(|(l, _)| &l.kv) {
+    let (prefix, cold) = match origin.kv() {
         Some(PromptKv::Ready(p)) => (Some(p.clone()), None),
         Some(PromptKv::Streaming(s)) => (None, Some(s.clone())),
         None => (None, None),
@@ -786,7 +786,7 @@ fn tool_piece(
 /// closes `out`; the forwarder then drops the receivers, which the scheduler sees at its next
 /// step and cancels the answers.
 fn stream(
-    m: StreamMeta,
+    mut m: StreamMeta,
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     text_of: Arc<dyn Fn(u32) -> String + Send + Sync>,
 ) -> Response {

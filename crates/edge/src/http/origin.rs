@@ -5,37 +5,56 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use crate::layer_stream::PromptKv;
 use crate::prefixes::Lookup;
 use crate::scheduler::Done;
 
 pub struct Origin {
     /// When the HTTP request came in.
     pub arrived: Instant,
-    /// The request's cloud prompt, and the id it was named by.
-    pub cloud: Option<(Lookup, Option<String>)>,
+    cloud: Option<Cloud>,
+}
+
+/// The request's cloud prompt: its lookup until the first answer is done (a stream's bytes
+/// are counted to its end), then only the facts, so a slow reader pins no KV.
+enum Cloud {
+    Lookup(Lookup, Option<String>),
+    Facts(Value),
 }
 
 impl Origin {
     pub fn new(arrived: Instant, lookup: Option<Lookup>, id: Option<&String>) -> Self {
         Self {
             arrived,
-            cloud: lookup.map(|l| (l, id.cloned())),
+            cloud: lookup.map(|l| Cloud::Lookup(l, id.cloned())),
+        }
+    }
+
+    /// The cloud prompt's KV, whole or streaming, until the facts are settled.
+    pub fn kv(&self) -> Option<&PromptKv> {
+        match &self.cloud {
+            Some(Cloud::Lookup(l, _)) => Some(&l.kv),
+            _ => None,
         }
     }
 
     /// The block for one answer of `private_tokens` prompt tokens of its own.
-    pub fn block(&self, done: &Done, private_tokens: usize) -> Value {
-        let secs = |t: Instant| t.saturating_duration_since(self.arrived).as_secs_f64();
-        let cloud = self.cloud.as_ref().map(|(l, id)| {
+    pub fn block(&mut self, done: &Done, private_tokens: usize) -> Value {
+        if let Some(Cloud::Lookup(l, id)) = &self.cloud {
             let wire = l.wire();
-            json!({
+            self.cloud = Some(Cloud::Facts(json!({
                 "id": id,
                 "tokens": l.kv.token_ids().len(),
                 "source": l.source.name(),
                 "bytes_up": wire.up,
                 "bytes_down": wire.down,
-            })
-        });
+            })));
+        }
+        let cloud = match &self.cloud {
+            Some(Cloud::Facts(v)) => v.clone(),
+            _ => Value::Null,
+        };
+        let secs = |t: Instant| t.saturating_duration_since(self.arrived).as_secs_f64();
         let mut v = json!({
             "cloud_prompt": cloud,
             "private_tokens": private_tokens,

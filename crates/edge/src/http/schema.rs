@@ -56,7 +56,8 @@ struct CloudPromptOrigin {
     tokens: u64,
     /// `memory`, `disk`, `peer`, `cloud` or `local` (computed on this edge).
     source: String,
-    /// Bytes this edge sent for it: a prompt reference, never private text.
+    /// Bytes this edge sent for it: a prompt reference, never private text (protobuf
+    /// message bytes; every request that joined one fetch reports that fetch).
     bytes_up: u64,
     /// Bytes it received for it: the header and the KV.
     bytes_down: u64,

@@ -126,7 +126,9 @@ enum Ev {
     Prefilled(usize),
     /// Cloud prompt `p`'s KV landed on edge `e`.
     Landed(usize, usize),
-    /// A batching step of node `n` ended (edges 0.., the cloud last).
+    /// Node `n` (edges 0.., the cloud last) starts a step if it is idle.
+    Kick(usize),
+    /// A batching step of node `n` ended: the requests it gave a first token, and finished.
     StepEnd(usize, Vec<usize>, Vec<usize>),
 }
 
@@ -144,8 +146,10 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
     let costs = |n: usize| if n == cloud_node { &f.cloud } else { &f.edge };
     let mut prefill: Fifo<usize> = Fifo::new(f.cloud_prefill_slots);
     let mut cloud_has = vec![false; f.prompts.len()];
-    // Fetches in flight: (edge, prompt) -> requests waiting on it.
-    let mut fetching: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    // Cloud-only: the request whose prefill puts each prompt in the cloud's cache.
+    let mut caching: Vec<Option<usize>> = vec![None; f.prompts.len()];
+    // Fetches in flight: (edge, prompt) -> where it comes from and the requests waiting on it.
+    let mut fetching: HashMap<(usize, usize), (Kv, Vec<usize>)> = HashMap::new();
     // Prompts the cloud is prefilling -> edges waiting on them.
     let mut prefilling: HashMap<usize, Vec<usize>> = HashMap::new();
     let mut edge_has = vec![vec![false; f.prompts.len()]; f.edges];
@@ -153,19 +157,21 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
     let mut out: Vec<Option<Outcome>> = vec![None; requests.len()];
     let mut kv = vec![Kv::Memory; requests.len()];
 
-    let submit = |clock: &mut Clock<Ev>, nodes: &mut Vec<Batcher<usize>>, n: usize, i: usize| {
+    // On an edge the prefix is the fetched KV; on a cloud-only node its prompt cache.
+    let job = |i: usize| {
         let r = &requests[i];
-        // On an edge the prefix is the fetched KV; on a cloud-only node its prompt cache.
-        let job = Job {
+        Job {
             tag: i,
             prompt: r.private,
             output: r.output,
             prefix: f.prompts[r.prompt],
-        };
-        if nodes[n].arrive(job) {
-            if let Some(s) = nodes[n].step(costs(n)) {
-                clock.schedule(s.secs, Ev::StepEnd(n, s.first_tokens, s.finished));
-            }
+        }
+    };
+    // An idle node starts its step once everything arriving at this instant is in, as the
+    // edge's scheduler admits every queued request at a step's start.
+    let submit = |clock: &mut Clock<Ev>, nodes: &mut Vec<Batcher<usize>>, n: usize, j| {
+        if nodes[n].arrive(j) {
+            clock.schedule(0.0, Ev::Kick(n));
         }
     };
     let fetch = |clock: &mut Clock<Ev>, e: usize, p: usize| {
@@ -183,40 +189,34 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
                 match mode {
                     Mode::CloudOnly => {
                         kv[i] = Kv::CloudOnly;
-                        // The prompt's own KV is prefilled once, on the first request.
+                        // Until a request's prefill has put the prompt in the cache, each
+                        // prefills it whole.
+                        let mut j = job(i);
                         if !cloud_has[r.prompt] {
-                            cloud_has[r.prompt] = true;
-                            let job = Job {
-                                tag: i,
-                                prompt: f.prompts[r.prompt] + r.private,
-                                output: r.output,
-                                prefix: 0,
-                            };
-                            if nodes[cloud_node].arrive(job) {
-                                if let Some(s) = nodes[cloud_node].step(&f.cloud) {
-                                    clock.schedule(
-                                        s.secs,
-                                        Ev::StepEnd(cloud_node, s.first_tokens, s.finished),
-                                    );
-                                }
-                            }
-                        } else {
-                            submit(&mut clock, &mut nodes, cloud_node, i);
+                            caching[r.prompt].get_or_insert(i);
+                            j.prompt += j.prefix;
+                            j.prefix = 0;
                         }
+                        submit(&mut clock, &mut nodes, cloud_node, j);
                     }
                     Mode::EdgePrompt => {
                         let (e, p) = (r.edge, r.prompt);
                         if edge_has[e][p] {
-                            submit(&mut clock, &mut nodes, e, i);
-                        } else if let Some(w) = fetching.get_mut(&(e, p)) {
+                            submit(&mut clock, &mut nodes, e, job(i));
+                        } else if let Some((from, w)) = fetching.get_mut(&(e, p)) {
+                            kv[i] = *from;
                             w.push(i);
                         } else {
-                            fetching.insert((e, p), vec![i]);
+                            let from = if cloud_has[p] {
+                                Kv::Cloud
+                            } else {
+                                Kv::Prefilled
+                            };
+                            fetching.insert((e, p), (from, vec![i]));
+                            kv[i] = from;
                             if cloud_has[p] {
-                                kv[i] = Kv::Cloud;
                                 fetch(&mut clock, e, p);
                             } else {
-                                kv[i] = Kv::Prefilled;
                                 let waiting = prefilling.entry(p).or_default();
                                 waiting.push(e);
                                 if waiting.len() == 1 {
@@ -242,8 +242,15 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
             }
             Ev::Landed(e, p) => {
                 edge_has[e][p] = true;
-                for i in fetching.remove(&(e, p)).unwrap_or_default() {
-                    submit(&mut clock, &mut nodes, e, i);
+                for i in fetching.remove(&(e, p)).map(|x| x.1).unwrap_or_default() {
+                    submit(&mut clock, &mut nodes, e, job(i));
+                }
+            }
+            Ev::Kick(n) => {
+                if nodes[n].idle() {
+                    if let Some(s) = nodes[n].step(costs(n)) {
+                        clock.schedule(s.secs, Ev::StepEnd(n, s.first_tokens, s.finished));
+                    }
                 }
             }
             Ev::StepEnd(n, firsts, finished) => {
@@ -253,6 +260,10 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
                 };
                 for i in firsts {
                     first[i] = Some(now + wire);
+                    let p = requests[i].prompt;
+                    if mode == Mode::CloudOnly && caching[p] == Some(i) {
+                        cloud_has[p] = true;
+                    }
                 }
                 for i in finished {
                     let r = &requests[i];

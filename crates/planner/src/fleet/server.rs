@@ -165,7 +165,12 @@ impl<T: Clone> Batcher<T> {
             }
         }
         for &i in &decoding {
-            self.running[i].generated += 1;
+            let r = &mut self.running[i];
+            // A job with no prompt of its own gets its first token from its first step.
+            if r.generated == 0 {
+                first_tokens.push(r.job.tag.clone());
+            }
+            r.generated += 1;
         }
         let secs = cost.step_secs(decoding.len(), context, prefill);
         self.busy_secs += secs;
@@ -182,6 +187,11 @@ impl<T: Clone> Batcher<T> {
             first_tokens,
             finished,
         })
+    }
+
+    /// No step is under way (the next arrival must start one).
+    pub fn idle(&self) -> bool {
+        !self.stepping
     }
 
     /// Requests waiting for a batch slot and running.
