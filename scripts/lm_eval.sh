@@ -12,7 +12,8 @@
 #   ours-chat   local-chat-completions (generation, chat template)
 #   ours-gguf   the harness's `gguf` client (loglikelihood by text offsets, generation)
 # and, unless --small, the same GGUF behind llama.cpp's llama-server (text and chat generation;
-# it refuses echo, so no loglikelihood) and llama-cpp-python's server (`gguf` client).
+# it ignores echo: no prompt log-probabilities, so no loglikelihood), and llama.cpp's own
+# log-likelihoods for the requests the harness sent us (scripts/lm_eval/llama_scores.py).
 # Writes the table to stdout and JSON to $OUT/lm_eval.json.
 #
 #   bash scripts/lm_eval.sh            # qwen05, 100 items, 30 documents, baselines
@@ -108,14 +109,10 @@ if ! $small; then
     -d "{\"model\": \"$model\", \"prompt\": \"1 + 1 =\", \"max_tokens\": 1, \"echo\": true, \"logprobs\": 1}" \
     >"$out/llama-server-echo.json" || true
   kill "${pids[-1]}"
+  # Loglikelihoods from llama.cpp itself (llama-cpp-python in process) for the requests the
+  # harness sent our server: no llama.cpp server answers them in useful time.
   # shellcheck source=scripts/llama_venv.sh
   source scripts/llama_venv.sh
-  .venv-bench/bin/pip install -q "llama-cpp-python[server]==0.3.36"
-  lp=$(port)
-  .venv-bench/bin/python -m llama_cpp.server --model "$gguf" --model_alias "$model" --n_threads 2 \
-    --n_ctx 4096 --logits_all true --host 127.0.0.1 --port "$lp" >"$out/llama-cpp-python.log" 2>&1 &
-  pids+=($!)
-  up "http://127.0.0.1:$lp/v1/models" $!
-  lm llama-cpp-python-gguf gguf "base_url=http://127.0.0.1:$lp" ep_arith_mc,ep_arith_gen
+  .venv-bench/bin/python scripts/lm_eval/llama_scores.py "$out" "$gguf"
 fi
 .venv-lmeval/bin/python scripts/lm_eval/compare.py "$out" --model "$model" $($small && echo --small)

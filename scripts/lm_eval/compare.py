@@ -90,17 +90,34 @@ def main():
         return runs.get(name, {}).get(task, {}).get("scores", {}).get(key)
 
     names = [n for n in ["ours", "ours-cloud", "ours-text", "ours-chat", "ours-gguf", "llama-server-text",
-                         "llama-server-chat", "llama-cpp-python-gguf"] if n in runs]
+                         "llama-server-chat"] if n in runs]
     table = {n: {t: score(n, t) for t in METRICS if score(n, t) is not None} for n in names}
+    # llama.cpp's own scores of the requests the harness sent us (llama_scores.py).
+    lc = out / "runs/llama-cpp/scores.json"
+    llama = json.loads(lc.read_text()) if lc.exists() else {}
+    if llama:
+        names.append("llama.cpp (in process)")
+        table["llama.cpp (in process)"] = {
+            t: v[METRICS[t][0].split(",")[0]] for t, v in llama.items() if t in METRICS}
     echo = None
     if (out / "llama-server-echo.json").exists():
+        # What llama-server made of the harness's loglikelihood request (echo + logprobs).
+        raw = (out / "llama-server-echo.json").read_text()
         try:
-            echo = json.load(open(out / "llama-server-echo.json")).get("error", {}).get("message")
-        except (ValueError, AttributeError):
-            echo = (out / "llama-server-echo.json").read_text()[:200]
+            v = json.loads(raw)
+            if "error" in v:
+                echo = "refused: " + str(v["error"].get("message"))
+            else:
+                lp = v["choices"][0].get("logprobs") or {}
+                got = len(lp.get("content") or lp.get("token_logprobs") or [])
+                echo = (f"echo ignored: log-probabilities for {got} token(s), none of the prompt's "
+                        f"{v['usage']['prompt_tokens']}, and the prompt not echoed "
+                        f"(text {v['choices'][0]['text']!r})")
+        except (ValueError, KeyError, IndexError, TypeError):
+            echo = raw[:200]
     # Points between our server and llama.cpp's on the same client and task.
     pairs = [("ours-text", "llama-server-text", "ep_arith_gen"), ("ours-chat", "llama-server-chat", "ep_arith_gen"),
-             ("ours-gguf", "llama-cpp-python-gguf", "ep_arith_mc"), ("ours-gguf", "llama-cpp-python-gguf", "ep_arith_gen")]
+             ("ours", "llama.cpp (in process)", "ep_arith_mc")]
     gaps = []
     for ours, theirs, task in pairs:
         x, y = table.get(ours, {}).get(task), table.get(theirs, {}).get(task)
@@ -111,7 +128,7 @@ def main():
         "machine": machine(), "model": a.model, "harness": "lm_eval 0.4.13", "items": items,
         "documents": sum(1 for _ in open(out / "tasks/sharegpt.jsonl")), "scores": table,
         "equal_with_cloud_prompt": equal, "prompts_on_cloud_kv": matches, "vs_llama_cpp": gaps,
-        "llama_server_echo": echo, "small": a.small,
+        "llama_server_echo": echo, "small": a.small, "llama_cpp_loglikelihoods": llama,
     }
     (out / "lm_eval.json").write_text(json.dumps(doc, indent=2) + "\n")
 
@@ -127,8 +144,16 @@ def main():
     print(f"prompts run on the preamble's cloud KV: {matches} (of {want} that begin with it)")
     for g in gaps:
         print(f"{g['ours']} vs {g['baseline']} on {g['task']}: {g['points']:+.2f} points")
+    if "ep_arith_mc" in llama:
+        m = llama["ep_arith_mc"]
+        print(f"loglikelihoods, ours vs llama.cpp: mean |diff| {m['mean_abs_diff']:.3f} nats, max {m['max_abs_diff']:.3f}")
+    if "ep_sharegpt_ppl" in llama:
+        x, y = table.get("ours", {}).get("ep_sharegpt_ppl"), llama["ep_sharegpt_ppl"]["word_perplexity"]
+        if x:
+            print(f"word perplexity, ours vs llama.cpp: {x:.2f} vs {y:.2f} ({100 * (x - y) / y:+.2f} %); "
+                  f"per document at most {100 * llama['ep_sharegpt_ppl']['max_rel_diff']:.1f} % apart")
     if echo:
-        print(f"llama-server on the harness's loglikelihood request (echo): {echo}")
+        print(f"llama-server on the harness's loglikelihood request: {echo}")
     for f in failures:
         print("FAILED: " + f, file=sys.stderr)
     sys.exit(1 if failures else 0)

@@ -555,10 +555,28 @@ fn lm_eval_section(dir: &Path, md: &mut String) {
             f(&g["points"])
         );
     }
+    let ll = &v["llama_cpp_loglikelihoods"];
+    if let Some(m) = ll["ep_arith_mc"].as_object() {
+        let _ = writeln!(
+            md,
+            "- loglikelihoods of the same requests, ours vs llama.cpp (llama-cpp-python in process): mean |diff| \
+             {:.3} nats, max {:.3}",
+            f(&m["mean_abs_diff"]),
+            f(&m["max_abs_diff"])
+        );
+    }
+    if let Some(p) = ll["ep_sharegpt_ppl"].as_object() {
+        let _ = writeln!(
+            md,
+            "- word perplexity, llama.cpp: {:.2}; per document the log-likelihoods are at most {:.1} % apart",
+            f(&p["word_perplexity"]),
+            100.0 * f(&p["max_rel_diff"])
+        );
+    }
     if let Some(e) = v["llama_server_echo"].as_str() {
         let _ = writeln!(
             md,
-            "- llama-server refuses the harness's loglikelihood request (`echo`): \"{e}\""
+            "- llama-server on the harness's loglikelihood request (`echo`, `logprobs`): {e}"
         );
     }
     let _ = writeln!(md);
