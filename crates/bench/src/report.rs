@@ -511,8 +511,9 @@ fn lm_eval_section(dir: &Path, md: &mut String) {
         "## Evaluation harnesses (`scripts/lm_eval.sh`, `lm_eval.json`)\n\n{}; {}, unchanged, on tasks made \
          from local data: {} addition items after an 8-example few-shot preamble (loglikelihood and \
          generate_until) and {} ShareGPT messages (loglikelihood_rolling). `ours-cloud`: the preamble is a \
-         cloud prompt, and every prompt that begins with it runs on the cloud's KV. llama.cpp's servers run \
-         the same GGUF through the same harness clients.\n\n| run | {} |\n| --- |{}",
+         cloud prompt, and every prompt that begins with it runs on the cloud's KV. On the same GGUF: \
+         llama.cpp's `llama-server` through the same harness clients (generation), and llama.cpp in \
+         process (llama-cpp-python) scoring the loglikelihood requests the harness sent us.\n\n| run | {} |\n| --- |{}",
         machine_line(&v),
         v["harness"].as_str().unwrap_or("?"),
         v["items"],
