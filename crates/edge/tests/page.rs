@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use edgeprompt_cloud::{CloudNode, Limits, PromptSpec};
+use edgeprompt_cloud::{CloudNode, Limits};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::PrefixConfig;
@@ -17,7 +17,7 @@ use edgeprompt_engine::Model;
 use serde_json::{json, Value};
 
 mod common;
-use common::{model, serve_cloud, CODING, SUPPORT};
+use common::{model, serve_cloud, SUPPORT};
 
 const TOKEN: &str = "cloud-s3cret";
 const KEY: &str = "sk-page";
@@ -99,20 +99,8 @@ fn chat(cloud_prompt: Option<&str>, system: Option<&str>, stream: bool) -> Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_the_cloud_prompt_list_and_each_answers_origin() {
     let m = model();
-    let specs = vec![
-        PromptSpec {
-            id: "support".into(),
-            system: SUPPORT.into(),
-            text: None,
-        },
-        PromptSpec {
-            id: "coding".into(),
-            system: CODING.into(),
-            text: None,
-        },
-    ];
     let node = Arc::new(
-        CloudNode::new(m.clone(), &specs, 256 << 20)
+        CloudNode::new(m.clone(), &common::prompt_specs(), 256 << 20)
             .unwrap()
             .with_guard(Limits::default(), Some(TOKEN.into())),
     );

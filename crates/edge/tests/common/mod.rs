@@ -60,9 +60,9 @@ pub fn greedy_text(
     text.text().to_string()
 }
 
-/// Start a cloud node on an ephemeral loopback port; returns its URL.
-pub async fn start_cloud(model: Arc<Model>) -> String {
-    let specs = vec![
+/// The cloud prompts the tests' clouds serve: `support` and `coding`.
+pub fn prompt_specs() -> Vec<PromptSpec> {
+    vec![
         PromptSpec {
             id: "support".into(),
             system: SUPPORT.into(),
@@ -73,8 +73,13 @@ pub async fn start_cloud(model: Arc<Model>) -> String {
             system: CODING.into(),
             text: None,
         },
-    ];
-    serve_cloud(Arc::new(CloudNode::new(model, &specs, 256 << 20).unwrap())).await
+    ]
+}
+
+/// Start a cloud node on an ephemeral loopback port; returns its URL.
+pub async fn start_cloud(model: Arc<Model>) -> String {
+    let node = CloudNode::new(model, &prompt_specs(), 256 << 20).unwrap();
+    serve_cloud(Arc::new(node)).await
 }
 
 /// Serve `node` over gRPC on an ephemeral loopback port; returns its URL.
