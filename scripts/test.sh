@@ -3,7 +3,13 @@
 # client; check formatting and lints; run every test including the slow ones, optimised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 scripts/models.py smollm2 qwen05 qwen15 gemma3 sharegpt
+# Each step's time, so a slow one shows in CI's log.
+step() {
+  local t=$SECONDS
+  "$@"
+  echo "[test.sh] $(( SECONDS - t )) s: $*" >&2
+}
+step python3 scripts/models.py smollm2 qwen05 qwen15 gemma3 sharegpt
 # A real redis-server for the shared-tier test (Debian's package; the test starts its own).
 if ! command -v redis-server >/dev/null; then
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
@@ -12,23 +18,23 @@ fi
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt
 cargo fmt --all -- --check
-cargo clippy -j2 --release --workspace --all-targets -- -D warnings
-cargo test -j2 --release --workspace -- --include-ignored
+step cargo clippy -j2 --release --workspace --all-targets -- -D warnings
+step cargo test -j2 --release --workspace -- --include-ignored
 # The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
 # every path must give the portable bits.
-EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib
+step env EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib
 # The aarch64 kernels under qemu emulation: the engine's unit tests on a CPU model for each
 # path (neon, dotprod, i8mm) and a real model's logits on every path against the fixture.
-bash scripts/aarch64.sh
+step bash scripts/aarch64.sh
 # The cargo-fuzz targets build (nightly, libFuzzer) and each runs 20 000 inputs from its seeds.
-bash scripts/fuzz.sh 20000
+step bash scripts/fuzz.sh 20000
 # The HTTP API against its OpenAPI description: schemathesis on a running edge (no 5xx, every
 # status and body as described, the server healthy after).
-bash scripts/openapi_check.sh 50
+step bash scripts/openapi_check.sh 50
 # The chat page in headless Chromium (Debian's package, driven by playwright-core from npm):
 # two streamed turns on a cold then warm cloud prompt, the timeline drawn, a screenshot.
-bash scripts/browser_check.sh target/browser/chat.png
+step bash scripts/browser_check.sh target/browser/chat.png
 # lm-evaluation-harness (unchanged, its own venv) against the edge: token-id, text, chat and
 # `gguf` clients on tasks made from local data; the few-shot preamble as a cloud prompt must
 # change no sample.
-bash scripts/lm_eval.sh --small
+step bash scripts/lm_eval.sh --small

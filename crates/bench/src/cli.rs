@@ -29,8 +29,106 @@ pub enum Bench {
     Lslm(LslmArgs),
     /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
     Soak(SoakArgs),
+    /// CE-LSLM Fig. 7: one cloud and N edges as real processes under Poisson load vs cloud-only; the simulator replays the same traces.
+    Fleet(FleetArgs),
+    /// The fleet simulator at CE-LSLM Fig. 7's scale and the deployer's questions (100 and 1000 edges), on costs fitted here.
+    FleetGrid(FleetGridArgs),
+    /// The fleet simulator's costs for one model on this process's cores (fitted forward passes).
+    FleetCosts(FleetCostsArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
     Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct FleetArgs {
+    /// The cloud node's model (and cloud-only's).
+    #[arg(long, default_value = "qwen15")]
+    cloud_model: String,
+    /// The edges' model; CE-LSLM when it differs from the cloud's.
+    #[arg(long, default_value = "qwen05")]
+    edge_model: String,
+    /// CE-LSLM adapters (`edgeprompt align`); made with `edgeprompt align` when missing.
+    #[arg(long, default_value = "models/align/adapters.safetensors")]
+    adapters: PathBuf,
+    /// Layers from this one on come from the cloud [default: the smallest split the CE-LSLM
+    /// quality table allows, or 0 for one model].
+    #[arg(long)]
+    split: Option<usize>,
+    #[arg(long, default_value = "docs/results/lslm.json")]
+    lslm_table: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    prompts: usize,
+    #[arg(long, default_value_t = 512)]
+    prefix_len: usize,
+    #[arg(long, default_value_t = 48)]
+    private_len: usize,
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    #[arg(long, default_value = "wifi")]
+    link: String,
+    /// edgeprompt-N (a cloud and N edges), cloud-only, llama-server.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "edgeprompt-1,edgeprompt-2,cloud-only,llama-server"
+    )]
+    setups: Vec<String>,
+    /// Offered requests per second over the fleet.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    rates: Vec<f64>,
+    /// Seconds of arrivals per rate.
+    #[arg(long, default_value_t = 60.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// llama.cpp's `llama-server` binary (scripts/llama_server.sh builds it).
+    #[arg(long)]
+    llama_server: Option<PathBuf>,
+    /// Rates for llama-server [default: --rates].
+    #[arg(long, value_delimiter = ',')]
+    llama_rates: Vec<f64>,
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Timings per calibration pass (the median is kept).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    /// Run nothing: replay a saved fleet.json's traces through the simulator again, in place.
+    #[arg(long)]
+    replay: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct FleetGridArgs {
+    #[arg(long, default_value = "qwen15")]
+    cloud_model: String,
+    #[arg(long, default_value = "qwen05")]
+    edge_model: String,
+    /// The real fleet run: its CE-LSLM split and KV bytes per token.
+    #[arg(long, default_value = "docs/results/fleet.json")]
+    fleet: PathBuf,
+    #[arg(long, default_value = "5g")]
+    link: String,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct FleetCostsArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// The JSON file to write.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -466,6 +564,120 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 r.rows.len(),
                 a.out.display()
             );
+            Ok(())
+        }
+        Bench::FleetGrid(a) => {
+            let s = edgeprompt_bench::fleet::grid::Settings {
+                bench: std::env::current_exe()?,
+                cloud_model: resolve(&a.cloud_model)?,
+                edge_model: resolve(&a.edge_model)?,
+                sharegpt: sharegpt()?,
+                fleet: a.fleet,
+                link: a.link,
+                repeats: a.repeats.max(1),
+                dir: std::env::temp_dir().join(format!("edgeprompt-grid-{}", std::process::id())),
+                out: a.out.clone(),
+            };
+            edgeprompt_bench::fleet::grid::run(&s)?;
+            let _ = std::fs::remove_dir_all(&s.dir);
+            eprintln!("wrote {}/fleet-grid.json", a.out.display());
+            Ok(())
+        }
+        Bench::FleetCosts(a) => {
+            let r =
+                edgeprompt_bench::fleet::costs::run(&edgeprompt_bench::fleet::costs::Settings {
+                    model: resolve(&a.model)?,
+                    sharegpt: sharegpt()?,
+                    threads: a.threads.max(1),
+                    repeats: a.repeats.max(1),
+                })?;
+            if let Some(dir) = a.out.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&a.out, serde_json::to_string_pretty(&r)?)?;
+            Ok(())
+        }
+        Bench::Fleet(a) => {
+            if let Some(file) = &a.replay {
+                edgeprompt_bench::fleet::replay(file, &resolve(&a.edge_model)?)?;
+                eprintln!("rewrote {}", file.display());
+                return Ok(());
+            }
+            let edgeprompt = match a.edgeprompt {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("edgeprompt"),
+            };
+            anyhow::ensure!(
+                edgeprompt.exists(),
+                "{} not found: build it with `cargo build --release --bin edgeprompt` or pass --edgeprompt",
+                edgeprompt.display()
+            );
+            let setups = a
+                .setups
+                .iter()
+                .map(|x| {
+                    edgeprompt_bench::fleet::Setup::parse(x).ok_or_else(|| {
+                        anyhow::anyhow!("setup {x}: edgeprompt-N, cloud-only or llama-server")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let lslm = a.cloud_model != a.edge_model;
+            if lslm && !a.adapters.exists() {
+                eprintln!(
+                    "no {}: running `edgeprompt align` (about a minute)",
+                    a.adapters.display()
+                );
+                let ok = std::process::Command::new(&edgeprompt)
+                    .args(["align", "--llm", &a.cloud_model, "--slm", &a.edge_model])
+                    .status()?
+                    .success();
+                anyhow::ensure!(
+                    ok && a.adapters.exists(),
+                    "edgeprompt align did not write {}",
+                    a.adapters.display()
+                );
+            }
+            let split = match a.split {
+                Some(k) => k,
+                None if lslm => {
+                    edgeprompt_bench::lslm::quality_floor(&a.lslm_table).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "no split floor in {}: pass --split",
+                            a.lslm_table.display()
+                        )
+                    })?
+                }
+                None => 0,
+            };
+            let s = edgeprompt_bench::fleet::Settings {
+                edgeprompt,
+                bench: std::env::current_exe()?,
+                cloud_model: resolve(&a.cloud_model)?,
+                cloud_model_id: a.cloud_model.clone(),
+                edge_model: resolve(&a.edge_model)?,
+                edge_model_id: a.edge_model.clone(),
+                adapters: lslm.then_some(a.adapters.clone()),
+                split,
+                sharegpt: sharegpt()?,
+                prompts: a.prompts.max(1),
+                prefix_len: a.prefix_len,
+                private_len: a.private_len,
+                max_tokens: a.max_tokens,
+                link: a.link,
+                setups,
+                rates: a.rates,
+                secs: a.secs,
+                seed: a.seed,
+                llama_server: a.llama_server,
+                llama_rates: a.llama_rates,
+                slots: a.slots,
+                repeats: a.repeats.max(1),
+                dir: std::env::temp_dir().join(format!("edgeprompt-fleet-{}", std::process::id())),
+                out: a.out.clone(),
+            };
+            edgeprompt_bench::fleet::run(&s)?;
+            let _ = std::fs::remove_dir_all(&s.dir);
+            eprintln!("wrote {}/fleet.json", a.out.display());
             Ok(())
         }
         Bench::Soak(a) => {

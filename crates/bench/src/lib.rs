@@ -5,6 +5,7 @@ pub mod batch;
 pub mod codecs;
 pub mod decode;
 pub mod engine;
+pub mod fleet;
 pub mod grammar;
 pub mod lslm;
 pub mod nodes;

@@ -86,6 +86,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
     crate::soak::report::section(dir, &mut md);
+    crate::fleet::report::section(dir, &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));

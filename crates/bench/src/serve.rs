@@ -199,6 +199,20 @@ pub async fn one(
     user: &str,
     max_tokens: usize,
 ) -> Result<(Sample, String), String> {
+    one_with_block(client, url, model, system, user, max_tokens)
+        .await
+        .map(|(s, t, _)| (s, t))
+}
+
+/// `one`, with the answer's `edgeprompt` block (null from servers that send none).
+pub async fn one_with_block(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    system: &str,
+    user: &str,
+    max_tokens: usize,
+) -> Result<(Sample, String, Value), String> {
     let body = json!({
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -223,7 +237,7 @@ pub async fn one(
         ));
     }
     let (mut buf, mut ttft, mut chunks, mut usage) = (String::new(), None, 0, None);
-    let (mut text, mut prompt_tokens) = (String::new(), 0);
+    let (mut text, mut prompt_tokens, mut block) = (String::new(), 0, Value::Null);
     while let Some(bytes) = resp.chunk().await.map_err(|e| e.to_string())? {
         buf.push_str(&String::from_utf8_lossy(&bytes));
         while let Some(i) = buf.find('\n') {
@@ -234,6 +248,9 @@ pub async fn one(
             let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
+            if v["edgeprompt"].is_object() {
+                block = v["edgeprompt"].clone();
+            }
             let content = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
             if !content.is_empty() {
                 ttft.get_or_insert(t0.elapsed().as_secs_f64());
@@ -252,7 +269,7 @@ pub async fn one(
         tokens: usage.unwrap_or(chunks),
         prompt_tokens,
     };
-    Ok((sample, text))
+    Ok((sample, text, block))
 }
 
 /// Files of a model's run: `serve.json` etc. for SmolLM2 (the default workload), else

@@ -5,6 +5,7 @@ mod align;
 mod generate;
 mod models;
 mod nodes;
+mod plan;
 mod security;
 mod serve;
 
@@ -40,6 +41,9 @@ enum Command {
     Align(align::AlignArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
+    /// Fleet planning: N edges at R req/s on these prompts and links: how many cloud nodes,
+    /// what latency (the fleet simulator on measured costs).
+    Plan(plan::PlanArgs),
     /// A new key pair for a cloud to sign the KV it serves (edges check it with --cloud-key).
     Keygen(security::KeygenArgs),
 }
@@ -61,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),
         Command::Align(a) => align::run(a),
+        Command::Plan(a) => plan::run(a),
     }
 }

@@ -259,3 +259,9 @@ fn n_layers(quality: Option<&quality::Report>, latency: &[latency::Row]) -> usiz
         })
         .unwrap_or(0)
 }
+
+/// The smallest split that kept next-token agreement in a saved `lslm.json`.
+pub fn quality_floor(table: &std::path::Path) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(table).ok()?).ok()?;
+    v["quality_split"].as_u64().map(|k| k as usize)
+}

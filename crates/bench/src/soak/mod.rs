@@ -9,7 +9,7 @@
 pub mod chaos;
 mod client;
 mod cluster;
-mod procs;
+pub(crate) mod procs;
 pub mod report;
 mod samples;
 

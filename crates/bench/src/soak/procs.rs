@@ -75,6 +75,11 @@ impl Proc {
         Ok(())
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// SIGKILL, no warning: what a crash or an OOM kill looks like.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

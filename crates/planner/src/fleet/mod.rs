@@ -5,7 +5,9 @@
 //! This module holds the clock, the arrivals and the servers; each is checked against queueing
 //! theory where it has an answer (M/M/1, M/M/c, M/D/1).
 
+pub mod fit;
 pub mod model;
+pub mod scenario;
 pub mod server;
 
 use std::cmp::Ordering;

@@ -1,83 +1,98 @@
-//! A fleet on the simulator's clock: one cloud node, edges on their own links, requests on
-//! shared cloud prompts; served the EdgePrompt way (the cloud prefills each prompt once, edges
-//! fetch its KV once and answer everything else themselves) or cloud-only (the cloud model
-//! answers every request on its own cores).
+//! A fleet on the simulator's clock: cloud nodes, edges on their own links, requests on
+//! shared cloud prompts; served the EdgePrompt way (a cloud prefills each prompt once, each
+//! edge fetches its KV once, from a peer edge or the cloud, and answers everything else
+//! itself) or cloud-only (the cloud model answers every request on the cloud's cores).
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::server::{Batcher, Fifo, Job, StepCost};
+use super::server::{Batcher, Fifo, Job, StepCost, Work};
 use super::Clock;
 
-/// One model's costs on one node, fitted to measurements: prefill of `n` tokens takes
-/// `prefill_fixed + n prefill_per_token + n² prefill_per_token2` seconds; a decode step of `b`
-/// sequences attending to `c` tokens each takes `step_fixed + b step_per_seq + b c
-/// step_per_ctx` seconds, plus the prefill of whatever prompt tokens share the step.
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
+/// One model's costs on one node, fitted to measured forward passes: a pass costs `fixed`
+/// (the weights streamed once), plus `per_token` per prompt token and `per_seq` per decoding
+/// sequence (the matrix rows), plus `per_attend` per (token, earlier token) pair attended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Costs {
-    pub prefill_fixed: f64,
-    pub prefill_per_token: f64,
-    pub prefill_per_token2: f64,
-    pub step_fixed: f64,
-    pub step_per_seq: f64,
-    pub step_per_ctx: f64,
+    pub fixed: f64,
+    pub per_token: f64,
+    pub per_seq: f64,
+    pub per_attend: f64,
 }
 
 impl Costs {
-    pub fn prefill_secs(&self, n: usize) -> f64 {
-        let n = n as f64;
-        self.prefill_fixed + n * self.prefill_per_token + n * n * self.prefill_per_token2
+    /// One pass prefilling `n` tokens after `offset` held ones.
+    pub fn prefill_secs(&self, n: usize, offset: usize) -> f64 {
+        let (n, o) = (n as f64, offset as f64);
+        self.fixed + n * self.per_token + n * (o + (n + 1.0) / 2.0) * self.per_attend
+    }
+
+    /// The same model on a node with `compute` times the arithmetic and `bandwidth` times the
+    /// memory bandwidth of the measured one: the fixed part is streaming weights, the rest
+    /// arithmetic.
+    pub fn scaled(&self, compute: f64, bandwidth: f64) -> Costs {
+        Costs {
+            fixed: self.fixed / bandwidth,
+            per_token: self.per_token / compute,
+            per_seq: self.per_seq / compute,
+            per_attend: self.per_attend / compute,
+        }
     }
 }
 
 impl StepCost for Costs {
-    fn step_secs(&self, decoding: usize, context: f64, prefill: usize) -> f64 {
-        let b = decoding as f64;
-        let decode = if decoding > 0 {
-            self.step_fixed + b * self.step_per_seq + b * context * self.step_per_ctx
-        } else {
-            0.0
-        };
-        let p = prefill as f64;
-        let prefill = if prefill > 0 {
-            p * self.prefill_per_token + p * p * self.prefill_per_token2
-        } else {
-            0.0
-        };
-        (decode + prefill).max(self.step_fixed)
+    fn step_secs(&self, w: &Work) -> f64 {
+        self.fixed
+            + w.decoding as f64 * self.per_seq
+            + w.prefill as f64 * self.per_token
+            + (w.context + w.prefill_attend) * self.per_attend
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Link {
     pub bytes_per_sec: f64,
     pub rtt_secs: f64,
 }
 
 impl Link {
-    fn transfer(&self, bytes: usize) -> f64 {
+    pub fn transfer(&self, bytes: usize) -> f64 {
         self.rtt_secs + bytes as f64 / self.bytes_per_sec
     }
 }
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fleet {
     pub edges: usize,
     /// The edge model on an edge node.
     pub edge: Costs,
-    /// The cloud model on the cloud node (its prefill of cloud prompts; cloud-only: all).
+    /// The cloud model on a cloud node (its prefill of cloud prompts; cloud-only: all).
     pub cloud: Costs,
-    /// Cloud prompts prefilled at once.
+    /// Cloud nodes; edge `e` (or cloud-only request `i`) is served by node `e % cloud_nodes`.
+    pub cloud_nodes: usize,
+    /// Cloud prompts one cloud node prefills at once.
     pub cloud_prefill_slots: usize,
-    /// Cloud-only: sequences the cloud decodes together, and prompt tokens a step takes.
+    /// Cloud-only: sequences a cloud node decodes together.
     pub cloud_batch: usize,
+    /// Prompt tokens a batching step takes (the edges' and the cloud-only cloud's).
     pub chunk: usize,
     pub edge_batch: usize,
-    /// Wire bytes of one cloud-prompt token's KV (the edge model's, in the chosen codec).
+    /// Wire bytes of one cloud-prompt token's KV (the layers the cloud sends, in the codec).
     pub kv_bytes_per_token: usize,
-    /// Each edge's link to the cloud; clients reach edges on their own network.
+    /// Share of a cloud prompt's layers an edge computes itself while the rest loads (CE-LSLM's
+    /// shallow layers; 0 when every layer comes from the cloud).
+    pub edge_layers: f64,
+    /// Each edge's link to its cloud node; clients reach edges on their own network.
     pub link: Link,
+    /// A cloud node's egress in bytes per second, shared by its edges' fetches (None: only
+    /// the edges' links limit).
+    pub cloud_egress: Option<f64>,
+    /// Edge-to-edge sharing: a cold edge fetches from an edge that holds the prompt, on this link.
+    pub peer_link: Option<Link>,
+    /// The shared tier (Redis): a cloud node loads a prompt another node prefilled over this
+    /// link instead of prefilling it again (None: each node prefills its own).
+    pub tier_link: Option<Link>,
     /// Clients' link to the cloud (cloud-only).
     pub client_link: Link,
     /// Token counts of the cloud prompts.
@@ -85,7 +100,7 @@ pub struct Fleet {
 }
 
 /// One request: when, at which edge, on which cloud prompt, its own tokens in and out.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Request {
     pub at: f64,
     pub edge: usize,
@@ -94,13 +109,18 @@ pub struct Request {
     pub output: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Kv {
     /// The edge held the prompt's KV.
     Memory,
-    /// The edge fetched it; the cloud held it.
+    /// The edge fetched it from a peer edge.
+    Peer,
+    /// The edge fetched it from a cloud node that held it.
     Cloud,
-    /// The edge fetched it and the cloud prefilled it first.
+    /// ... that loaded it from the shared tier first.
+    Tier,
+    /// ... that prefilled it first.
     Prefilled,
     /// Cloud-only serving.
     CloudOnly,
@@ -114,7 +134,24 @@ pub struct Outcome {
     pub kv: Kv,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the nodes did over a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Usage {
+    /// Seconds each cloud node spent prefilling cloud prompts (EdgePrompt) or stepping
+    /// (cloud-only), per core slot summed.
+    pub cloud_busy_secs: Vec<f64>,
+    pub edge_busy_secs: Vec<f64>,
+    /// Cloud prompts prefilled, over all cloud nodes.
+    pub cloud_prefills: usize,
+    /// Bytes sent by cloud nodes and by peer edges.
+    pub cloud_bytes: f64,
+    pub peer_bytes: f64,
+    /// Most cloud prompts waiting in one cloud node's prefill queue.
+    pub max_prefill_queue: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Mode {
     EdgePrompt,
     CloudOnly,
@@ -122,41 +159,63 @@ pub enum Mode {
 
 enum Ev {
     Arrive(usize),
-    /// Cloud prompt `p` prefilled on the cloud.
-    Prefilled(usize),
-    /// Cloud prompt `p`'s KV landed on edge `e`.
+    /// Cloud node `c` holds prompt `p`: prefilled (`true`; its prefill slot frees), or loaded
+    /// from the tier.
+    Held(usize, usize, bool),
+    /// Cloud node `c`'s egress finished sending prompt `p` to edge `e`.
+    Sent(usize, usize, usize),
+    /// Prompt `p`'s KV is in at edge `e` (wire and the edge's own layers).
     Landed(usize, usize),
-    /// Node `n` (edges 0.., the cloud last) starts a step if it is idle.
+    /// Node `n` (edges 0.., then the cloud nodes) starts a step if it is idle.
     Kick(usize),
     /// A batching step of node `n` ended: the requests it gave a first token, and finished.
     StepEnd(usize, Vec<usize>, Vec<usize>),
 }
 
-/// Simulate `requests` (sorted by time) and return one outcome per request, in order.
-pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
+/// A fetch under way at an edge: where it comes from, the requests waiting, and when the
+/// edge's own share of the layers is computed.
+struct Fetch {
+    from: Kv,
+    waiting: Vec<usize>,
+    local_ready: f64,
+}
+
+/// Simulate `requests` (sorted by time): one outcome per request, in order, and the usage.
+pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, Usage) {
     let mut clock: Clock<Ev> = Clock::default();
     for (i, r) in requests.iter().enumerate() {
         clock.schedule(r.at, Ev::Arrive(i));
     }
-    let cloud_node = f.edges;
+    let clouds = f.cloud_nodes.max(1);
+    let n_prompts = f.prompts.len();
     let mut nodes: Vec<Batcher<usize>> = (0..f.edges)
         .map(|_| Batcher::new(f.edge_batch, f.chunk))
-        .chain(std::iter::once(Batcher::new(f.cloud_batch, f.chunk)))
+        .chain((0..clouds).map(|_| Batcher::new(f.cloud_batch, f.chunk)))
         .collect();
-    let costs = |n: usize| if n == cloud_node { &f.cloud } else { &f.edge };
-    let mut prefill: Fifo<usize> = Fifo::new(f.cloud_prefill_slots);
-    let mut cloud_has = vec![false; f.prompts.len()];
-    // Cloud-only: the request whose prefill puts each prompt in the cloud's cache.
-    let mut caching: Vec<Option<usize>> = vec![None; f.prompts.len()];
-    // Fetches in flight: (edge, prompt) -> where it comes from and the requests waiting on it.
-    let mut fetching: HashMap<(usize, usize), (Kv, Vec<usize>)> = HashMap::new();
-    // Prompts the cloud is prefilling -> edges waiting on them.
-    let mut prefilling: HashMap<usize, Vec<usize>> = HashMap::new();
-    let mut edge_has = vec![vec![false; f.prompts.len()]; f.edges];
+    let costs = |n: usize| if n >= f.edges { &f.cloud } else { &f.edge };
+    let mut prefill: Vec<Fifo<usize>> = (0..clouds)
+        .map(|_| Fifo::new(f.cloud_prefill_slots))
+        .collect();
+    let mut egress: Vec<Fifo<(usize, usize)>> = (0..clouds).map(|_| Fifo::new(1)).collect();
+    let mut cloud_has = vec![vec![false; n_prompts]; clouds];
+    let mut tier_has = vec![false; n_prompts];
+    // Cloud-only: the request whose prefill puts each prompt in its node's cache.
+    let mut caching: Vec<Vec<Option<usize>>> = vec![vec![None; n_prompts]; clouds];
+    let mut fetching: HashMap<(usize, usize), Fetch> = HashMap::new();
+    // (cloud node, prompt) being prefilled or loaded -> edges waiting on it.
+    let mut getting: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    let mut edge_has = vec![vec![false; n_prompts]; f.edges];
+    let mut holders = vec![0usize; n_prompts];
     let mut first: Vec<Option<f64>> = vec![None; requests.len()];
     let mut out: Vec<Option<Outcome>> = vec![None; requests.len()];
     let mut kv = vec![Kv::Memory; requests.len()];
+    let mut usage = Usage {
+        cloud_busy_secs: vec![0.0; clouds],
+        edge_busy_secs: vec![0.0; f.edges],
+        ..Usage::default()
+    };
 
+    let bytes = |p: usize| f.prompts[p] * f.kv_bytes_per_token;
     // On an edge the prefix is the fetched KV; on a cloud-only node its prompt cache.
     let job = |i: usize| {
         let r = &requests[i];
@@ -174,11 +233,16 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
             clock.schedule(0.0, Ev::Kick(n));
         }
     };
-    let fetch = |clock: &mut Clock<Ev>, e: usize, p: usize| {
-        clock.schedule(
-            f.link.transfer(f.prompts[p] * f.kv_bytes_per_token),
-            Ev::Landed(e, p),
-        );
+    // Cloud node `c` sends prompt `p` to edge `e` through its egress.
+    let send = |clock: &mut Clock<Ev>,
+                egress: &mut Vec<Fifo<(usize, usize)>>,
+                c: usize,
+                e: usize,
+                p: usize| {
+        let service = f.cloud_egress.map_or(0.0, |b| bytes(p) as f64 / b);
+        if let Some(((e, p), s)) = egress[c].arrive((e, p), service) {
+            clock.schedule(s, Ev::Sent(c, e, p));
+        }
     };
 
     while let Some(ev) = clock.advance() {
@@ -189,60 +253,118 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
                 match mode {
                     Mode::CloudOnly => {
                         kv[i] = Kv::CloudOnly;
+                        let c = i % clouds;
                         // Until a request's prefill has put the prompt in the cache, each
                         // prefills it whole.
                         let mut j = job(i);
-                        if !cloud_has[r.prompt] {
-                            caching[r.prompt].get_or_insert(i);
+                        if !cloud_has[c][r.prompt] {
+                            caching[c][r.prompt].get_or_insert(i);
                             j.prompt += j.prefix;
                             j.prefix = 0;
                         }
-                        submit(&mut clock, &mut nodes, cloud_node, j);
+                        submit(&mut clock, &mut nodes, f.edges + c, j);
                     }
                     Mode::EdgePrompt => {
                         let (e, p) = (r.edge, r.prompt);
                         if edge_has[e][p] {
                             submit(&mut clock, &mut nodes, e, job(i));
-                        } else if let Some((from, w)) = fetching.get_mut(&(e, p)) {
-                            kv[i] = *from;
-                            w.push(i);
+                            continue;
+                        }
+                        if let Some(x) = fetching.get_mut(&(e, p)) {
+                            kv[i] = x.from;
+                            x.waiting.push(i);
+                            continue;
+                        }
+                        let local = if f.edge_layers > 0.0 {
+                            f.edge.prefill_secs(f.prompts[p], 0) * f.edge_layers
                         } else {
-                            let from = if cloud_has[p] {
+                            0.0
+                        };
+                        let c = e % clouds;
+                        let from = match (f.peer_link, holders[p] > 0) {
+                            (Some(l), true) => {
+                                usage.peer_bytes += bytes(p) as f64;
+                                clock.schedule(l.transfer(bytes(p)), Ev::Sent(usize::MAX, e, p));
+                                Kv::Peer
+                            }
+                            _ if cloud_has[c][p] => {
+                                send(&mut clock, &mut egress, c, e, p);
                                 Kv::Cloud
-                            } else {
-                                Kv::Prefilled
-                            };
-                            fetching.insert((e, p), (from, vec![i]));
-                            kv[i] = from;
-                            if cloud_has[p] {
-                                fetch(&mut clock, e, p);
-                            } else {
-                                let waiting = prefilling.entry(p).or_default();
+                            }
+                            _ => {
+                                let waiting = getting.entry((c, p)).or_default();
                                 waiting.push(e);
+                                let tier = f.tier_link.filter(|_| tier_has[p]);
                                 if waiting.len() == 1 {
-                                    if let Some((p, s)) =
-                                        prefill.arrive(p, f.cloud.prefill_secs(f.prompts[p]))
-                                    {
-                                        clock.schedule(s, Ev::Prefilled(p));
+                                    if let Some(l) = tier {
+                                        clock.schedule(l.transfer(bytes(p)), Ev::Held(c, p, false));
+                                    } else {
+                                        let s = f.cloud.prefill_secs(f.prompts[p], 0);
+                                        usage.cloud_busy_secs[c] += s;
+                                        usage.cloud_prefills += 1;
+                                        if let Some((p, s)) = prefill[c].arrive(p, s) {
+                                            clock.schedule(s, Ev::Held(c, p, true));
+                                        }
+                                        usage.max_prefill_queue =
+                                            usage.max_prefill_queue.max(prefill[c].queued());
                                     }
                                 }
+                                if tier.is_some() {
+                                    Kv::Tier
+                                } else {
+                                    Kv::Prefilled
+                                }
                             }
-                        }
+                        };
+                        kv[i] = from;
+                        fetching.insert(
+                            (e, p),
+                            Fetch {
+                                from,
+                                waiting: vec![i],
+                                local_ready: now + local,
+                            },
+                        );
                     }
                 }
             }
-            Ev::Prefilled(p) => {
-                cloud_has[p] = true;
-                for e in prefilling.remove(&p).unwrap_or_default() {
-                    fetch(&mut clock, e, p);
+            Ev::Held(c, p, prefilled) => {
+                cloud_has[c][p] = true;
+                tier_has[p] = true;
+                for e in getting.remove(&(c, p)).unwrap_or_default() {
+                    send(&mut clock, &mut egress, c, e, p);
                 }
-                if let Some((p, s)) = prefill.depart() {
-                    clock.schedule(s, Ev::Prefilled(p));
+                if prefilled {
+                    if let Some((p, s)) = prefill[c].depart() {
+                        clock.schedule(s, Ev::Held(c, p, true));
+                    }
+                }
+            }
+            Ev::Sent(c, e, p) => {
+                if c != usize::MAX {
+                    usage.cloud_bytes += bytes(p) as f64;
+                    let service = f.cloud_egress.map_or(0.0, |b| bytes(p) as f64 / b);
+                    // The edge's link carries the bytes as the egress sends them: what is
+                    // left is its own time beyond the egress's.
+                    let rest = (f.link.transfer(bytes(p)) - service).max(0.0);
+                    if let Some(((e2, p2), s)) = egress[c].depart() {
+                        clock.schedule(s, Ev::Sent(c, e2, p2));
+                    }
+                    let ready = fetching.get(&(e, p)).map_or(now, |x| x.local_ready);
+                    clock.schedule((now + rest).max(ready) - now, Ev::Landed(e, p));
+                } else {
+                    let ready = fetching.get(&(e, p)).map_or(now, |x| x.local_ready);
+                    clock.schedule(ready - now, Ev::Landed(e, p));
                 }
             }
             Ev::Landed(e, p) => {
                 edge_has[e][p] = true;
-                for i in fetching.remove(&(e, p)).map(|x| x.1).unwrap_or_default() {
+                holders[p] += 1;
+                for i in fetching
+                    .remove(&(e, p))
+                    .map(|x| x.waiting)
+                    .unwrap_or_default()
+                {
                     submit(&mut clock, &mut nodes, e, job(i));
                 }
             }
@@ -260,16 +382,15 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
                 };
                 for i in firsts {
                     first[i] = Some(now + wire);
-                    let p = requests[i].prompt;
-                    if mode == Mode::CloudOnly && caching[p] == Some(i) {
-                        cloud_has[p] = true;
+                    let (p, c) = (requests[i].prompt, i % clouds);
+                    if mode == Mode::CloudOnly && caching[c][p] == Some(i) {
+                        cloud_has[c][p] = true;
                     }
                 }
                 for i in finished {
                     let r = &requests[i];
-                    let ttft = first[i].unwrap_or(now + wire) - r.at;
                     out[i] = Some(Outcome {
-                        ttft,
+                        ttft: first[i].unwrap_or(now + wire) - r.at,
                         latency: now + wire - r.at,
                         output: r.output,
                         kv: kv[i],
@@ -281,7 +402,15 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
             }
         }
     }
-    out.into_iter()
+    for (n, b) in nodes.iter().enumerate() {
+        if n < f.edges {
+            usage.edge_busy_secs[n] = b.busy_secs;
+        } else {
+            usage.cloud_busy_secs[n - f.edges] += b.busy_secs;
+        }
+    }
+    let outcomes = out
+        .into_iter()
         .map(|o| {
             o.unwrap_or(Outcome {
                 ttft: f64::INFINITY,
@@ -290,5 +419,6 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> Vec<Outcome> {
                 kv: Kv::Memory,
             })
         })
-        .collect()
+        .collect();
+    (outcomes, usage)
 }

@@ -54,11 +54,23 @@ impl<J> Fifo<J> {
     }
 }
 
+/// The work of one batching step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Work {
+    /// Sequences decoding one token each.
+    pub decoding: usize,
+    /// Tokens those sequences attend to, summed.
+    pub context: f64,
+    /// Prompt tokens prefilled.
+    pub prefill: usize,
+    /// (prompt token, earlier token) pairs the prefilled tokens attend to: a chunk of `n`
+    /// after `o` tokens adds `n (o + (n + 1) / 2)`.
+    pub prefill_attend: f64,
+}
+
 /// What a continuous-batching node costs per step, from measured curves.
 pub trait StepCost {
-    /// Seconds of one step that decodes `decoding` sequences of `context` tokens on average
-    /// and prefills `prefill` prompt tokens.
-    fn step_secs(&self, decoding: usize, context: f64, prefill: usize) -> f64;
+    fn step_secs(&self, work: &Work) -> f64;
 }
 
 /// A request for a batching server: prompt tokens to prefill, then tokens to generate.
@@ -137,27 +149,27 @@ impl<T: Clone> Batcher<T> {
         let decoding: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].prefilled == self.running[i].job.prompt)
             .collect();
-        let context = if decoding.is_empty() {
-            0.0
-        } else {
-            decoding
+        let mut work = Work {
+            decoding: decoding.len(),
+            context: decoding
                 .iter()
                 .map(|&i| {
                     let r = &self.running[i];
                     (r.job.prefix + r.job.prompt + r.generated) as f64
                 })
-                .sum::<f64>()
-                / decoding.len() as f64
+                .sum(),
+            ..Work::default()
         };
         let mut budget = self.chunk;
-        let mut prefill = 0;
         let mut first_tokens = Vec::new();
         for r in self.running.iter_mut() {
             if r.prefilled < r.job.prompt && budget > 0 {
                 let n = (r.job.prompt - r.prefilled).min(budget);
+                let before = (r.job.prefix + r.prefilled) as f64;
+                work.prefill_attend += n as f64 * (before + (n as f64 + 1.0) / 2.0);
+                work.prefill += n;
                 r.prefilled += n;
                 budget -= n;
-                prefill += n;
                 if r.prefilled == r.job.prompt {
                     r.generated = 1;
                     first_tokens.push(r.job.tag.clone());
@@ -172,7 +184,7 @@ impl<T: Clone> Batcher<T> {
             }
             r.generated += 1;
         }
-        let secs = cost.step_secs(decoding.len(), context, prefill);
+        let secs = cost.step_secs(&work);
         self.busy_secs += secs;
         let mut finished = Vec::new();
         self.running.retain(|r| {

@@ -3,7 +3,7 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::server::{Batcher, Fifo, Job, StepCost};
+use super::server::{Batcher, Fifo, Job, StepCost, Work};
 use super::{exponential, Clock, Poisson};
 
 enum Ev {
@@ -82,8 +82,8 @@ fn mm2_mean_time_in_system_follows_erlang_c() {
 struct Flat(f64);
 
 impl StepCost for Flat {
-    fn step_secs(&self, decoding: usize, _context: f64, prefill: usize) -> f64 {
-        assert!(decoding + prefill > 0, "a step does something");
+    fn step_secs(&self, w: &Work) -> f64 {
+        assert!(w.decoding + w.prefill > 0, "a step does something");
         self.0
     }
 }
@@ -178,13 +178,25 @@ mod fleet {
 
     fn costs(per_token: f64, step: f64) -> Costs {
         Costs {
-            prefill_fixed: 0.0,
-            prefill_per_token: per_token,
-            prefill_per_token2: 0.0,
-            step_fixed: step,
-            step_per_seq: 0.0,
-            step_per_ctx: 0.0,
+            fixed: step,
+            per_token,
+            per_seq: 0.0,
+            per_attend: 0.0,
         }
+    }
+
+    const LINK: Link = Link {
+        bytes_per_sec: 12.5e6,
+        rtt_secs: 0.04,
+    };
+    const FETCH: f64 = 0.04 + 512.0 * 12_288.0 / 12.5e6;
+    /// A 100-token private prompt in one step, then 9 decode steps.
+    const ANSWER: f64 = 0.02 + 100.0 * 0.001 + 9.0 * 0.02;
+    /// The cloud's prefill of the 512-token prompt.
+    const PREFILL: f64 = 0.03 + 512.0 * 0.0002;
+
+    fn near(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-9, "{a} vs {b}");
     }
 
     fn fleet() -> Fleet {
@@ -192,15 +204,17 @@ mod fleet {
             edges: 2,
             edge: costs(0.001, 0.02),
             cloud: costs(0.0002, 0.03),
+            cloud_nodes: 1,
             cloud_prefill_slots: 1,
             cloud_batch: 8,
             chunk: 2048,
             edge_batch: 8,
             kv_bytes_per_token: 12_288,
-            link: Link {
-                bytes_per_sec: 12.5e6,
-                rtt_secs: 0.04,
-            },
+            edge_layers: 0.0,
+            link: LINK,
+            cloud_egress: None,
+            peer_link: None,
+            tier_link: None,
             client_link: Link {
                 bytes_per_sec: 12.5e6,
                 rtt_secs: 0.04,
@@ -224,21 +238,21 @@ mod fleet {
     fn lone_requests_cost_the_sum_of_their_parts() {
         let f = fleet();
         let r = [req(0.0, 0, 0), req(10.0, 0, 0), req(20.0, 1, 0)];
-        let o = simulate(&f, Mode::EdgePrompt, &r);
-        let fetch = 0.04 + 512.0 * 12_288.0 / 12.5e6;
-        let answer = 100.0 * 0.001 + 9.0 * 0.02;
-        let near = |a: f64, b: f64| assert!((a - b).abs() < 1e-9, "{a} vs {b}");
-        near(o[0].latency, 512.0 * 0.0002 + fetch + answer);
+        let (o, u) = simulate(&f, Mode::EdgePrompt, &r);
+        near(o[0].latency, PREFILL + FETCH + ANSWER);
         assert_eq!(o[0].kv, Kv::Prefilled);
-        near(o[1].latency, answer);
+        near(o[1].latency, ANSWER);
         assert_eq!(o[1].kv, Kv::Memory);
-        near(o[2].latency, fetch + answer);
+        near(o[2].latency, FETCH + ANSWER);
         assert_eq!(o[2].kv, Kv::Cloud);
-        near(o[0].ttft, 512.0 * 0.0002 + fetch + 0.1);
-        let c = simulate(&f, Mode::CloudOnly, &r);
-        near(c[0].latency, 612.0 * 0.0002 + 9.0 * 0.03 + 0.04);
-        // A step costs at least its fixed part: the 100-token prefill takes a whole step.
-        near(c[1].latency, 0.03 + 9.0 * 0.03 + 0.04);
+        near(o[0].ttft, PREFILL + FETCH + 0.12);
+        assert_eq!(u.cloud_prefills, 1);
+        near(u.cloud_bytes, 2.0 * 512.0 * 12_288.0);
+        near(u.edge_busy_secs[0], 2.0 * ANSWER);
+        let (c, _) = simulate(&f, Mode::CloudOnly, &r);
+        near(c[0].latency, 0.03 + 612.0 * 0.0002 + 9.0 * 0.03 + 0.04);
+        // The second finds the prompt in the cache: its 100 tokens attend to it.
+        near(c[1].latency, 0.03 + 100.0 * 0.0002 + 9.0 * 0.03 + 0.04);
         assert!(c.iter().all(|o| o.kv == Kv::CloudOnly));
     }
 
@@ -247,16 +261,137 @@ mod fleet {
     fn a_burst_shares_one_prefill_and_one_fetch_per_edge() {
         let f = fleet();
         let r: Vec<Request> = (0..6).map(|i| req(0.001 * i as f64, i % 2, 1)).collect();
-        let o = simulate(&f, Mode::EdgePrompt, &r);
+        let (o, u) = simulate(&f, Mode::EdgePrompt, &r);
+        assert_eq!(u.cloud_prefills, 1);
         assert!(o
             .iter()
             .all(|o| o.kv == Kv::Prefilled && o.latency.is_finite()));
         // One prefill, then both edges' fetches at once; each edge prefills its three private
-        // prompts in one step (0.3 s). A second prefill would add 0.2 s.
-        let landed = 1024.0 * 0.0002 + 0.04 + 1024.0 * 12_288.0 / 12.5e6;
+        // prompts in one step (0.32 s). A second prefill would add 0.23 s.
+        let landed = 0.03 + 1024.0 * 0.0002 + 0.04 + 1024.0 * 12_288.0 / 12.5e6;
         for (i, o) in o.iter().enumerate() {
-            let want = landed + 0.3 - 0.001 * i as f64;
+            let want = landed + 0.32 - 0.001 * i as f64;
             assert!((o.ttft - want).abs() < 1e-9, "{i}: {} vs {want}", o.ttft);
         }
+    }
+
+    /// A second edge joining cold takes the prompt from the first over the peer link, and the
+    /// cloud sends nothing more; a CE-LSLM edge waits for its own layers when they take longer
+    /// than the wire.
+    #[test]
+    fn peers_serve_cold_edges_and_an_edge_computes_its_own_layers() {
+        let peer = Link {
+            bytes_per_sec: 125e6,
+            rtt_secs: 0.001,
+        };
+        let f = Fleet {
+            peer_link: Some(peer),
+            ..fleet()
+        };
+        let r = [req(0.0, 0, 0), req(10.0, 1, 0)];
+        let (o, u) = simulate(&f, Mode::EdgePrompt, &r);
+        assert_eq!(o[1].kv, Kv::Peer);
+        near(o[1].latency, peer.transfer(512 * 12_288) + ANSWER);
+        near(u.cloud_bytes, 512.0 * 12_288.0);
+        near(u.peer_bytes, 512.0 * 12_288.0);
+        let f = Fleet {
+            edge_layers: 0.75,
+            edge: costs(0.002, 0.02),
+            ..fleet()
+        };
+        let local = 0.75 * (0.02 + 512.0 * 0.002);
+        let answer = 0.02 + 100.0 * 0.002 + 9.0 * 0.02;
+        assert!(local > FETCH);
+        let (o, _) = simulate(&f, Mode::EdgePrompt, &r);
+        near(o[0].latency, (PREFILL + FETCH).max(local) + answer);
+        near(o[1].latency, local + answer);
+    }
+
+    /// Two cloud nodes: without the shared tier each prefills the prompt; with it the second
+    /// loads the first one's. One egress sends one prompt at a time.
+    #[test]
+    fn the_shared_tier_saves_prefills_and_the_egress_queues_fetches() {
+        let tier = Link {
+            bytes_per_sec: 1.25e9,
+            rtt_secs: 0.0005,
+        };
+        let two = Fleet {
+            cloud_nodes: 2,
+            ..fleet()
+        };
+        let r = [req(0.0, 0, 0), req(10.0, 1, 0)];
+        let (o, u) = simulate(&two, Mode::EdgePrompt, &r);
+        assert_eq!((o[1].kv, u.cloud_prefills), (Kv::Prefilled, 2));
+        let (o, u) = simulate(
+            &Fleet {
+                tier_link: Some(tier),
+                ..two
+            },
+            Mode::EdgePrompt,
+            &r,
+        );
+        assert_eq!((o[1].kv, u.cloud_prefills), (Kv::Tier, 1));
+        near(o[1].latency, tier.transfer(512 * 12_288) + FETCH + ANSWER);
+        // Egress at a tenth of the link: the second edge's fetch waits for the first's.
+        let slow = 1.25e6;
+        let f = Fleet {
+            cloud_egress: Some(slow),
+            ..fleet()
+        };
+        let r = [req(0.0, 0, 0), req(0.0, 1, 0)];
+        let (o, _) = simulate(&f, Mode::EdgePrompt, &r);
+        let send = 512.0 * 12_288.0 / slow;
+        near(o[0].latency, PREFILL + send + ANSWER);
+        near(o[1].latency, PREFILL + 2.0 * send + ANSWER);
+    }
+
+    /// The planner's workloads follow their seed, rate and fresh share; and the plan adds cloud
+    /// nodes exactly when fresh prompts keep the cloud's prefill busy.
+    #[test]
+    fn plans_add_cloud_nodes_when_fresh_prompts_load_the_cloud() {
+        use super::super::scenario::{plan, requests, Load};
+        let load = Load {
+            rate: 20.0,
+            secs: 100.0,
+            prompts: 4,
+            prompt_tokens: 512,
+            fresh: 0.25,
+            lengths: vec![(20, 4), (40, 8)],
+            seed: 9,
+        };
+        let (a, pa) = requests(&load, 10);
+        let (b, _) = requests(&load, 10);
+        assert_eq!(a.len(), b.len());
+        assert!(a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| x.at == y.at && x.prompt == y.prompt));
+        assert!((a.len() as f64 - 2000.0).abs() < 200.0, "{}", a.len());
+        let fresh = pa.len() - 4;
+        assert!(
+            (fresh as f64 / a.len() as f64 - 0.25).abs() < 0.03,
+            "{fresh}"
+        );
+        assert!(a.iter().all(|r| r.edge < 10 && r.prompt < pa.len()));
+
+        // Each fresh prompt costs the cloud 0.03 + 512 * 0.0002 = 0.13 s of prefill: 5 a second
+        // keep one node 66 % busy, two nodes (five edges each) 33 %. The shared prompts are
+        // held before the load (a plan is for steady state): only fresh ones are prefilled.
+        let f = Fleet {
+            edges: 10,
+            ..fleet()
+        };
+        let calm = Load {
+            fresh: 0.0,
+            ..load.clone()
+        };
+        let p = plan(&f, Mode::EdgePrompt, &calm, 8, 3.0, 0.5);
+        assert!(p.enough && p.cloud_nodes == 1, "{p:?}");
+        let p = plan(&f, Mode::EdgePrompt, &load, 8, 3.0, 0.5);
+        assert!(p.enough && p.cloud_nodes == 2, "{p:?}");
+        assert!(
+            p.stats.cloud_busy < 0.5 && p.stats.cloud_prefills == fresh,
+            "{p:?}"
+        );
     }
 }
