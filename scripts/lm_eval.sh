@@ -66,9 +66,14 @@ $bin serve --model "$model" --cloud "http://127.0.0.1:$cloud" --cloud-layers-fro
   --listen "127.0.0.1:$edge" >"$out/edge.log" 2>&1 &
 pids+=($!)
 up "http://127.0.0.1:$edge/ready" $!
-# The edge holds the preamble once a request has named it.
-curl -sf "http://127.0.0.1:$edge/v1/completions" -H 'content-type: application/json' \
-  -d "{\"model\": \"$model\", \"cloud_prompt\": \"arith-fewshot\", \"prompt\": \"\\n\", \"max_tokens\": 1}" >/dev/null
+# The edge holds the preamble once a request has named it. The cloud may still be loading its
+# model (it listens only then): ask until it answers.
+for i in $(seq 120); do
+  curl -sf "http://127.0.0.1:$edge/v1/completions" -H 'content-type: application/json' \
+    -d "{\"model\": \"$model\", \"cloud_prompt\": \"arith-fewshot\", \"prompt\": \"\\n\", \"max_tokens\": 1}" >/dev/null && break
+  [ "$i" = 120 ] && { echo "the edge never got the preamble from the cloud (see $out/*.log)" >&2; exit 1; }
+  sleep 0.5
+done
 
 lm() { # NAME MODEL_TYPE MODEL_ARGS TASKS [more harness flags]
   local name=$1 type=$2 args=$3 tasks=$4
