@@ -58,6 +58,9 @@ pub struct PlanArgs {
     costs: PathBuf,
 }
 
+/// `fleet-grid.json` is about 80 KB; anything far larger is not one.
+const MAX_COSTS_BYTES: u64 = 16 << 20;
+
 #[derive(Deserialize)]
 struct CostsFile {
     edge_model: String,
@@ -79,6 +82,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         (0.0..=1.0).contains(&a.fresh),
         "--fresh is a share in [0, 1]"
+    );
+    let size = std::fs::metadata(&a.costs)
+        .with_context(|| format!("reading {}", a.costs.display()))?
+        .len();
+    anyhow::ensure!(
+        size <= MAX_COSTS_BYTES,
+        "{} is {size} bytes: a costs file is at most {MAX_COSTS_BYTES}",
+        a.costs.display()
     );
     let c: CostsFile = serde_json::from_slice(
         &std::fs::read(&a.costs).with_context(|| format!("reading {}", a.costs.display()))?,

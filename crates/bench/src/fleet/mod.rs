@@ -382,25 +382,7 @@ fn calibrate(s: &Settings, cores: usize) -> Result<Vec<Calibration>, BenchError>
     for (node, model, n) in kinds {
         eprintln!("calibrating {node}: {} on {n} core(s)", model.display());
         let file = s.dir.join(format!("costs-{node}.json"));
-        std::fs::create_dir_all(&s.dir)?;
-        let status = std::process::Command::new("taskset")
-            .args(["-c", &real::all_cores(n)])
-            .arg(&s.bench)
-            .args(["fleet-costs", "--model"])
-            .arg(model)
-            .args([
-                "--threads",
-                &n.to_string(),
-                "--repeats",
-                &s.repeats.to_string(),
-            ])
-            .arg("--out")
-            .arg(&file)
-            .status()?;
-        if !status.success() {
-            return Err(BenchError::Data(format!("fleet-costs for {node} failed")));
-        }
-        let f: costs::Fitted = serde_json::from_slice(&std::fs::read(&file)?)?;
+        let f = grid::fitted(&s.bench, model, n, s.repeats, &file)?;
         out.push(Calibration {
             node: node.into(),
             model: f.model,

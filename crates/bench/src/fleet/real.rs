@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::soak::cluster::wait_port;
 use crate::soak::procs::{free_port, Proc};
 use crate::BenchError;
 
@@ -230,17 +231,6 @@ impl Launch<'_> {
         }
         Ok(n)
     }
-}
-
-fn wait_port(port: u16, within: Duration) -> Result<(), BenchError> {
-    let until = Instant::now() + within;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > until {
-            return Err(BenchError::Data(format!("nothing listens on {port}")));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
 }
 
 /// CPU seconds a process has used (user + system), from `/proc`.

@@ -44,7 +44,7 @@ fn s(x: impl ToString) -> String {
     x.to_string()
 }
 
-fn wait_port(port: u16, within: Duration) -> Result<(), BenchError> {
+pub(crate) fn wait_port(port: u16, within: Duration) -> Result<(), BenchError> {
     let until = Instant::now() + within;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > until {

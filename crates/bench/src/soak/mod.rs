@@ -8,7 +8,7 @@
 
 pub mod chaos;
 mod client;
-mod cluster;
+pub(crate) mod cluster;
 pub(crate) mod procs;
 pub mod report;
 mod samples;
