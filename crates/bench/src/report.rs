@@ -31,17 +31,25 @@ fn num(x: f64, digits: usize) -> String {
 }
 
 pub(crate) fn machine_line(v: &Value) -> String {
-    let m = &v["machine"];
     let threads = match &v["threads"] {
         Value::Null => String::new(),
         t => format!("; threads {t}"),
     };
+    format!(
+        "{}; model {}{threads}",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+    )
+}
+
+/// A run's machine: CPU, cores, SIMD, kernel path and revision.
+pub(crate) fn machine_of(m: &Value) -> String {
     // Results from before the field have no kernel path: the best the CPU had.
     let kernels = m["kernels"]
         .as_str()
         .map_or(String::new(), |k| format!("; kernels {k}"));
     format!(
-        "{} ({} cores, {}{kernels}), rev `{}`; model {}{threads}",
+        "{} ({} cores, {}{kernels}), rev `{}`",
         m["cpu"].as_str().unwrap_or("?"),
         m["cores"],
         m["simd"]
@@ -53,7 +61,6 @@ pub(crate) fn machine_line(v: &Value) -> String {
                 .join("/"))
             .unwrap_or_default(),
         m["git_rev"].as_str().unwrap_or("?"),
-        v["model"].as_str().unwrap_or("?"),
     )
 }
 

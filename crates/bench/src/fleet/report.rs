@@ -7,28 +7,13 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::plot::{line_chart, Series};
-use crate::report::{f, load};
+use crate::report::{f, load, machine_of};
 
 /// The bar for the simulator against the real fleet.
 const GOAL: f64 = 0.15;
 
 fn machine(v: &Value) -> String {
-    let m = &v["machine"];
-    format!(
-        "{} ({} cores, {}; kernels {}), rev `{}`",
-        m["cpu"].as_str().unwrap_or("?"),
-        m["cores"],
-        m["simd"]
-            .as_array()
-            .map(|a| a
-                .iter()
-                .filter_map(|x| x.as_str())
-                .collect::<Vec<_>>()
-                .join("/"))
-            .unwrap_or_default(),
-        m["kernels"].as_str().unwrap_or("?"),
-        m["git_rev"].as_str().unwrap_or("?")
-    )
+    machine_of(&v["machine"])
 }
 
 fn points(v: &Value) -> Vec<&Value> {
