@@ -97,6 +97,15 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
             .iter()
             .filter(|n| n.node != "cloud" || p.setup == "cloud-only");
         assert!(serving.clone().all(|n| n.cpu_secs > 0.0), "{:?}", p.nodes);
+        // Every server's queue was sampled from its /metrics, and its requests add up.
+        assert!(
+            serving
+                .clone()
+                .all(|n| n.queue.as_ref().is_some_and(|q| q.samples > 0)),
+            "{:?}",
+            p.nodes
+        );
+        assert_eq!(serving.map(|n| n.requests).sum::<usize>(), m.requests);
     }
     let ep = &r.points[0];
     assert_eq!(ep.setup, "edgeprompt-2");
@@ -113,6 +122,10 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
     }
     let names: Vec<&str> = ep.nodes.iter().map(|n| n.node.as_str()).collect();
     assert_eq!(names, ["cloud", "edge0", "edge1"]);
+    assert!(
+        ep.nodes[0].queue.is_none(),
+        "the cloud node serves gRPC only"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("fleet.json")).unwrap())
             .unwrap();
@@ -120,7 +133,9 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
     // The report renders the run: its table, the simulator's error, the validation plot.
     let md = edgeprompt_bench::report::run(out.path(), &out.path().join("results.md")).unwrap();
     assert!(
-        md.contains("A fleet under load, measured") && md.contains("| edgeprompt-2 | 4 |"),
+        md.contains("A fleet under load, measured")
+            && md.contains("| edgeprompt-2 | 4 |")
+            && md.contains("| edgeprompt-2 | 4 | edge1 |"),
         "{md}"
     );
     let svg = std::fs::read_to_string(out.path().join("fleet-validation.svg")).unwrap();

@@ -107,28 +107,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         n => anyhow::bail!("--cloud-cores is 2 or 16 (measured, or modelled from it), not {n}"),
     };
     let fleet = Fleet {
-        edges: a.edges,
-        edge: c.edge_costs,
-        cloud,
-        cloud_nodes: 1,
-        cloud_prefill_slots: 1,
+        // As the grid's: the paper's cloud batches more than our server's 32.
         cloud_batch: 64,
-        chunk: 256,
-        edge_batch: 32,
         kv_bytes_per_token: c.kv_bytes_per_token,
         edge_layers: c.edge_layers,
-        link,
         cloud_egress: Some(a.egress_gbit * 1e9 / 8.0),
-        peer_link: a.peers.then_some(Link {
-            bytes_per_sec: 1e9 / 8.0,
-            rtt_secs: 0.001,
-        }),
-        tier_link: a.shared_tier.then_some(Link {
-            bytes_per_sec: 10e9 / 8.0,
-            rtt_secs: 0.0005,
-        }),
-        client_link: link,
-        prompts: Vec::new(),
+        peer_link: a.peers.then_some(Link::PEERS),
+        tier_link: a.shared_tier.then_some(Link::TIER),
+        ..Fleet::new(a.edges, c.edge_costs, cloud, link)
     };
     let pair = (
         a.private_tokens

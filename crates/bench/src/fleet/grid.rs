@@ -185,22 +185,12 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         rtt_secs: profile.rtt.as_secs_f64(),
     };
     let base = Fleet {
-        edges: 5,
-        edge: edge.costs,
-        cloud: cloud.costs,
-        cloud_nodes: 1,
-        cloud_prefill_slots: 1,
+        // The paper's cloud batches more than our server's 32.
         cloud_batch: 64,
-        chunk: 256,
-        edge_batch: 32,
         kv_bytes_per_token,
         edge_layers,
-        link,
         cloud_egress: Some(10e9 / 8.0),
-        peer_link: None,
-        tier_link: None,
-        client_link: link,
-        prompts: Vec::new(),
+        ..Fleet::new(5, edge.costs, cloud.costs, link)
     };
     let load = |rate: f64, prefix: usize, seed: u64| Load {
         rate,
@@ -288,14 +278,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
 
     // Edges joining cold over a minute (each at a seeded moment, then 0.2 req/s): 8 prompts of
     // 1024 tokens.
-    let peer = Link {
-        bytes_per_sec: 1e9 / 8.0,
-        rtt_secs: 0.001,
-    };
-    let tier = Link {
-        bytes_per_sec: 10e9 / 8.0,
-        rtt_secs: 0.0005,
-    };
+    let (peer, tier) = (Link::PEERS, Link::TIER);
     let mut join = Vec::new();
     for edges in [5, 100, 1000] {
         for (variant, nodes, peer_link, tier_link) in [

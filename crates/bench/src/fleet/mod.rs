@@ -9,6 +9,7 @@
 
 pub mod costs;
 pub mod grid;
+pub mod queue;
 mod real;
 pub mod report;
 pub mod sim;
@@ -132,6 +133,15 @@ pub struct Summary {
 pub struct NodeUse {
     pub node: String,
     pub cpu_secs: f64,
+    /// Requests it served and the KV bytes they fetched (servers only).
+    #[serde(default)]
+    pub requests: usize,
+    #[serde(default)]
+    pub kv_bytes: u64,
+    /// Its queue, sampled from its `/metrics` (servers only; the cloud node of an EdgePrompt
+    /// fleet has none).
+    #[serde(default)]
+    pub queue: Option<queue::Queue>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -156,7 +166,7 @@ pub struct Calibration {
     pub fit_error: f64,
 }
 
-/// What a real server adds to the engine's fitted costs, from lone requests on it after the
+/// What a real server adds to the engine's fitted costs (signed), from lone requests on it after the
 /// warm-up (no load): per decode step, and per request before its prompt is computed (HTTP,
 /// chat template, tokenizing, admission).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -289,7 +299,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 .ok_or_else(|| BenchError::Data(format!("no {node} calibration")))?;
             let o = rt.block_on(probe(&nodes, model_id, &w, s, &costs, setup))?;
             eprintln!(
-                "  {}: the server adds {:.1} ms a decode step, {:.1} ms a request ({} lone requests) and {:.2} ms a sequence in a step under load ({} at once, {:.1} s) to the engine's costs",
+                "  {}: the server adds {:+.1} ms a decode step, {:+.1} ms a request ({} lone requests) and {:+.2} ms a sequence in a step under load ({} at once, {:.1} s) to the engine's costs",
                 setup.name(), o.step_secs * 1e3, o.request_secs * 1e3, o.probes, o.seq_secs * 1e3, o.burst, o.burst_secs
             );
             overheads.push(o);
@@ -300,16 +310,24 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         };
         for &rate in rates {
             let before: Vec<f64> = usage(&nodes);
-            let records = rt.block_on(load(&nodes, model_id, &w, rate, s))?;
+            let (records, queues) = rt.block_on(watched_load(&nodes, model_id, &w, rate, s))?;
             let after: Vec<f64> = usage(&nodes);
             let measured = summarize(&records);
             let node_use = nodes
                 .named
                 .iter()
                 .zip(before.iter().zip(&after))
-                .map(|((name, _), (b, a))| NodeUse {
-                    node: name.clone(),
-                    cpu_secs: a - b,
+                .enumerate()
+                .map(|(k, ((name, _), (b, a)))| {
+                    let server = nodes.url_node.iter().position(|&n| n == k);
+                    let mine = records.iter().filter(|r| Some(r.edge) == server);
+                    NodeUse {
+                        node: name.clone(),
+                        cpu_secs: a - b,
+                        requests: mine.clone().count(),
+                        kv_bytes: mine.map(|r| r.bytes_down).sum(),
+                        queue: server.and_then(|i| queues.get(i).cloned().flatten()),
+                    }
                 })
                 .collect();
             eprintln!(
@@ -443,7 +461,8 @@ async fn probe(
                 .map_err(BenchError::Data)
         }
     };
-    // (measured - fitted) seconds a decode step, per batch size; and before the first token.
+    // (measured - fitted) seconds a decode step, per batch size; before the first token; and
+    // the fitted prompt pass.
     let step_excess = |sample: &crate::serve::Sample, block: &serde_json::Value, b: usize| {
         let cloud = block["cloud_prompt"]["tokens"].as_u64().unwrap_or(0) as usize;
         let private = block["private_tokens"].as_u64().unwrap_or(0) as usize;
@@ -457,25 +476,26 @@ async fn probe(
             ..Work::default()
         });
         let measured = (sample.total_s - sample.ttft_s) / (sample.tokens - 1) as f64;
-        Some((
-            measured - step,
-            sample.ttft_s - costs.prefill_secs(private, cloud),
-        ))
+        let prefill = costs.prefill_secs(private, cloud);
+        Some((measured - step, sample.ttft_s - prefill, prefill))
     };
-    let (mut one, mut request, mut probes) = (0.0, 0.0, 0);
+    let (mut one, mut request, mut probes, mut least) = (0.0, 0.0, 0, f64::INFINITY);
     let picks: Vec<&crate::workload::Request> = w.requests.iter().rev().take(4).collect();
     for r in &picks {
         let (sample, _, block) = ask(r).await?;
-        if let Some((x, q)) = step_excess(&sample, &block, 1) {
+        if let Some((x, q, prefill)) = step_excess(&sample, &block, 1) {
             one += x;
             request += q;
+            least = least.min(prefill);
             probes += 1;
         }
     }
     if probes == 0 {
         return Err(BenchError::Data("no lone request gave two tokens".into()));
     }
-    let one = one / probes as f64;
+    // Signed: the server may be faster than the engine's fit was (the fit moves a few ms from
+    // run to run on a shared host), but a step never costs less than nothing.
+    let one = (one / probes as f64).max(-costs.fixed);
     // A burst of different requests at once, a batch's worth: the server under load. The
     // per-sequence cost the engine's fit misses there is the one that makes the same burst,
     // simulated, end when it did.
@@ -496,9 +516,9 @@ async fn probe(
             prefix: block["cloud_prompt"]["tokens"].as_u64().unwrap_or(0) as usize,
         });
     }
-    let request = (request / probes as f64).max(0.0);
+    let request = (request / probes as f64).max(-least);
     let base = Costs {
-        fixed: costs.fixed + one.max(0.0),
+        fixed: costs.fixed + one,
         ..*costs
     };
     let drain = |extra: f64| {
@@ -516,9 +536,9 @@ async fn probe(
         }
         t
     };
-    let (mut lo, mut hi) = (0.0, 0.5);
-    if drain(0.0) >= makespan {
-        hi = 0.0;
+    let (mut lo, mut hi) = (-base.per_seq, 0.5);
+    if drain(lo) >= makespan {
+        hi = lo;
     }
     for _ in 0..40 {
         let mid = (lo + hi) / 2.0;
@@ -531,13 +551,34 @@ async fn probe(
     let seq = hi;
     Ok(Overhead {
         setup: setup.name(),
-        step_secs: one.max(0.0),
+        step_secs: one,
         seq_secs: seq,
         request_secs: request,
         probes,
         burst: jobs.len(),
         burst_secs: makespan,
     })
+}
+
+/// `load`, with every server's queue sampled while it runs.
+async fn watched_load(
+    n: &Nodes,
+    model: &str,
+    w: &Workload,
+    rate: f64,
+    s: &Settings,
+) -> Result<(Vec<Record>, Vec<Option<queue::Queue>>), BenchError> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let servers = n
+        .urls
+        .iter()
+        .map(|u| u.trim_end_matches("/v1").to_string())
+        .collect();
+    let watcher = tokio::spawn(queue::watch(servers, stop.clone()));
+    let records = load(n, model, w, rate, s).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let queues = watcher.await.map_err(|e| BenchError::Data(e.to_string()))?;
+    Ok((records?, queues))
 }
 
 /// Seeded Poisson arrivals at `rate` for `s.secs`, each to a random server.

@@ -21,6 +21,8 @@ pub struct Nodes {
     pub urls: Vec<String>,
     /// Index in `procs` of each node the per-node table reports (cloud first).
     pub named: Vec<(String, usize)>,
+    /// Index in `named` of each of `urls`.
+    pub url_node: Vec<usize>,
 }
 
 pub struct Launch<'a> {
@@ -77,7 +79,7 @@ impl Launch<'_> {
                 .env("RUST_LOG", "warn"),
         ];
         let mut named = vec![(s("cloud"), 0)];
-        let mut urls = Vec::new();
+        let (mut urls, mut url_node) = (Vec::new(), Vec::new());
         let mut wait = vec![cloud_port];
         for i in 0..edges {
             let link_port = free_port()?;
@@ -121,10 +123,16 @@ impl Launch<'_> {
                 .env("RUST_LOG", "warn"),
             );
             named.push((format!("edge{i}"), procs.len() - 1));
+            url_node.push(named.len() - 1);
             urls.push(format!("http://127.0.0.1:{port}/v1"));
             wait.push(link_port);
         }
-        let nodes = Nodes { procs, urls, named };
+        let nodes = Nodes {
+            procs,
+            urls,
+            named,
+            url_node,
+        };
         self.start(nodes, &wait)
     }
 
@@ -154,6 +162,7 @@ impl Launch<'_> {
             procs: vec![p],
             urls: vec![format!("http://127.0.0.1:{port}/v1")],
             named: vec![(s("cloud"), 0)],
+            url_node: vec![0],
         };
         self.start(nodes, &[])
     }
@@ -184,6 +193,7 @@ impl Launch<'_> {
             s("127.0.0.1"),
             s("--port"),
             s(port),
+            s("--metrics"),
         ];
         let lib = server
             .parent()
@@ -195,6 +205,7 @@ impl Launch<'_> {
             procs: vec![p],
             urls: vec![format!("http://127.0.0.1:{port}/v1")],
             named: vec![(s("cloud"), 0)],
+            url_node: vec![0],
         };
         let described = format!("llama-server {}", args[4..10].join(" "));
         Ok((self.start(nodes, &[])?, described))

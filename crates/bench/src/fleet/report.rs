@@ -104,6 +104,7 @@ fn real_section(dir: &Path, md: &mut String) {
                 .map_or("-".into(), |x| format!("{:+.1} %", x * 100.0)),
         );
     }
+    nodes_table(&v, md);
     // Below saturation: the setup completed what arrived (within 10 %).
     let mut worst: f64 = 0.0;
     let mut counted = 0;
@@ -160,14 +161,14 @@ fn real_section(dir: &Path, md: &mut String) {
     }
     let _ = writeln!(
         md,
-        "\nWhat each real server adds to the engine's fitted costs, timed on it after the warm-up (lone \
+        "\nWhat each real server adds to the engine's fitted costs (negative: takes away), timed on it after the warm-up (lone \
          requests; then a burst at once, the per-sequence cost that makes the simulated burst end when the \
          real one did):\n\n| setup | per decode step ms | per request ms | per sequence under load ms | burst |\n| --- | --- | --- | --- | --- |"
     );
     for o in v["overheads"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {:.1} | {:.2} | {} requests in {:.1} s |",
+            "| {} | {:+.1} | {:+.1} | {:+.2} | {} requests in {:.1} s |",
             o["setup"].as_str().unwrap_or("?"),
             f(&o["step_secs"]) * 1e3,
             f(&o["request_secs"]) * 1e3,
@@ -208,6 +209,43 @@ fn real_section(dir: &Path, md: &mut String) {
         ),
     );
     let _ = writeln!(md, "\n![fleet validation](results/fleet-validation.svg)\n");
+}
+
+/// Per node and rate: CPU seconds, requests, KV bytes fetched, and the queue its `/metrics`
+/// showed (waiting for a batch slot; being computed).
+fn nodes_table(v: &Value, md: &mut String) {
+    let _ = writeln!(
+        md,
+        "\nPer node (CPU seconds from `/proc` over the rate's load; the queue sampled every 250 ms from \
+         the server's `/metrics`; the cloud node of an EdgePrompt fleet serves gRPC and has none):\n\n\
+         | setup | offered req/s | node | CPU s | requests | KV MB fetched | waiting mean | waiting max | running mean | running max |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for p in points(v) {
+        for n in p["nodes"].as_array().into_iter().flatten() {
+            let q = &n["queue"];
+            let (wm, wx, rm, rx) = if q.is_object() {
+                (
+                    format!("{:.1}", f(&q["mean_waiting"])),
+                    q["max_waiting"].to_string(),
+                    format!("{:.1}", f(&q["mean_running"])),
+                    q["max_running"].to_string(),
+                )
+            } else {
+                ("-".into(), "-".into(), "-".into(), "-".into())
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {} | {:.1} | {wm} | {wx} | {rm} | {rx} |",
+                p["setup"].as_str().unwrap_or("?"),
+                f(&p["rate"]),
+                n["node"].as_str().unwrap_or("?"),
+                f(&n["cpu_secs"]),
+                n["requests"].as_u64().unwrap_or(0),
+                n["kv_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+            );
+        }
+    }
 }
 
 fn grid_section(dir: &Path, md: &mut String) {

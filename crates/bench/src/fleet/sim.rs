@@ -44,26 +44,15 @@ pub fn fleet_of(r: &Report, setup: &str, n_layer: usize) -> Result<(Fleet, Mode)
     };
     Ok((
         Fleet {
-            edges,
-            edge,
-            cloud,
-            cloud_nodes: 1,
-            cloud_prefill_slots: 1,
-            cloud_batch: 32,
-            chunk: 256,
-            edge_batch: 32,
             kv_bytes_per_token: r.kv_bytes_per_token.round() as usize,
             edge_layers: if r.cloud_model == r.edge_model {
                 0.0
             } else {
                 r.split as f64 / n_layer.max(1) as f64
             },
-            link,
-            cloud_egress: None,
-            peer_link: None,
-            tier_link: None,
             client_link: loopback,
             prompts: tokens,
+            ..Fleet::new(edges, edge, cloud, link)
         },
         mode,
     ))

@@ -11,7 +11,7 @@ mod client;
 pub(crate) mod cluster;
 pub(crate) mod procs;
 pub mod report;
-mod samples;
+pub(crate) mod samples;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

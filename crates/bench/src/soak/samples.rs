@@ -30,7 +30,7 @@ pub struct Bucket {
 }
 
 /// A gauge's value in a Prometheus text exposition.
-fn gauge(text: &str, name: &str) -> Option<u64> {
+pub(crate) fn gauge(text: &str, name: &str) -> Option<u64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.split_whitespace().nth(1))
@@ -38,7 +38,7 @@ fn gauge(text: &str, name: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-async fn metrics(http: &reqwest::Client, url: &str) -> Option<String> {
+pub(crate) async fn metrics(http: &reqwest::Client, url: &str) -> Option<String> {
     let r = http
         .get(format!("{url}/metrics"))
         .timeout(Duration::from_secs(2))

@@ -57,6 +57,17 @@ pub struct Link {
 }
 
 impl Link {
+    /// Edges' LAN between peers: 1 Gbit/s, 1 ms.
+    pub const PEERS: Link = Link {
+        bytes_per_sec: 1e9 / 8.0,
+        rtt_secs: 0.001,
+    };
+    /// Cloud nodes to the shared Redis tier: 10 Gbit/s, 0.5 ms.
+    pub const TIER: Link = Link {
+        bytes_per_sec: 10e9 / 8.0,
+        rtt_secs: 0.0005,
+    };
+
     pub fn transfer(&self, bytes: usize) -> f64 {
         self.rtt_secs + bytes as f64 / self.bytes_per_sec
     }
@@ -97,6 +108,32 @@ pub struct Fleet {
     pub client_link: Link,
     /// Token counts of the cloud prompts.
     pub prompts: Vec<usize>,
+}
+
+impl Fleet {
+    /// One cloud node with one prefill slot, the servers' batches (32 sequences, 256-token
+    /// chunks), every layer from the cloud, clients on the edges' link, no egress limit, peers
+    /// or tier, no prompts yet.
+    pub fn new(edges: usize, edge: Costs, cloud: Costs, link: Link) -> Fleet {
+        Fleet {
+            edges,
+            edge,
+            cloud,
+            cloud_nodes: 1,
+            cloud_prefill_slots: 1,
+            cloud_batch: 32,
+            chunk: 256,
+            edge_batch: 32,
+            kv_bytes_per_token: 0,
+            edge_layers: 0.0,
+            link,
+            cloud_egress: None,
+            peer_link: None,
+            tier_link: None,
+            client_link: link,
+            prompts: Vec::new(),
+        }
+    }
 }
 
 /// One request: when, at which edge, on which cloud prompt, its own tokens in and out.
