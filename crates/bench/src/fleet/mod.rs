@@ -178,7 +178,8 @@ pub struct Overhead {
     pub seq_secs: f64,
     pub request_secs: f64,
     pub probes: usize,
-    /// Requests sent at once to time the server under load, and when the last one ended.
+    /// Requests sent at once (`BURST` to every server) to time the fleet under load, and when
+    /// a server's last one ended (the mean over the servers).
     #[serde(default)]
     pub burst: usize,
     #[serde(default)]
@@ -440,8 +441,8 @@ async fn warm_up(n: &Nodes, model: &str, w: &Workload) -> Result<Vec<f64>, Bench
     Ok(per_token)
 }
 
-/// Lone requests, one after another, at the first server, then a burst at once: what the
-/// server adds to the fitted costs per step, per request, and per sequence under load.
+/// Lone requests, one after another, at the first server, then a burst at every server at
+/// once: what the server adds to the fitted costs per step, per request, and per sequence under load.
 async fn probe(
     n: &Nodes,
     model: &str,
@@ -452,8 +453,8 @@ async fn probe(
 ) -> Result<Overhead, BenchError> {
     use edgeprompt_planner::fleet::server::{Batcher, Job, StepCost, Work};
     let client = reqwest::Client::new();
-    let ask = |r: &crate::workload::Request| {
-        let (client, url, model) = (client.clone(), n.urls[0].clone(), model.to_string());
+    let ask = |server: usize, r: &crate::workload::Request| {
+        let (client, url, model) = (client.clone(), n.urls[server].clone(), model.to_string());
         let (sys, user, max) = (w.cloud[r.cloud].clone(), r.user.clone(), s.max_tokens);
         async move {
             crate::serve::one_with_block(&client, &url, &model, &sys, &user, max)
@@ -482,7 +483,7 @@ async fn probe(
     let (mut one, mut request, mut probes, mut least) = (0.0, 0.0, 0, f64::INFINITY);
     let picks: Vec<&crate::workload::Request> = w.requests.iter().rev().take(4).collect();
     for r in &picks {
-        let (sample, _, block) = ask(r).await?;
+        let (sample, _, block) = ask(0, r).await?;
         if let Some((x, q, prefill)) = step_excess(&sample, &block, 1) {
             one += x;
             request += q;
@@ -496,53 +497,61 @@ async fn probe(
     // Signed: the server may be faster than the engine's fit was (the fit moves a few ms from
     // run to run on a shared host), but a step never costs less than nothing.
     let one = (one / probes as f64).max(-costs.fixed);
-    // A burst of different requests at once, a batch's worth: the server under load. The
-    // per-sequence cost the engine's fit misses there is the one that makes the same burst,
-    // simulated, end when it did.
-    let burst: Vec<_> = w
-        .requests
-        .iter()
-        .take(BURST)
-        .map(|r| tokio::spawn(ask(r)))
+    // A burst of different requests at once, a batch's worth at every server: the fleet
+    // under load, its servers sharing this host's memory bandwidth as they do under the load.
+    // The per-sequence cost the engine's fit misses there is the one that makes the same
+    // bursts, simulated, end when they did (on average over the servers).
+    let servers = n.urls.len();
+    let burst: Vec<_> = (0..servers * BURST)
+        .map(|k| {
+            let r = &w.requests[k % w.requests.len()];
+            (k / BURST, tokio::spawn(ask(k / BURST, r)))
+        })
         .collect();
-    let (mut jobs, mut makespan) = (Vec::new(), 0.0f64);
-    for got in burst {
+    let (mut jobs, mut makespan) = (vec![Vec::new(); servers], vec![0.0f64; servers]);
+    for (server, got) in burst {
         let (sample, _, block) = got.await.map_err(|e| BenchError::Data(e.to_string()))??;
-        makespan = makespan.max(sample.total_s);
-        jobs.push(Job {
+        makespan[server] = makespan[server].max(sample.total_s);
+        jobs[server].push(Job {
             tag: (),
             prompt: block["private_tokens"].as_u64().unwrap_or(0) as usize,
             output: sample.tokens.max(1),
             prefix: block["cloud_prompt"]["tokens"].as_u64().unwrap_or(0) as usize,
         });
     }
+    let mean_makespan = makespan.iter().sum::<f64>() / servers.max(1) as f64;
     let request = (request / probes as f64).max(-least);
     let base = Costs {
         fixed: costs.fixed + one,
         ..*costs
     };
+    // Each server's burst drained by the simulated batcher, averaged over the servers.
     let drain = |extra: f64| {
         let c = Costs {
             per_seq: base.per_seq + extra,
             ..base
         };
-        let mut b = Batcher::new(32, 256);
-        for j in &jobs {
-            b.arrive(j.clone());
+        let mut total = 0.0;
+        for js in &jobs {
+            let mut b = Batcher::new(32, 256);
+            for j in js {
+                b.arrive(j.clone());
+            }
+            let mut t = request;
+            while let Some(st) = b.step(&c) {
+                t += st.secs;
+            }
+            total += t;
         }
-        let mut t = request;
-        while let Some(st) = b.step(&c) {
-            t += st.secs;
-        }
-        t
+        total / servers.max(1) as f64
     };
     let (mut lo, mut hi) = (-base.per_seq, 0.5);
-    if drain(lo) >= makespan {
+    if drain(lo) >= mean_makespan {
         hi = lo;
     }
     for _ in 0..40 {
         let mid = (lo + hi) / 2.0;
-        if drain(mid) < makespan {
+        if drain(mid) < mean_makespan {
             lo = mid;
         } else {
             hi = mid;
@@ -555,8 +564,8 @@ async fn probe(
         seq_secs: seq,
         request_secs: request,
         probes,
-        burst: jobs.len(),
-        burst_secs: makespan,
+        burst: jobs.iter().map(Vec::len).sum(),
+        burst_secs: mean_makespan,
     })
 }
 

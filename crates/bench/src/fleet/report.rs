@@ -75,8 +75,8 @@ fn real_section(dir: &Path, md: &mut String) {
     );
     let _ = writeln!(
         md,
-        "| setup | offered req/s | done req/s | mean latency s | s / output token | TTFT mean s | TTFT p99 s | failed | KV from | simulated latency s | error |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| setup | offered req/s | arrived req/s | done req/s | mean latency s | s / output token | TTFT mean s | TTFT p99 s | failed | KV from | simulated latency s | error |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for p in points(&v) {
         let m = &p["measured"];
@@ -86,9 +86,11 @@ fn real_section(dir: &Path, md: &mut String) {
             .unwrap_or_default();
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
             p["setup"].as_str().unwrap_or("?"),
             f(&p["rate"]),
+            // The seeded arrivals as they fell.
+            f(&m["requests"]) / f(&v["secs_per_rate"]),
             f(&m["req_s"]),
             f(&m["mean_latency_s"]),
             f(&m["mean_s_per_token"]),
@@ -162,8 +164,8 @@ fn real_section(dir: &Path, md: &mut String) {
     let _ = writeln!(
         md,
         "\nWhat each real server adds to the engine's fitted costs (negative: takes away), timed on it after the warm-up (lone \
-         requests; then a burst at once, the per-sequence cost that makes the simulated burst end when the \
-         real one did):\n\n| setup | per decode step ms | per request ms | per sequence under load ms | burst |\n| --- | --- | --- | --- | --- |"
+         requests; then a burst at every server at once, the per-sequence cost that makes the simulated \
+         bursts end when the real ones did):\n\n| setup | per decode step ms | per request ms | per sequence under load ms | burst |\n| --- | --- | --- | --- | --- |"
     );
     for o in v["overheads"].as_array().into_iter().flatten() {
         let _ = writeln!(
