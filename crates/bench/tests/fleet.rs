@@ -92,10 +92,9 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
         assert_eq!(sim.requests, m.requests);
         assert!(p.latency_error.unwrap().is_finite());
         // A warm cloud node may sit idle under EdgePrompt load; the serving nodes may not.
-        let serving = p
-            .nodes
-            .iter()
-            .filter(|n| n.node != "cloud" || p.setup == "cloud-only");
+        let serving = p.nodes.iter().filter(|n| {
+            n.node.starts_with("edge") || (p.setup == "cloud-only" && n.node == "cloud")
+        });
         assert!(serving.clone().all(|n| n.cpu_secs > 0.0), "{:?}", p.nodes);
         // Every server's queue was sampled from its /metrics, and its requests add up.
         assert!(
@@ -121,7 +120,10 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
         );
     }
     let names: Vec<&str> = ep.nodes.iter().map(|n| n.node.as_str()).collect();
-    assert_eq!(names, ["cloud", "edge0", "edge1"]);
+    assert_eq!(
+        names,
+        ["cloud", "link0", "edge0", "link1", "edge1", "client"]
+    );
     assert!(
         ep.nodes[0].queue.is_none(),
         "the cloud node serves gRPC only"

@@ -209,6 +209,15 @@ pub struct Report {
     /// Wire bytes per cloud-prompt token the edges measured.
     pub kv_bytes_per_token: f64,
     pub points: Vec<Point>,
+    /// Setups that could not be measured, and why.
+    #[serde(default)]
+    pub failures: Vec<Failure>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Failure {
+    pub setup: String,
+    pub error: String,
 }
 
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
@@ -247,11 +256,12 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let mut llama_args = None;
     let mut kv_bytes = Vec::new();
     let mut overheads = Vec::new();
+    let mut failures = Vec::new();
     for setup in &s.setups {
-        let (nodes, model_id) = match *setup {
-            Setup::EdgePrompt(n) => (
-                // Names, not paths: a server calls itself what it was started with.
-                launch.edgeprompt(
+        let launched = match *setup {
+            Setup::EdgePrompt(n) => launch
+                .edgeprompt(
+                    // Names, not paths: a server calls itself what it was started with.
                     std::path::Path::new(&s.cloud_model_id),
                     std::path::Path::new(&s.edge_model_id),
                     s.adapters.as_deref(),
@@ -260,94 +270,48 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     n,
                     &s.link,
                     cores,
-                )?,
-                s.edge_model_id.as_str(),
-            ),
-            Setup::CloudOnly => (
-                launch.cloud_only(std::path::Path::new(&s.cloud_model_id), cores)?,
-                s.cloud_model_id.as_str(),
-            ),
+                )
+                .map(|x| (x, s.edge_model_id.as_str())),
+            Setup::CloudOnly => launch
+                .cloud_only(std::path::Path::new(&s.cloud_model_id), cores)
+                .map(|x| (x, s.cloud_model_id.as_str())),
             Setup::LlamaServer => {
                 let Some(server) = &s.llama_server else {
                     eprintln!("  no --llama-server binary: skipping that setup");
                     continue;
                 };
-                let (n, args) = launch.llama_server(
-                    server,
-                    &s.cloud_model,
-                    &s.cloud_model_id,
-                    s.slots,
-                    cores,
-                )?;
-                llama_args = Some(args);
-                (n, s.cloud_model_id.as_str())
+                launch
+                    .llama_server(server, &s.cloud_model, &s.cloud_model_id, s.slots, cores)
+                    .map(|(n, args)| {
+                        llama_args = Some(args);
+                        (n, s.cloud_model_id.as_str())
+                    })
             }
         };
-        eprintln!("{}: up", setup.name());
-        // Warm: every cloud prompt once at every server (the edges fetch, caches fill).
-        let warm = rt.block_on(warm_up(&nodes, model_id, &w))?;
-        kv_bytes.extend(warm);
-        if *setup != Setup::LlamaServer {
-            let node = if matches!(setup, Setup::EdgePrompt(_)) {
-                "edge"
-            } else {
-                "cloud-only"
-            };
-            let costs = calibration
-                .iter()
-                .find(|c| c.node == node)
-                .map(|c| c.costs)
-                .ok_or_else(|| BenchError::Data(format!("no {node} calibration")))?;
-            let o = rt.block_on(probe(&nodes, model_id, &w, s, &costs, setup))?;
-            eprintln!(
-                "  {}: the server adds {:+.1} ms a decode step, {:+.1} ms a request ({} lone requests) and {:+.2} ms a sequence in a step under load ({} at once, {:.1} s) to the engine's costs",
-                setup.name(), o.step_secs * 1e3, o.request_secs * 1e3, o.probes, o.seq_secs * 1e3, o.burst, o.burst_secs
-            );
-            overheads.push(o);
+        // A setup that fails is reported with its servers' last words; the others go on.
+        let got = launched.and_then(|(nodes, model_id)| {
+            measure(&rt, s, &w, &calibration, setup, &nodes, model_id).map_err(|e| {
+                let tails: Vec<String> = nodes.procs.iter().map(|p| p.tail(8)).collect();
+                BenchError::Data(format!(
+                    "{e}; the servers' last lines:\n{}",
+                    tails.join("\n")
+                ))
+            })
+        });
+        match got {
+            Ok(m) => {
+                kv_bytes.extend(m.kv_bytes);
+                overheads.extend(m.overhead);
+                points.extend(m.points);
+            }
+            Err(e) => {
+                eprintln!("{}: failed: {e}", setup.name());
+                failures.push(Failure {
+                    setup: setup.name(),
+                    error: e.to_string(),
+                });
+            }
         }
-        let rates = match setup {
-            Setup::LlamaServer if !s.llama_rates.is_empty() => &s.llama_rates,
-            _ => &s.rates,
-        };
-        for &rate in rates {
-            let before: Vec<f64> = usage(&nodes);
-            let (records, queues) = rt.block_on(watched_load(&nodes, model_id, &w, rate, s))?;
-            let after: Vec<f64> = usage(&nodes);
-            let measured = summarize(&records);
-            let node_use = nodes
-                .named
-                .iter()
-                .zip(before.iter().zip(&after))
-                .enumerate()
-                .map(|(k, ((name, _), (b, a)))| {
-                    let server = nodes.url_node.iter().position(|&n| n == k);
-                    let mine = records.iter().filter(|r| Some(r.edge) == server);
-                    NodeUse {
-                        node: name.clone(),
-                        cpu_secs: a - b,
-                        requests: mine.clone().count(),
-                        kv_bytes: mine.map(|r| r.bytes_down).sum(),
-                        queue: server.and_then(|i| queues.get(i).cloned().flatten()),
-                    }
-                })
-                .collect();
-            eprintln!(
-                "  {:>14} {rate:6.2} req/s offered: {:5.2} req/s done, latency {:6.2} s, {:.3} s/token, TTFT {:.2} s (p99 {:.2}), {} failed, sources {:?}",
-                setup.name(), measured.req_s, measured.mean_latency_s, measured.mean_s_per_token,
-                measured.mean_ttft_s, measured.ttft_p99_s, measured.failed, measured.sources
-            );
-            points.push(Point {
-                setup: setup.name(),
-                rate,
-                measured,
-                simulated: None,
-                latency_error: None,
-                nodes: node_use,
-                records,
-            });
-        }
-        let Nodes { procs, .. } = nodes;
-        drop(procs);
     }
     let kv_bytes_per_token = if kv_bytes.is_empty() {
         0.0
@@ -369,6 +333,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         llama_server_args: llama_args,
         calibration,
         overheads,
+        failures,
         kv_bytes_per_token,
         points,
     };
@@ -413,10 +378,104 @@ fn calibrate(s: &Settings, cores: usize) -> Result<Vec<Calibration>, BenchError>
     Ok(out)
 }
 
+/// What one setup measured.
+struct Measured {
+    points: Vec<Point>,
+    overhead: Option<Overhead>,
+    kv_bytes: Vec<f64>,
+}
+
+/// One launched setup: the warm-up, the probe (ours), then each rate's load.
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    s: &Settings,
+    w: &Workload,
+    calibration: &[Calibration],
+    setup: &Setup,
+    nodes: &Nodes,
+    model_id: &str,
+) -> Result<Measured, BenchError> {
+    eprintln!("{}: up", setup.name());
+    // Warm: every cloud prompt once at every server (the edges fetch, caches fill).
+    let kv_bytes = rt.block_on(warm_up(nodes, model_id, w))?;
+    let mut overhead = None;
+    if *setup != Setup::LlamaServer {
+        let node = if matches!(setup, Setup::EdgePrompt(_)) {
+            "edge"
+        } else {
+            "cloud-only"
+        };
+        let costs = calibration
+            .iter()
+            .find(|c| c.node == node)
+            .map(|c| c.costs)
+            .ok_or_else(|| BenchError::Data(format!("no {node} calibration")))?;
+        let o = rt.block_on(probe(nodes, model_id, w, s, &costs, setup))?;
+        eprintln!(
+            "  {}: the server adds {:+.1} ms a decode step, {:+.1} ms a request ({} lone requests) and {:+.2} ms a sequence in a step under load ({} at once, {:.1} s) to the engine's costs",
+            setup.name(), o.step_secs * 1e3, o.request_secs * 1e3, o.probes, o.seq_secs * 1e3, o.burst, o.burst_secs
+        );
+        overhead = Some(o);
+    }
+    let mut points = Vec::new();
+    let rates = match setup {
+        Setup::LlamaServer if !s.llama_rates.is_empty() => &s.llama_rates,
+        _ => &s.rates,
+    };
+    for &rate in rates {
+        let before: Vec<f64> = usage(nodes);
+        let (records, queues) = rt.block_on(watched_load(nodes, model_id, w, rate, s))?;
+        let after: Vec<f64> = usage(nodes);
+        let measured = summarize(&records);
+        // The nodes, then this process: the load's client, unpinned, on the nodes' cores.
+        let node_use = nodes
+            .named
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .chain(["client"])
+            .zip(before.iter().zip(&after))
+            .enumerate()
+            .map(|(k, (name, (b, a)))| {
+                let server = nodes.url_node.iter().position(|&n| n == k);
+                let mine = records.iter().filter(|r| Some(r.edge) == server);
+                NodeUse {
+                    node: name.to_string(),
+                    cpu_secs: a - b,
+                    requests: mine.clone().count(),
+                    kv_bytes: mine.map(|r| r.bytes_down).sum(),
+                    queue: server.and_then(|i| queues.get(i).cloned().flatten()),
+                }
+            })
+            .collect();
+        eprintln!(
+            "  {:>14} {rate:6.2} req/s offered: {:5.2} req/s done, latency {:6.2} s, {:.3} s/token, TTFT {:.2} s (p99 {:.2}), {} failed, sources {:?}",
+            setup.name(), measured.req_s, measured.mean_latency_s, measured.mean_s_per_token,
+            measured.mean_ttft_s, measured.ttft_p99_s, measured.failed, measured.sources
+        );
+        points.push(Point {
+            setup: setup.name(),
+            rate,
+            measured,
+            simulated: None,
+            latency_error: None,
+            nodes: node_use,
+            records,
+        });
+    }
+    Ok(Measured {
+        points,
+        overhead,
+        kv_bytes,
+    })
+}
+
+/// CPU seconds of each named node, then of this process.
 fn usage(n: &Nodes) -> Vec<f64> {
     n.named
         .iter()
-        .map(|(_, i)| n.procs[*i].pid().and_then(cpu_secs).unwrap_or(0.0))
+        .map(|(_, i)| n.procs[*i].pid())
+        .chain([Some(std::process::id())])
+        .map(|pid| pid.and_then(cpu_secs).unwrap_or(0.0))
         .collect()
 }
 
@@ -426,9 +485,16 @@ async fn warm_up(n: &Nodes, model: &str, w: &Workload) -> Result<Vec<f64>, Bench
     let mut per_token = Vec::new();
     for url in &n.urls {
         for sys in &w.cloud {
-            let (_, _, block) = crate::serve::one_with_block(&client, url, model, sys, "Hello.", 2)
-                .await
-                .map_err(BenchError::Data)?;
+            // A server just up may drop its first connections: three tries, 2 s apart.
+            let mut tries = 0;
+            let (_, _, block) = loop {
+                match crate::serve::one_with_block(&client, url, model, sys, "Hello.", 2).await {
+                    Ok(x) => break x,
+                    Err(e) if tries == 2 => return Err(BenchError::Data(e)),
+                    Err(_) => tries += 1,
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            };
             let c = &block["cloud_prompt"];
             if c["source"] == "cloud" {
                 let (b, t) = (c["bytes_down"].as_f64(), c["tokens"].as_f64());

@@ -19,7 +19,7 @@ pub struct Nodes {
     /// `http://127.0.0.1:port/v1` of each server clients call (the edges, or the cloud-only
     /// server).
     pub urls: Vec<String>,
-    /// Index in `procs` of each node the per-node table reports (cloud first).
+    /// Index in `procs` of each process the per-node table reports (cloud first; links too).
     pub named: Vec<(String, usize)>,
     /// Index in `named` of each of `urls`.
     pub url_node: Vec<usize>,
@@ -83,6 +83,7 @@ impl Launch<'_> {
         let mut wait = vec![cloud_port];
         for i in 0..edges {
             let link_port = free_port()?;
+            named.push((format!("link{i}"), procs.len()));
             procs.push(Proc::new(
                 &format!("link{i}"),
                 self.edgeprompt,

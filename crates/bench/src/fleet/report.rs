@@ -106,6 +106,19 @@ fn real_section(dir: &Path, md: &mut String) {
                 .map_or("-".into(), |x| format!("{:+.1} %", x * 100.0)),
         );
     }
+    for x in v["failures"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "\n**`{}` could not be measured:** {}",
+            x["setup"].as_str().unwrap_or("?"),
+            x["error"]
+                .as_str()
+                .unwrap_or("?")
+                .lines()
+                .next()
+                .unwrap_or("?")
+        );
+    }
     nodes_table(&v, md);
     // Below saturation: the setup completed what arrived (within 10 %).
     let mut worst: f64 = 0.0;
@@ -218,8 +231,9 @@ fn real_section(dir: &Path, md: &mut String) {
 fn nodes_table(v: &Value, md: &mut String) {
     let _ = writeln!(
         md,
-        "\nPer node (CPU seconds from `/proc` over the rate's load; the queue sampled every 250 ms from \
-         the server's `/metrics`; the cloud node of an EdgePrompt fleet serves gRPC and has none):\n\n\
+        "\nPer node (CPU seconds from `/proc` over the rate's load, for the link processes and the load's \
+         client too, which are not pinned; the queue sampled every 250 ms from the server's `/metrics`; \
+         the cloud node of an EdgePrompt fleet serves gRPC and has none):\n\n\
          | setup | offered req/s | node | CPU s | requests | KV MB fetched | waiting mean | waiting max | running mean | running max |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
