@@ -233,13 +233,17 @@ fn nodes_table(v: &Value, md: &mut String) {
         md,
         "\nPer node (CPU seconds from `/proc` over the rate's load, for the link processes and the load's \
          client too, which are not pinned; the queue sampled every 250 ms from the server's `/metrics`; \
-         the cloud node of an EdgePrompt fleet serves gRPC and has none):\n\n\
+         the cloud node of an EdgePrompt fleet serves gRPC and has none; a node under 0.05 CPU s and \
+         without a queue is left out: idle):\n\n\
          | setup | offered req/s | node | CPU s | requests | KV MB fetched | waiting mean | waiting max | running mean | running max |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for p in points(v) {
         for n in p["nodes"].as_array().into_iter().flatten() {
             let q = &n["queue"];
+            if !q.is_object() && f(&n["cpu_secs"]) < 0.05 {
+                continue;
+            }
             let (wm, wx, rm, rx) = if q.is_object() {
                 (
                     format!("{:.1}", f(&q["mean_waiting"])),
