@@ -62,6 +62,7 @@ fn a_tiny_fleet_accounts_for_every_request_and_replays_in_the_simulator() {
     }
     // The edges fetched each prompt's KV from the cloud while warming up.
     assert!(r.kv_bytes_per_token > 0.0);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
     assert_eq!(r.points.len(), 2);
     for p in &r.points {
         let m = &p.measured;

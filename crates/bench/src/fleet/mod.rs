@@ -313,6 +313,16 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             }
         }
     }
+    if points.is_empty() && !failures.is_empty() {
+        let why: Vec<String> = failures
+            .iter()
+            .map(|f| format!("{}: {}", f.setup, f.error))
+            .collect();
+        return Err(BenchError::Data(format!(
+            "no setup could be measured:\n{}",
+            why.join("\n")
+        )));
+    }
     let kv_bytes_per_token = if kv_bytes.is_empty() {
         0.0
     } else {
