@@ -84,18 +84,12 @@ impl Launch<'_> {
         for i in 0..edges {
             let link_port = free_port()?;
             named.push((format!("link{i}"), procs.len()));
-            procs.push(Proc::new(
+            procs.push(Proc::link(
                 &format!("link{i}"),
                 self.edgeprompt,
-                &[
-                    s("link"),
-                    s("--listen"),
-                    format!("127.0.0.1:{link_port}"),
-                    s("--upstream"),
-                    format!("127.0.0.1:{cloud_port}"),
-                    s("--profile"),
-                    s(link),
-                ],
+                link_port,
+                cloud_port,
+                link,
                 self.t0,
             ));
             let port = free_port()?;

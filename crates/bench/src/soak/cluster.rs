@@ -109,18 +109,12 @@ impl Cluster {
                 .env("RUST_LOG", "edgeprompt_cloud=info,warn"),
             );
             let link_port = free_port()?;
-            links.push(Proc::new(
+            links.push(Proc::link(
                 &format!("link{i}"),
                 &c.edgeprompt,
-                &[
-                    s("link"),
-                    s("--listen"),
-                    format!("127.0.0.1:{link_port}"),
-                    s("--upstream"),
-                    format!("127.0.0.1:{cloud_port}"),
-                    s("--profile"),
-                    c.link.clone(),
-                ],
+                link_port,
+                cloud_port,
+                &c.link,
                 t0,
             ));
             link_urls.push(format!("http://127.0.0.1:{link_port}"));

@@ -36,6 +36,27 @@ impl Proc {
         }
     }
 
+    /// `edgeprompt link` on `listen`, shaping the way to the cloud on `upstream` as `profile`.
+    pub fn link(
+        name: &str,
+        edgeprompt: &std::path::Path,
+        listen: u16,
+        upstream: u16,
+        profile: &str,
+        t0: Instant,
+    ) -> Self {
+        let args = [
+            "link".to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{listen}"),
+            "--upstream".into(),
+            format!("127.0.0.1:{upstream}"),
+            "--profile".into(),
+            profile.into(),
+        ];
+        Self::new(name, edgeprompt, &args, t0)
+    }
+
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.into(), v.into()));
         self
