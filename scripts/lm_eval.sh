@@ -62,8 +62,10 @@ pids+=($!)
 up "http://127.0.0.1:$alone/ready" $!
 $bin cloud --model "$model" --prompts "$out/tasks/prompts.toml" --listen "127.0.0.1:$cloud" >"$out/cloud.log" 2>&1 &
 pids+=($!)
+# The edge pins the cloud's key for this run only.
+rm -f "$out/known_clouds"
 $bin serve --model "$model" --cloud "http://127.0.0.1:$cloud" --cloud-layers-from 0 \
-  --listen "127.0.0.1:$edge" >"$out/edge.log" 2>&1 &
+  --listen "127.0.0.1:$edge" --known-clouds "$out/known_clouds" >"$out/edge.log" 2>&1 &
 pids+=($!)
 up "http://127.0.0.1:$edge/ready" $!
 # The edge holds the preamble once a request has named it. The cloud may still be loading its

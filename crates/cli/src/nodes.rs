@@ -9,12 +9,13 @@ use anyhow::{bail, Context};
 use edgeprompt_cloud::{CloudNode, CloudService, Limits, PromptSpec, PromptsFile};
 
 use crate::security::{self, ServerSection};
-use edgeprompt_edge::{prefill_from_cloud, ClientSecurity, CloudClient, Timeline};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
+use edgeprompt_edge::{prefill_following, CloudTrust, Timeline};
 use edgeprompt_engine::sample::Sampler;
 use edgeprompt_engine::{Message, Model, SamplingParams, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
-use edgeprompt_protocol::PromptRef;
 use tokio_stream::wrappers::TcpListenerStream;
 
 #[derive(clap::Args)]
@@ -36,6 +37,11 @@ pub struct CloudArgs {
     /// smaller models get their deep layers' KV mapped from this model's.
     #[arg(long)]
     adapters: Vec<PathBuf>,
+    /// Where the cloud keeps its signing key when the prompts file's [server] table names
+    /// none: cloud.key (made on first start, mode 0600) and cloud.pub (default: the prompts
+    /// file's directory).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -65,10 +71,12 @@ pub struct EdgeArgs {
     /// Cloud URL, e.g. http://127.0.0.1:50051
     #[arg(long)]
     cloud: String,
-    /// Registered cloud prompt id.
+    /// The cloud prompt's id, checked against the cloud's list: the system message must be
+    /// its text (without it, the system message is looked up on the list by its content).
     #[arg(long)]
-    prompt_id: String,
-    /// The system message of that prompt (the edge renders the template split with it).
+    prompt_id: Option<String>,
+    /// The system message. A cloud prompt's text is fetched from the cloud; any other is
+    /// private and computed here, named on no link.
     #[arg(long)]
     system: String,
     /// The private message: it stays on this machine.
@@ -203,9 +211,18 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         per_client_burst: 2.0 * server.per_client_rate.unwrap_or(defaults.per_client_rate),
     };
     let token = security::token(server.token_file.as_ref(), server.token_env.as_deref())?;
-    let signing = security::signing_key(
+    let data_dir = match &a.data_dir {
+        Some(d) => d.clone(),
+        None => a
+            .prompts
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), PathBuf::from),
+    };
+    let (signing, key_from) = security::cloud_signing_key(
         server.signing_key_file.as_ref(),
         server.signing_key_env.as_deref(),
+        &data_dir,
     )?;
     let tls = match (&server.tls_cert, &server.tls_key) {
         (Some(c), Some(k)) => Some(tonic::transport::Identity::from_pem(
@@ -228,16 +245,11 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
     let mut node = CloudNode::new(model, &specs, a.cache_bytes)?
         .with_guard(limits, token)
         .with_adapters(adapters)?;
-    match signing {
-        Some(k) => {
-            eprintln!("signing the KV served with key {}", &k.public().to_hex()[..16]);
-            node = node.with_signing(k);
-        }
-        None => eprintln!(
-            "warning: no signing key ([server] signing_key_file or ${}): edges cannot tell this cloud's KV from a forgery",
-            security::SIGNING_KEY_ENV
-        ),
-    }
+    eprintln!(
+        "signing the KV served with key {} ({key_from})",
+        signing.public().short()
+    );
+    node = node.with_signing(signing);
     if n_adapters > 0 {
         eprintln!("serving {n_adapters} smaller edge model(s) through CE-LSLM adapters");
     }
@@ -309,80 +321,53 @@ struct EdgeRun {
     tokens: usize,
     total: f64,
     timeline: Timeline,
+    /// Where the cloud prompt's KV came from, and what getting it put on the network.
+    source: &'static str,
+    wire: edgeprompt_edge::layer_stream::Wire,
 }
 
 /// One chat turn as the edge sees it.
 struct Turn<'a> {
-    prompt_id: &'a str,
+    /// The cloud prompt the system message must be (checked against the cloud's list).
+    prompt_id: Option<&'a str>,
     system: &'a str,
     user: &'a str,
-    codec: Codec,
     pipeline: bool,
     max_tokens: usize,
     echo: bool,
-    security: ClientSecurity,
-    /// The cloud's public key: every layer must carry its signature.
-    trust: Option<edgeprompt_kv::TrustKey>,
-    /// CE-LSLM: the first layer loaded from the cloud (0 = all).
-    first_layer: usize,
 }
 
-async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Result<EdgeRun> {
-    let Turn {
-        prompt_id,
-        system,
-        user,
-        codec,
-        pipeline,
-        max_tokens,
-        echo,
-        security,
-        trust,
-        first_layer,
-    } = t;
+/// One chat turn through the edge's own lookup (the server's: memory, disk, peers, the cloud,
+/// or computed here, every layer checked before it is used, the same fallback), then the
+/// private prompt prefilled here as the cloud's layers land, and the answer decoded.
+async fn edge_request(prefixes: Arc<Prefixes>, t: Turn<'_>) -> anyhow::Result<EdgeRun> {
+    let model = prefixes.model().clone();
     let chat = model.chat.as_ref().context("no chat template")?;
-    let split = chat.split(system, &[Message::new("user", user)])?;
+    let split = chat.split(t.system, &[Message::new("user", t.user)])?;
     let edge_ids = model.tokenizer.encode(&split.edge)?;
     let cloud_ids = model.tokenizer.encode(&split.cloud)?;
     let start = Instant::now();
-    let fetched = async {
-        let mut client = CloudClient::connect_with(url, &security)
-            .await?
-            .trusting(trust);
-        let (header, rx) = client
-            .fetch_from(
-                &model,
-                PromptRef::Id(prompt_id.into()),
-                &[codec],
-                false,
-                first_layer,
-            )
-            .await?;
-        anyhow::Ok((header, rx))
-    }
-    .await;
-    if let Ok((h, _)) = &fetched {
-        if h.token_ids != cloud_ids {
-            bail!("the cloud's prompt {prompt_id:?} is not this system message");
+    let lookup = prefixes
+        .for_system_streaming(&cloud_ids)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(id) = t.prompt_id {
+        // The cloud's list, as the lookup just saw it (empty while the cloud is down).
+        let published = prefixes.published().await.unwrap_or_default();
+        let address = edgeprompt_kv::content_address(&model.fingerprint, &cloud_ids);
+        if let Some(p) = published.named(id).filter(|p| p.address != address) {
+            bail!(
+                "the system message is not the text of cloud prompt {:?} ({} tokens)",
+                p.id,
+                p.tokens
+            );
         }
     }
+    let source = lookup.source;
+    let (pipeline, max_tokens, echo) = (t.pipeline, t.max_tokens, t.echo);
     tokio::task::spawn_blocking(move || -> anyhow::Result<EdgeRun> {
-        let split = fetched.and_then(|(header, mut rx)| {
-            Ok(prefill_from_cloud(
-                &model, &header, &mut rx, &edge_ids, start, pipeline,
-            )?)
-        });
-        let (mut seq, mut logits, timeline) = match split {
-            Ok(x) => x,
-            Err(e) => {
-                // The cloud is down or died mid-stream: compute its prompt here. Split
-                // inference is exact, so the answer is the one the cloud would have given.
-                eprintln!("cloud unavailable ({e:#}); computing the cloud prompt on this edge");
-                let mut seq = Sequence::new(&model);
-                let logits = seq.prefill(&model, &[cloud_ids, edge_ids].concat())?;
-                (seq, logits, Timeline::default())
-            }
-        };
+        let (mut seq, mut logits, timeline) =
+            prefill_following(&model, &lookup.kv, &edge_ids, start, pipeline)?;
         let prefill_done = start.elapsed().as_secs_f64();
         let (text, ttft, tokens) = decode(&model, &mut seq, &mut logits, max_tokens, start, echo)?;
         Ok(EdgeRun {
@@ -392,6 +377,8 @@ async fn edge_request(model: Arc<Model>, url: &str, t: Turn<'_>) -> anyhow::Resu
             tokens,
             total: start.elapsed().as_secs_f64(),
             timeline,
+            source: source.name(),
+            wire: lookup.wire(),
         })
     })
     .await?
@@ -436,30 +423,35 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     let model = Arc::new(super::models::load(&a.model)?);
     let codec =
         Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
+    let security = a.security.load()?;
+    security::check_credentials("--cloud", &a.cloud, &security)?;
+    let cfg = PrefixConfig {
+        cloud_url: Some(a.cloud.clone()),
+        codec,
+        cloud_layers_from: a.cloud_layers_from,
+        trust: a.security.trust(None)?,
+        security,
+        ..Default::default()
+    };
     let rt = tokio::runtime::Runtime::new()?;
-    let run = rt.block_on(edge_request(
-        model,
-        &a.cloud,
-        Turn {
-            prompt_id: &a.prompt_id,
-            system: &a.system,
-            user: &a.prompt,
-            codec,
-            pipeline: !a.no_pipeline,
-            max_tokens: a.max_tokens,
-            echo: true,
-            security: a.security.load()?,
-            trust: a.security.trust()?,
-            first_layer: a.cloud_layers_from,
-        },
-    ))?;
+    let run = rt.block_on(async {
+        let prefixes = Arc::new(Prefixes::new(model, cfg, Arc::new(Metrics::new()))?);
+        edge_request(
+            prefixes,
+            Turn {
+                prompt_id: a.prompt_id.as_deref(),
+                system: &a.system,
+                user: &a.prompt,
+                pipeline: !a.no_pipeline,
+                max_tokens: a.max_tokens,
+                echo: true,
+            },
+        )
+        .await
+    })?;
     eprintln!(
-        "TTFT {:.3} s (prefill done {:.3} s), {} tokens in {:.2} s, {} KV bytes down",
-        run.ttft,
-        run.prefill_done,
-        run.tokens,
-        run.total,
-        run.timeline.bytes_down()
+        "TTFT {:.3} s (prefill done {:.3} s), {} tokens in {:.2} s; cloud prompt KV from {}: {} bytes up, {} down",
+        run.ttft, run.prefill_done, run.tokens, run.total, run.source, run.wire.up, run.wire.down
     );
     Ok(())
 }
@@ -476,15 +468,12 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             system: a.system.clone(),
             text: None,
         }];
+        // The cloud signs with a fresh key, which the edge is given.
         let mut node = CloudNode::new(model.clone(), &specs, 1 << 30)?;
-        let mut trust = None;
-        if !a.unsigned {
-            let mut seed = [0u8; 32];
-            getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            let key = edgeprompt_kv::SealKey::from_seed(seed);
-            trust = Some(key.public());
-            node = node.with_signing(key);
+        if a.unsigned {
+            node = node.unsigned();
         }
+        let trust = node.public_key();
         let node = Arc::new(node);
         let cloud_addr = serve_cloud(node.clone(), "127.0.0.1:0", None).await?;
         let link = Link::start("127.0.0.1:0", cloud_addr.to_string(), link_profile).await?;
@@ -500,20 +489,22 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         );
         println!("\nuser (private, stays on the edge): {}\n\nassistant: ", a.prompt);
         let (up0, down0) = (link.counters.up(), link.counters.down());
+        let cfg = PrefixConfig {
+            cloud_url: Some(url.clone()),
+            codec,
+            trust: trust.map_or(CloudTrust::AllowUnsigned, CloudTrust::Key),
+            ..Default::default()
+        };
+        let prefixes = Arc::new(Prefixes::new(model.clone(), cfg, Arc::new(Metrics::new()))?);
         let run = edge_request(
-            model.clone(),
-            &url,
+            prefixes,
             Turn {
-                prompt_id: "acme-support",
+                prompt_id: Some("acme-support"),
                 system: &a.system,
                 user: &a.prompt,
-                codec,
                 pipeline: true,
                 max_tokens: a.max_tokens,
                 echo: true,
-                security: ClientSecurity::default(),
-                trust,
-                first_layer: 0,
             },
         ).await?;
         let (up, down) = (link.counters.up() - up0, link.counters.down() - down0);
@@ -522,7 +513,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             "TTFT {:.3} s = KV transfer overlapped with edge compute (prefill done at {:.3} s) + first token",
             run.ttft, run.prefill_done
         );
-        println!("{} tokens, {:.2} s total; bytes down {down} (KV payload {}), bytes up {up} (the request only; no edge-prompt bytes)", run.tokens, run.total, run.timeline.bytes_down());
+        println!("{} tokens, {:.2} s total; cloud prompt KV from the {}; bytes down {down} (KV payload {}), bytes up {up} (the list and fetch requests only; no edge-prompt bytes)", run.tokens, run.total, run.source, run.timeline.bytes_down());
         match trust {
             Some(k) => println!("every cloud layer checked against the cloud's Ed25519 key {} as it landed", &k.to_hex()[..16]),
             None => println!("KV unsigned (--unsigned): the edge could not tell it from a forgery"),

@@ -2,10 +2,11 @@
 //! Secrets come from a file or an environment variable, never from the command line, and are
 //! never printed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use edgeprompt_edge::ClientSecurity;
+use edgeprompt_edge::client::plaintext_ok;
+use edgeprompt_edge::{ClientSecurity, CloudTrust};
 use edgeprompt_kv::{SealKey, TrustKey};
 
 /// Environment variable holding the bearer token when no file is given.
@@ -26,17 +27,71 @@ pub struct ClientArgs {
     /// File holding the bearer token (default: $EDGEPROMPT_CLOUD_TOKEN, if set).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// The cloud's public key (hex, or a file holding it: `edgeprompt keygen` writes NAME.pub).
-    /// With it, KV is used only if the cloud signed every layer, whoever relays it.
-    #[arg(long)]
+    /// The cloud's public key (hex, or a file holding it: the cloud writes cloud.pub beside
+    /// its key). Without it, the key the cloud shows on first contact is pinned in
+    /// --known-clouds and required from then on. Either way, KV is used only if the cloud
+    /// signed every layer, whoever relays it.
+    #[arg(long, conflicts_with = "allow_unsigned_kv")]
     cloud_key: Option<String>,
+    /// Where the keys pinned on first contact are kept, one `host:port key` line per cloud
+    /// (default: known_clouds in --cache-dir, else ~/.cache/edgeprompt/known_clouds).
+    #[arg(long)]
+    known_clouds: Option<PathBuf>,
+    /// Take KV the cloud did not sign. Insecure: anyone on the path, a peer or a file in the
+    /// cache directory can then change answers with forged values.
+    #[arg(long)]
+    allow_unsigned_kv: bool,
 }
 
 impl ClientArgs {
-    /// The cloud's public key, if one is configured.
-    pub fn trust(&self) -> anyhow::Result<Option<TrustKey>> {
-        self.cloud_key.as_deref().map(trust_key).transpose()
+    /// How this edge learns its cloud's key: given, pinned on first use (kept in
+    /// `--known-clouds`, else `known_clouds` in `cache_dir` or the user's cache), or not at
+    /// all when unsigned KV is allowed (warned).
+    pub fn trust(&self, cache_dir: Option<&Path>) -> anyhow::Result<CloudTrust> {
+        if self.allow_unsigned_kv {
+            eprintln!("warning: --allow-unsigned-kv: KV from the cloud, peers and disk is used unsigned; anyone on the path can change this edge's answers with forged values");
+            return Ok(CloudTrust::AllowUnsigned);
+        }
+        if let Some(k) = &self.cloud_key {
+            let k = trust_key(k)?;
+            eprintln!("cloud KV is used only if signed by {}", k.short());
+            return Ok(CloudTrust::Key(k));
+        }
+        let file = self
+            .known_clouds
+            .clone()
+            .or_else(|| cache_dir.map(|d| d.join("known_clouds")))
+            .or_else(|| user_cache().map(|d| d.join("known_clouds")));
+        match &file {
+            Some(f) => eprintln!(
+                "cloud KV is used only if signed by the key the cloud showed first (pinned in {})",
+                f.display()
+            ),
+            None => eprintln!("warning: no cache directory for --known-clouds: the cloud's key is pinned for this process only"),
+        }
+        Ok(CloudTrust::FirstUse(file))
     }
+}
+
+/// `$XDG_CACHE_HOME/edgeprompt`, else `~/.cache/edgeprompt`.
+fn user_cache() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("edgeprompt"))
+}
+
+/// Refused at start, not at first use: a bearer token for `url` that would travel unencrypted
+/// to another machine.
+pub fn check_credentials(what: &str, url: &str, sec: &ClientSecurity) -> anyhow::Result<()> {
+    let tls = sec.ca_pem.is_some() && url.starts_with("https://");
+    if sec.token.is_some() && !tls && !plaintext_ok(url) {
+        anyhow::bail!(
+            "{what} {url}: a bearer token would travel unencrypted; use https:// with a CA (--cloud-ca / --peer-ca), or loopback"
+        );
+    }
+    Ok(())
 }
 
 /// A public key given as hex or as a file holding it.
@@ -104,7 +159,23 @@ impl PeerArgs {
         }
     }
 
-    pub fn policy(&self) -> anyhow::Result<edgeprompt_edge::peer::PeerPolicy> {
+    /// What this edge serves its peers on `listen`: refused on an address other hosts reach
+    /// without a peer token.
+    pub fn policy(&self, listen: &str) -> anyhow::Result<edgeprompt_edge::peer::PeerPolicy> {
+        let loopback = listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback())
+            || listen.starts_with("localhost:");
+        if !loopback && self.token()?.is_none() {
+            anyhow::bail!(
+                "--peer-listen {listen}: other hosts can reach it, so peers need a token: --peer-token-file FILE (or ${PEER_TOKEN_ENV}) on this edge and its peers"
+            );
+        }
+        if !loopback && self.peer_tls_cert.is_none() {
+            anyhow::bail!(
+                "--peer-listen {listen}: other hosts can reach it, and the peer token must not cross the network in the clear: serve peers over TLS (--peer-tls-cert, --peer-tls-key)"
+            );
+        }
         Ok(edgeprompt_edge::peer::PeerPolicy {
             token: self.token()?,
             limits: edgeprompt_cloud::Limits {
@@ -133,6 +204,69 @@ pub fn signing_key(file: Option<&PathBuf>, env: Option<&str>) -> anyhow::Result<
         .context("the signing key is not 32 bytes of hex (`edgeprompt keygen` writes one)")
 }
 
+/// The key a cloud signs with: the configured one, else `cloud.key` in `dir`, made on first
+/// start (mode 0600, with `cloud.pub` beside it for edges that want to give --cloud-key).
+/// Returns the key and where it came from.
+pub fn cloud_signing_key(
+    file: Option<&PathBuf>,
+    env: Option<&str>,
+    dir: &Path,
+) -> anyhow::Result<(SealKey, String)> {
+    if let Some(k) = signing_key(file, env)? {
+        let from = match file {
+            Some(f) => f.display().to_string(),
+            None => format!("${}", env.unwrap_or(SIGNING_KEY_ENV)),
+        };
+        return Ok((k, from));
+    }
+    let secret = dir.join("cloud.key");
+    let public = dir.join("cloud.pub");
+    if !secret.exists() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (key, seed) = SealKey::generate()?;
+        match write_secret(&secret, &seed) {
+            Ok(()) => {
+                std::fs::write(&public, format!("{}\n", key.public().to_hex()))
+                    .with_context(|| format!("writing {}", public.display()))?;
+                eprintln!(
+                    "made a signing key for this cloud: {} (secret) and {} (for edges' --cloud-key)",
+                    secret.display(),
+                    public.display()
+                );
+            }
+            // Another cloud sharing the directory made it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "creating {} (or set signing_key_file in [server], or --data-dir)",
+                        secret.display()
+                    )
+                })
+            }
+        }
+    }
+    let text = std::fs::read_to_string(&secret)
+        .with_context(|| format!("reading {}", secret.display()))?;
+    let key = SealKey::from_hex(&text)
+        .with_context(|| format!("{}: not a signing key", secret.display()))?;
+    if !public.exists() {
+        std::fs::write(&public, format!("{}\n", key.public().to_hex()))
+            .with_context(|| format!("writing {}", public.display()))?;
+    }
+    Ok((key, secret.display().to_string()))
+}
+
+fn write_secret(path: &Path, seed: &[u8; 32]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode_secret()
+        .open(path)?;
+    writeln!(f, "{}", hex::encode(seed))
+}
+
 /// `edgeprompt keygen`: a new signing key pair for a cloud (or a deployment of clouds).
 #[derive(clap::Args)]
 pub struct KeygenArgs {
@@ -142,19 +276,11 @@ pub struct KeygenArgs {
 }
 
 pub fn keygen(a: KeygenArgs) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut seed = [0u8; 32];
-    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    let key = SealKey::from_seed(seed);
+    let (key, seed) = SealKey::generate()?;
     let secret = a.out.with_extension("key");
     let public = a.out.with_extension("pub");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode_secret()
-        .open(&secret)
+    write_secret(&secret, &seed)
         .with_context(|| format!("creating {} (it must not exist)", secret.display()))?;
-    writeln!(f, "{}", hex::encode(seed))?;
     std::fs::write(&public, format!("{}\n", key.public().to_hex()))
         .with_context(|| format!("writing {}", public.display()))?;
     eprintln!(

@@ -98,6 +98,11 @@ pub struct ServeArgs {
     peer_listen: Option<String>,
     #[arg(long, default_value_t = 300)]
     request_timeout_secs: u64,
+    /// Seconds a fetch of a cloud prompt may take before this edge gives up on it and computes
+    /// the prompt itself (a floor: a slow measured link gets more). A cloud or peer that sends
+    /// no header within 10 s, or no next layer within 30 s, is given up on sooner.
+    #[arg(long, default_value_t = 120)]
+    fetch_timeout_secs: u64,
     /// Do not run a completion whose prompt begins with a cloud prompt held here on that
     /// prompt's KV (by default it does; the echoed prompt's shared tokens are then not scored).
     #[arg(long)]
@@ -191,21 +196,24 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             None,
         ),
     };
+    // Everything that would send a secret in the clear, or serve peers to anyone, is refused
+    // here, before the edge says it serves.
     let security = a.security.load()?;
-    let trust = a.security.trust()?;
-    match &trust {
-        Some(k) => eprintln!("cloud KV is used only if signed by {}", &k.to_hex()[..16]),
-        None => eprintln!(
-            "warning: no --cloud-key: KV from the cloud, peers and disk is checked against the prompt asked for, but not signed"
-        ),
+    if let Some(url) = &a.cloud {
+        crate::security::check_credentials("--cloud", url, &security)?;
     }
-    let peer_policy = a.peer.policy()?;
+    let peer_security = a.peer.client()?;
+    for p in &a.peers {
+        crate::security::check_credentials("--peer", p, &peer_security)?;
+    }
+    let trust = match &a.cloud {
+        Some(_) => a.security.trust(a.cache_dir.as_deref())?,
+        None => Default::default(),
+    };
+    let peer_policy = a
+        .peer
+        .policy(a.peer_listen.as_deref().unwrap_or("127.0.0.1:0"))?;
     let peer_tls = a.peer.identity()?;
-    if let Some(addr) = &a.peer_listen {
-        if peer_policy.token.is_none() {
-            eprintln!("warning: --peer-listen {addr} without a peer token: any host that reaches it reads this edge's cached cloud prompts");
-        }
-    }
     let state = EdgeServer::start(
         model.clone(),
         ServerConfig {
@@ -240,8 +248,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             cloud_layers_from,
             auto_codec,
             auto_split,
-            peer_security: a.peer.client()?,
+            peer_security,
             trust,
+            deadlines: edgeprompt_edge::prefixes::Deadlines {
+                whole: Duration::from_secs(a.fetch_timeout_secs.max(1)),
+                ..Default::default()
+            },
             disk_max_bytes: a.cache_max_mb << 20,
             max_local_prefills: a.max_local_prefills,
             match_prompts: !a.no_prompt_matching,

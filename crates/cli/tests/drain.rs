@@ -7,6 +7,10 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+const SYSTEM: &str = "You are a patient teacher of geography.";
+
 const CHAT: &str = r#"{"model":"smollm2","stream":STREAM,"max_tokens":MAX,"temperature":0,
 "messages":[{"role":"system","content":"You are a patient teacher of geography."},
 {"role":"user","content":"Describe the rivers of Europe, one by one."}]}"#;
@@ -28,10 +32,12 @@ impl Drop for Server {
     }
 }
 
-/// Start `edgeprompt serve` on a free port; returns once it listens.
-fn serve(cache: &std::path::Path, drain_secs: u64) -> Server {
+/// Start `edgeprompt serve` on a free port (on the cloud at `cloud`, if any); returns once it
+/// listens.
+fn serve(cloud: Option<&str>, cache: &std::path::Path, drain_secs: u64) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_edgeprompt"))
         .args(["serve", "--model", "smollm2", "--listen", "127.0.0.1:0"])
+        .args(cloud.map(|c| ["--cloud", c]).into_iter().flatten())
         .arg("--cache-dir")
         .arg(cache)
         .args(["--drain-secs", &drain_secs.to_string()])
@@ -127,7 +133,10 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
     let cache = tempfile::tempdir().unwrap();
-    let mut server = serve(cache.path(), 60);
+    // The system message is the cloud's: the edge fetches it and keeps it on disk.
+    let cloud_dir = tempfile::tempdir().unwrap();
+    let (cloud_proc, cloud) = common::cloud(cloud_dir.path(), SYSTEM);
+    let mut server = serve(Some(&cloud), cache.path(), 60);
     let addr = server.addr.clone();
 
     // A stream in flight: its first token is out before the signal.
@@ -170,7 +179,9 @@ fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
         .filter(|e| e.path().extension().is_some_and(|x| x == "kv"))
         .collect();
     assert_eq!(stored.len(), 1, "one cloud prompt on disk");
-    let again = serve(cache.path(), 60);
+    // The cloud is gone: the restarted edge checks the disk copy against the key it pinned.
+    drop(cloud_proc);
+    let again = serve(Some(&cloud), cache.path(), 60);
     let whole = http(
         &again.addr,
         "POST",
@@ -194,7 +205,7 @@ fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
 #[test]
 fn a_drain_that_runs_out_of_time_ends_the_stream_with_a_reason_and_exits_zero() {
     let cache = tempfile::tempdir().unwrap();
-    let mut server = serve(cache.path(), 1);
+    let mut server = serve(None, cache.path(), 1);
     let addr = server.addr.clone();
     let (mut reader, _) = open_stream(&addr, 4000);
     let t = Instant::now();

@@ -11,7 +11,7 @@ pub mod stream;
 
 pub use guard::Limits;
 pub use prompts::{PromptSpec, PromptsFile};
-pub use service::{CloudNode, CloudService, MAX_LISTED};
+pub use service::{list_entries, CloudNode, CloudService, MAX_LISTED};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {

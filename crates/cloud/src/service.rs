@@ -8,7 +8,7 @@ use std::sync::Arc;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, PrefixKv};
 use edgeprompt_kv::{
-    content_address, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey,
+    content_address, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey, TrustKey,
 };
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
 use edgeprompt_protocol::{
@@ -44,7 +44,7 @@ pub struct CloudNode {
     /// Sliding-window layers sent and kept cut to the window (on unless turned off to
     /// measure what the cut saves).
     window_cut: bool,
-    /// The key this node signs the KV it serves with (none: unsigned).
+    /// The key this node signs the KV it serves with (none: unsigned, by explicit choice).
     signing: Option<Arc<SealKey>>,
 }
 
@@ -88,7 +88,8 @@ impl CloudNode {
             guard: Guard::new(Limits::default(), None),
             lslm: Default::default(),
             window_cut: true,
-            signing: None,
+            // Signed by default: a fresh key unless `with_signing` names the deployment's.
+            signing: Some(Arc::new(SealKey::generate()?.0)),
         })
     }
 
@@ -97,6 +98,18 @@ impl CloudNode {
     pub fn with_signing(mut self, key: SealKey) -> Self {
         self.signing = Some(Arc::new(key));
         self
+    }
+
+    /// Serve the KV unsigned: an edge cannot tell it from a forgery, and takes it only when
+    /// told to (`--allow-unsigned-kv`).
+    pub fn unsigned(mut self) -> Self {
+        self.signing = None;
+        self
+    }
+
+    /// The key edges check this node's KV with (none: unsigned).
+    pub fn public_key(&self) -> Option<TrustKey> {
+        self.signing.as_ref().map(|k| k.public())
     }
 
     /// How a layer of a stream with manifest `m` is sealed.
@@ -379,18 +392,45 @@ impl CloudKv for CloudService {
                 "this cloud serves no KV to a model of that fingerprint",
             ));
         }
+        // Addresses as the asking model computes them (a CE-LSLM edge's own fingerprint; the
+        // pair shares a tokenizer).
         let mut prompts: Vec<PromptInfo> = this
             .prompts
             .values()
             .map(|p| PromptInfo {
                 id: p.id.clone(),
                 tokens: p.token_ids.len() as u32,
+                content_address: hex::decode(content_address(fp, &p.token_ids)).unwrap_or_default(),
             })
             .collect();
         prompts.sort_by(|a, b| a.id.cmp(&b.id));
         prompts.truncate(MAX_LISTED);
-        Ok(Response::new(ListReply { prompts }))
+        let entries = list_entries(&prompts);
+        let (signing_key, signature) = match &this.signing {
+            Some(k) => (
+                k.public().to_bytes().to_vec(),
+                k.sign_list(fp, &entries).to_vec(),
+            ),
+            None => Default::default(),
+        };
+        Ok(Response::new(ListReply {
+            prompts,
+            signing_key,
+            signature,
+        }))
     }
+}
+
+/// A list's prompts as its signature covers them.
+pub fn list_entries(prompts: &[PromptInfo]) -> Vec<edgeprompt_kv::ListEntry> {
+    prompts
+        .iter()
+        .map(|p| edgeprompt_kv::ListEntry {
+            id: p.id.clone(),
+            tokens: p.tokens,
+            address: hex::encode(&p.content_address),
+        })
+        .collect()
 }
 
 /// Prompts a list names at most (an edge reads no more).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_engine::Model;
-use edgeprompt_kv::RedisStore;
+use edgeprompt_kv::{RedisStore, SealKey};
 
 struct Redis(Child);
 
@@ -72,11 +72,14 @@ fn a_prompt_prefilled_by_one_cloud_node_is_served_by_another() {
             .into(),
         text: None,
     }];
+    // The nodes of one deployment sign with its key (each node's own fresh key otherwise,
+    // and a node takes from the tier only what its key signed).
     let node = |ns: &str| {
         let store = Arc::new(RedisStore::open(&url, ns).unwrap());
         Arc::new(
             CloudNode::new(m.clone(), &specs, 64 << 20)
                 .unwrap()
+                .with_signing(SealKey::from_seed([2; 32]))
                 .with_shared(store),
         )
     };

@@ -72,6 +72,42 @@ pub struct CloudClient {
     token: Option<String>,
     /// The cloud's public key: with it, every layer must carry the cloud's valid signature.
     trust: Option<TrustKey>,
+    /// Longest wait from the request to the stream's header (or the list's reply).
+    header_timeout: std::time::Duration,
+}
+
+/// How long a cloud may take to answer a request with a header or a list, by default.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A prompt the cloud publishes: its id, token count and content address (hex) for the model
+/// that asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub id: String,
+    pub tokens: usize,
+    pub address: String,
+}
+
+/// The cloud's list: what it publishes, the key it signs with (none: unsigned) and its
+/// signature of the list, not yet checked.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub prompts: Vec<Listed>,
+    pub key: Option<TrustKey>,
+    /// What the signature covers: every entry as sent.
+    pub entries: Vec<edgeprompt_kv::ListEntry>,
+    pub signature: Vec<u8>,
+}
+
+impl Listing {
+    /// The prompts, if `key` signed this list for `fingerprint` (any list when `key` is none:
+    /// unsigned KV allowed).
+    pub fn signed_by(&self, key: Option<&TrustKey>, fingerprint: &str) -> Result<&[Listed]> {
+        if let Some(k) = key {
+            k.verify_list(fingerprint, &self.entries, &self.signature)?;
+        }
+        Ok(&self.prompts)
+    }
 }
 
 /// Whether credentials may go to `url` unencrypted: only to this machine.
@@ -127,7 +163,14 @@ impl CloudClient {
             inner: CloudKvClient::new(ch),
             token: sec.token.clone(),
             trust: None,
+            header_timeout: HEADER_TIMEOUT,
         })
+    }
+
+    /// Give up on a request whose header (or list) has not come within `t`.
+    pub fn header_timeout(mut self, t: std::time::Duration) -> Self {
+        self.header_timeout = t;
+        self
     }
 
     /// Take only KV that `key` signed, layer by layer.
@@ -140,22 +183,48 @@ impl CloudClient {
         &self.url
     }
 
-    /// The cloud prompts the cloud serves to `model`: ids checked like a fetch's, at most
-    /// `MAX_LISTED`.
-    pub async fn list(&mut self, model: &Model) -> Result<Vec<(String, usize)>> {
+    /// What the cloud publishes to `model`: ids checked like a fetch's, addresses of 32
+    /// bytes, at most `MAX_LISTED`, and its signing key.
+    pub async fn list(&mut self, model: &Model) -> Result<Listing> {
         let mut req = tonic::Request::new(ListRequest {
             model_fingerprint: model.fingerprint.clone(),
         });
         self.authorize(&mut req)?;
         let mut inner = self.inner.clone().max_decoding_message_size(256 << 10);
-        let reply = inner.list(req).await.map_err(refused)?.into_inner();
-        Ok(reply
+        let reply = tokio::time::timeout(self.header_timeout, inner.list(req))
+            .await
+            .map_err(|_| {
+                EdgeError::Stream(format!(
+                    "the cloud did not list its prompts within {:?}",
+                    self.header_timeout
+                ))
+            })?
+            .map_err(refused)?
+            .into_inner();
+        let key = match reply.signing_key.as_slice() {
+            [] => None,
+            b => Some(TrustKey::from_bytes(b)?),
+        };
+        let entries = edgeprompt_cloud::list_entries(&reply.prompts);
+        let prompts = reply
             .prompts
             .into_iter()
-            .filter(|p| edgeprompt_protocol::valid_prompt_id(&p.id))
+            .filter(|p| {
+                edgeprompt_protocol::valid_prompt_id(&p.id) && p.content_address.len() == 32
+            })
             .take(MAX_LISTED)
-            .map(|p| (p.id, p.tokens as usize))
-            .collect())
+            .map(|p| Listed {
+                id: p.id,
+                tokens: p.tokens as usize,
+                address: hex::encode(&p.content_address),
+            })
+            .collect();
+        Ok(Listing {
+            prompts,
+            key,
+            entries,
+            signature: reply.signature,
+        })
     }
 
     fn authorize<T>(&self, req: &mut tonic::Request<T>) -> Result<()> {
@@ -211,12 +280,25 @@ impl CloudClient {
             MAX_CHUNK_TOKENS,
         )) + (64 << 10);
         let mut inner = self.inner.clone().max_decoding_message_size(most);
-        let mut stream = inner.fetch(req).await.map_err(refused)?.into_inner();
-        let first = stream
-            .message()
+        // A cloud that accepts the request and then says nothing holds no one: the header
+        // must come within the deadline.
+        let opened = async {
+            let mut stream = inner.fetch(req).await.map_err(refused)?.into_inner();
+            let first = stream
+                .message()
+                .await
+                .map_err(refused)?
+                .ok_or_else(|| EdgeError::Stream("stream ended before the header".into()))?;
+            Ok::<_, EdgeError>((stream, first))
+        };
+        let (mut stream, first) = tokio::time::timeout(self.header_timeout, opened)
             .await
-            .map_err(refused)?
-            .ok_or_else(|| EdgeError::Stream("stream ended before the header".into()))?;
+            .map_err(|_| {
+                EdgeError::Stream(format!(
+                    "no header within {:?} of the request",
+                    self.header_timeout
+                ))
+            })??;
         let header_bytes = prost::Message::encoded_len(&first);
         let h = match first.body {
             Some(Body::Header(h)) => h,
@@ -230,18 +312,33 @@ impl CloudClient {
         let manifest = header.manifest.clone();
         let trust = self.trust;
         let (tx, rx) = mpsc::channel(cfg.n_layer.max(1));
+        let wire_codec = Codec::parse(&header.codec)
+            .filter(|c| codecs.is_empty() || codecs.contains(c))
+            .ok_or_else(|| {
+                EdgeError::Stream(format!(
+                    "the stream is in {:?}, not a codec this edge asked for",
+                    header.codec
+                ))
+            })?;
         let mut re = Reassembler::new(
             cfg.n_layer,
             header.token_ids.len(),
             cfg.n_kv_head,
             cfg.head_dim,
         )
+        .with_codec(wire_codec)
         .with_starts(&header.layer_starts)?
         .starting_at(first_layer);
         tokio::spawn(async move {
             let mut bytes = 0;
             loop {
-                let msg = match stream.message().await {
+                // Whoever reads the layers let go (the fetch ended or was stopped): close the
+                // stream rather than wait on a sender that may never send again.
+                let next = tokio::select! {
+                    m = stream.message() => m,
+                    _ = tx.closed() => return,
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) if re.is_complete() => return,
                     Ok(None) => {

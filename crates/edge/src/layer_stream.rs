@@ -2,7 +2,7 @@
 //! shallow layers computed here for CE-LSLM), and every request waiting on the prompt prefills
 //! its private layer `l` as soon as layer `l` is here, inside the running batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use edgeprompt_engine::{LayerKv, PrefixKv};
@@ -23,17 +23,42 @@ pub struct Wire {
     pub down: usize,
 }
 
+/// Why a streaming prompt could not be resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamFailure {
+    /// The edge had no room to compute it now (retry later), rather than a failure.
+    pub busy: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for StreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<&str> for StreamFailure {
+    fn from(m: &str) -> Self {
+        Self {
+            busy: false,
+            message: m.to_string(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     layers: Vec<Option<Landed>>,
     /// The whole prompt once resolved (the layers as streamed, or a local recomputation after
     /// the cloud failed), or why it could not be.
-    outcome: Option<Result<Arc<PrefixKv>, String>>,
+    outcome: Option<Result<Arc<PrefixKv>, StreamFailure>>,
 }
 
 pub struct LayerStream {
     token_ids: Vec<u32>,
     state: Mutex<State>,
+    /// Woken when a layer lands or the prompt resolves (for a blocking reader).
+    changed: Condvar,
     /// A layer from the cloud has landed: with the cloud's key, its signature bound these ids
     /// to the prompt.
     vouched: std::sync::atomic::AtomicBool,
@@ -49,6 +74,7 @@ impl LayerStream {
                 layers: vec![None; n_layer],
                 outcome: None,
             }),
+            changed: Condvar::new(),
             vouched: Default::default(),
             opened: Wire::default(),
         }
@@ -102,6 +128,7 @@ impl LayerStream {
                 wire_bytes,
             });
         }
+        self.changed.notify_all();
     }
 
     /// The prompt is resolved: layers that never landed (the cloud died mid-stream and the
@@ -120,12 +147,42 @@ impl LayerStream {
             }
         }
         s.outcome = Some(Ok(prefix));
+        self.changed.notify_all();
     }
 
-    pub fn fail(&self, why: String) {
+    pub fn fail(&self, why: StreamFailure) {
         let mut s = self.state();
         if s.outcome.is_none() {
             s.outcome = Some(Err(why));
+        }
+        self.changed.notify_all();
+    }
+
+    /// Block until layer `l` has landed (`Ok`), or the prompt failed (`Err`). Every wait on a
+    /// stream ends: the fetch feeding it ends in time, failed or complete.
+    pub fn wait_layer(&self, l: usize) -> Result<Landed, StreamFailure> {
+        let mut s = self.state();
+        loop {
+            if let Some(Some(landed)) = s.layers.get(l) {
+                return Ok(landed.clone());
+            }
+            match &s.outcome {
+                Some(Err(e)) => return Err(e.clone()),
+                Some(Ok(_)) => return Err(format!("layer {l} never landed").as_str().into()),
+                None => {}
+            }
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Block until the prompt is resolved.
+    pub fn wait_outcome(&self) -> Result<Arc<PrefixKv>, StreamFailure> {
+        let mut s = self.state();
+        loop {
+            if let Some(o) = &s.outcome {
+                return o.clone();
+            }
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -135,7 +192,7 @@ impl LayerStream {
     }
 
     /// The whole prompt once resolved; `Some(Err)` when it cannot be.
-    pub fn outcome(&self) -> Option<Result<Arc<PrefixKv>, String>> {
+    pub fn outcome(&self) -> Option<Result<Arc<PrefixKv>, StreamFailure>> {
         self.state().outcome.clone()
     }
 }
@@ -184,6 +241,7 @@ mod tests {
         assert!(Arc::ptr_eq(&s.layer(2).expect("2").kv, &prefix.layers[2]));
         assert!(matches!(s.outcome(), Some(Ok(_))));
         s.fail("late".into());
+        assert!(s.wait_layer(1).is_ok() && s.wait_outcome().is_ok());
         assert!(
             matches!(s.outcome(), Some(Ok(_))),
             "a resolved prompt stays resolved"

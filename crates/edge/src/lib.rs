@@ -6,6 +6,7 @@
 //! As a server (`http`), it answers OpenAI-style requests with continuous batching
 //! (`scheduler`), every request on a cloud prompt sharing one copy of its KV (`prefixes`).
 
+pub mod catalog;
 pub mod client;
 pub mod codec_choice;
 pub mod http;
@@ -17,10 +18,12 @@ pub mod pipeline;
 pub mod prefixes;
 pub mod scheduler;
 pub mod split_choice;
+pub mod trust;
 
 pub use client::{ClientSecurity, CloudClient, CloudHeader, LayerArrival};
-pub use layer_stream::{LayerStream, PromptKv};
-pub use pipeline::{prefill_from_cloud, LayerTiming, Timeline};
+pub use layer_stream::{LayerStream, PromptKv, StreamFailure};
+pub use pipeline::{prefill_following, prefill_from_cloud, LayerTiming, Timeline};
+pub use trust::CloudTrust;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
@@ -38,6 +41,9 @@ pub enum EdgeError {
     Engine(#[from] edgeprompt_engine::EngineError),
     #[error("configuration: {0}")]
     Config(String),
+    /// This edge has no room for the prompt now (retry later).
+    #[error("{0}")]
+    Busy(String),
 }
 
 pub type Result<T> = std::result::Result<T, EdgeError>;

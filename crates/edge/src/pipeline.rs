@@ -8,6 +8,7 @@ use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use tokio::sync::mpsc;
 
 use crate::client::{CloudHeader, LayerArrival};
+use crate::layer_stream::PromptKv;
 use crate::{EdgeError, Result};
 
 /// Seconds since the request started.
@@ -103,6 +104,50 @@ pub fn prefill_from_cloud(
         token_ids: header.token_ids.clone(),
         layers,
     });
+    let (seq, logits) = pass.finish(model, prefix)?;
+    Ok((seq, logits, timeline))
+}
+
+/// Prefill the private `edge_ids` after a cloud prompt as the edge's lookup gives it: whole,
+/// or still streaming (then layer `l` runs as soon as layer `l` has landed, verified; with
+/// `pipeline` false, once the whole prompt is in). A fetch that fails mid-stream has been
+/// replaced by the prompt computed here, bit for bit, so this only fails when the prompt
+/// could not be had at all. Blocking: run it on a blocking thread.
+pub fn prefill_following(
+    model: &Model,
+    kv: &PromptKv,
+    edge_ids: &[u32],
+    start: Instant,
+    pipeline: bool,
+) -> Result<(Sequence, Vec<f32>, Timeline)> {
+    let secs = |t: Instant| t.saturating_duration_since(start).as_secs_f64();
+    let failed = |e: crate::StreamFailure| EdgeError::Stream(e.message);
+    let stream = match kv {
+        PromptKv::Ready(prefix) => {
+            let mut seq = Sequence::with_prefix(model, prefix.clone())?;
+            let logits = seq.prefill(model, edge_ids)?;
+            return Ok((seq, logits, Timeline::default()));
+        }
+        PromptKv::Streaming(s) => s,
+    };
+    if !pipeline {
+        stream.wait_outcome().map_err(failed)?;
+    }
+    let mut pass = PrefillPass::new(model, edge_ids, stream.token_ids().len())?;
+    let mut timeline = Timeline::default();
+    for l in 0..model.cfg.n_layer {
+        let landed = stream.wait_layer(l).map_err(failed)?;
+        let t0 = Instant::now();
+        pass.run_layer(model, Some(&landed.kv))?;
+        timeline.layers.push(LayerTiming {
+            layer: l,
+            arrived: secs(landed.at),
+            compute_start: secs(t0),
+            compute_end: secs(Instant::now()),
+            wire_bytes: landed.wire_bytes,
+        });
+    }
+    let prefix = stream.wait_outcome().map_err(failed)?;
     let (seq, logits) = pass.finish(model, prefix)?;
     Ok((seq, logits, timeline))
 }

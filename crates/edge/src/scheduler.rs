@@ -127,6 +127,14 @@ pub const STOPPED: &str = "the edge shut down before this answer was complete";
 /// stays in the server's log: it may quote a prompt.
 pub const FAULT: &str = "an internal fault in the edge ended this request; retry it";
 
+/// How the reason starts when a cold cloud prompt could not be had (`Event::Failed`; a bad
+/// gateway to the client).
+pub const NO_CLOUD_PROMPT: &str = "could not get the cloud prompt";
+
+/// How the reason starts when a cold cloud prompt had to be computed here and there was no
+/// room for it now (`Event::Failed`; too many requests, retry later).
+pub const BUSY: &str = "this edge is busy";
+
 /// How the reason starts once the scheduler has stopped for good (`Scheduler::dead`).
 pub const DEAD: &str = "the edge's scheduler stopped";
 
@@ -256,7 +264,8 @@ impl Cold {
             });
         }
         match self.stream.outcome() {
-            Some(Err(e)) => Err(format!("could not get the cloud prompt: {e}")),
+            Some(Err(e)) if e.busy => Err(format!("{BUSY}: {e}")),
+            Some(Err(e)) => Err(format!("{NO_CLOUD_PROMPT}: {e}")),
             Some(Ok(prefix)) if pass.next_layer() == n => {
                 let pass = self.pass.take().ok_or("cold prefill already finished")?;
                 let scores = match score {

@@ -8,7 +8,7 @@ use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::{PeerPolicy, PeerService};
 use edgeprompt_edge::prefixes::{LookupError, PrefixConfig, Prefixes, Source};
-use edgeprompt_edge::ClientSecurity;
+use edgeprompt_edge::{ClientSecurity, CloudTrust};
 use edgeprompt_engine::Model;
 use edgeprompt_kv::SealKey;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -102,7 +102,7 @@ fn peers_over_tls_with_their_token_relay_only_signed_kv() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let signer = SealKey::from_seed([5; 32]);
-        let trust = Some(signer.public());
+        let trust = CloudTrust::Key(signer.public());
         let specs = vec![PromptSpec {
             id: "support".into(),
             system: SUPPORT.into(),
@@ -118,8 +118,8 @@ fn peers_over_tls_with_their_token_relay_only_signed_kv() {
         let a = prefixes(
             &m,
             PrefixConfig {
-                cloud_url: Some(cloud),
-                trust,
+                cloud_url: Some(cloud.clone()),
+                trust: trust.clone(),
                 ..Default::default()
             },
         );
@@ -144,19 +144,19 @@ fn peers_over_tls_with_their_token_relay_only_signed_kv() {
                 ))
                 .serve_with_incoming(TcpListenerStream::new(l)),
         );
-        // Edge B asks A over TLS; its cloud is down.
+        // Edge B asks A over TLS (peers come before the cloud, for what the cloud publishes).
         let b = |url: String, ca: Option<&str>| {
             prefixes(
                 &m,
                 PrefixConfig {
-                    cloud_url: Some("http://127.0.0.1:9".into()),
+                    cloud_url: Some(cloud.clone()),
                     peers: vec![url],
                     peer_security: ClientSecurity {
                         ca_pem: ca.map(|c| c.as_bytes().to_vec()),
                         domain: Some("localhost".into()),
                         token: Some("peer-secret".into()),
                     },
-                    trust,
+                    trust: trust.clone(),
                     ..Default::default()
                 },
             )
@@ -168,15 +168,15 @@ fn peers_over_tls_with_their_token_relay_only_signed_kv() {
             Source::Peer,
             "relayed over TLS, signature checked"
         );
-        // The unsigned prompt A computed itself is not served to peers.
+        // The private prompt A computed itself is asked of no one: B computes it too.
         let got = b(https, Some(&ca)).for_system(&coding_ids).await.unwrap();
         assert_eq!(got.source, Source::Local);
         // Plaintext to the TLS port does not get the token out (http:// to loopback is allowed
-        // to try, and fails at the handshake).
+        // to try, and fails at the handshake): the cloud serves it.
         let got = b(format!("http://127.0.0.1:{port}"), None)
             .for_system(&ids)
             .await
             .unwrap();
-        assert_eq!(got.source, Source::Local);
+        assert_eq!(got.source, Source::Cloud);
     });
 }

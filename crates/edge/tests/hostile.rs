@@ -10,19 +10,22 @@ use edgeprompt_cloud::stream::{header, manifest, send_layer, LayerSeal, Layout};
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::{PeerPolicy, PeerService};
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
-use edgeprompt_edge::{ClientSecurity, CloudClient, EdgeError};
+use edgeprompt_edge::{ClientSecurity, CloudClient, CloudTrust, EdgeError};
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use edgeprompt_kv::{Codec, DiskStore, Seal, SealKey, TrustKey};
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, PromptRef};
 use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 mod common;
 use common::{edge_ids, model, CODING, SUPPORT};
 
 const USER: &str = "Can I bring my bike on the train tomorrow?";
+
+/// A private system message a path would like to confirm.
+const PRIVATE: &str = "You assist the account of Dana Whitfield, number 4417. Be brief.";
 
 /// What the hostile sender does to an honest, signed stream.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,9 +66,28 @@ enum Attack {
     /// Asked by id: a header naming that id over another prompt's ids (and their address),
     /// then unsigned layers: the sender choosing which system prompt the id means.
     ForgedIdHeader,
+    /// The fetch accepted, then nothing at all: no header, ever.
+    Silent,
+    /// The header, then nothing.
+    HeaderThenSilence,
+    /// Every layer, each a little sooner than the per-layer deadline: slow enough that the
+    /// whole fetch would take far longer than the edge allows.
+    Drip,
+    /// Unsigned, with one chunk's values NaN (its CRC recomputed).
+    NanValues,
+    /// An f16 header over a chunk in int4 (CRC recomputed).
+    Int4ChunkInF16Stream,
+    /// The header says the values were decoded from int4 (what a relay of int4 KV says),
+    /// the stream is f16: KV of a codec the edge did not ask for.
+    Int4ValuesAsF16,
+    /// The cloud's genuine int4 stream replayed to an edge that asked for f16.
+    ReplayedInt4,
+    /// The list with a guessed private prompt's address added (re-signed with another key):
+    /// a path fishing for whether an edge holds that prompt.
+    ForgedList,
 }
 
-const ATTACKS: [Attack; 21] = [
+const ATTACKS: [Attack; 25] = [
     Attack::IdsPastContext,
     Attack::HugeHeader,
     Attack::IdsPastVocab,
@@ -87,6 +109,10 @@ const ATTACKS: [Attack; 21] = [
     Attack::Unsigned,
     Attack::ReplayedLayers,
     Attack::RenamedPrompt,
+    Attack::NanValues,
+    Attack::Int4ChunkInF16Stream,
+    Attack::Int4ValuesAsF16,
+    Attack::ReplayedInt4,
 ];
 
 /// The genuine KV of the two prompts, the keys, and each attack's messages (made once, so
@@ -133,16 +159,27 @@ impl Genuine {
 
     /// The honest messages for `p`, named `id`, signed with `key` (none: unsigned).
     async fn stream(&self, p: &PrefixKv, id: &str, key: Option<&SealKey>) -> Vec<FetchMessage> {
+        self.stream_in(p, id, key, Codec::F16).await
+    }
+
+    /// `stream` in `codec`.
+    async fn stream_in(
+        &self,
+        p: &PrefixKv,
+        id: &str,
+        key: Option<&SealKey>,
+        codec: Codec,
+    ) -> Vec<FetchMessage> {
         let layout = Layout::full(&self.model);
         let address = edgeprompt_kv::content_address(&p.fingerprint, &p.token_ids);
-        let m = manifest(&layout, id, &p.token_ids, Codec::F16);
+        let m = manifest(&layout, id, &p.token_ids, codec);
         let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
         tx.send(Ok(header(
             &layout,
             id,
             &address,
             &p.token_ids,
-            Codec::F16,
+            codec,
             None,
             None,
         )))
@@ -151,7 +188,7 @@ impl Genuine {
         let starts = layout.starts(p.token_ids.len());
         for (l, layer) in p.layers.iter().enumerate() {
             let seal = key.map_or(LayerSeal::None, |k| LayerSeal::Sign(k, &m));
-            send_layer(&tx, l, layer, starts[l], Codec::F16, None, seal)
+            send_layer(&tx, l, layer, starts[l], codec, None, seal)
                 .await
                 .unwrap();
         }
@@ -176,6 +213,10 @@ impl Genuine {
             }
             Attack::OtherPromptHeader => self.stream(&self.coding, "coding", Some(&self.key)).await,
             Attack::ForgedIdHeader => self.stream(&self.coding, id, None).await,
+            Attack::NanValues | Attack::Int4ChunkInF16Stream | Attack::Int4ValuesAsF16 => {
+                self.stream(p, id, None).await
+            }
+            Attack::ReplayedInt4 => self.stream_in(p, id, Some(&self.key), Codec::Int4).await,
             Attack::WrongKey => self.stream(p, id, Some(&self.wrong)).await,
             _ => self.stream(p, id, Some(&self.key)).await,
         };
@@ -222,6 +263,18 @@ impl Genuine {
                 reseal(chunk(&mut msgs, 5), |c| c.payload[10] ^= 0x08)
             }
             Attack::RenamedPrompt => head(&mut msgs).prompt_id = "coding".into(),
+            Attack::NanValues => reseal(chunk(&mut msgs, 3), |c| {
+                for b in c.payload.chunks_exact_mut(2).take(16) {
+                    b.copy_from_slice(&half::f16::NAN.to_le_bytes());
+                }
+            }),
+            Attack::Int4ChunkInF16Stream => {
+                let layer = &self.support.layers[0];
+                let end = layer.end().min(edgeprompt_cloud::stream::CHUNK_TOKENS);
+                let c = edgeprompt_kv::Chunk::encode(0, layer, 0, end, Codec::Int4, None).unwrap();
+                *chunk(&mut msgs, 1) = c.into();
+            }
+            Attack::Int4ValuesAsF16 => head(&mut msgs).values_codec = "int4".into(),
             _ => {}
         }
         msgs
@@ -262,17 +315,62 @@ struct Hostile {
     genuine: Arc<Genuine>,
     attack: Arc<Mutex<Attack>>,
     auth: Arc<Mutex<Vec<String>>>,
+    /// Paced streams the edge let go of (it stopped reading and closed them).
+    gone: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Counts a paced stream out when the server drops it (the client closed it).
+struct Gone(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The pause before each message of a dripping stream.
+const DRIP: std::time::Duration = std::time::Duration::from_millis(150);
 
 #[tonic::async_trait]
 impl CloudKv for Hostile {
     type FetchStream = FetchStream;
 
+    /// The genuine list: both prompts published, the deployment's key.
     async fn list(
         &self,
         _req: Request<edgeprompt_protocol::ListRequest>,
     ) -> Result<Response<edgeprompt_protocol::ListReply>, Status> {
-        Err(Status::unimplemented("not this test's"))
+        let g = &self.genuine;
+        let info = |id: &str, p: &PrefixKv| edgeprompt_protocol::PromptInfo {
+            id: id.into(),
+            tokens: p.token_ids.len() as u32,
+            content_address: hex::decode(edgeprompt_kv::content_address(
+                &p.fingerprint,
+                &p.token_ids,
+            ))
+            .unwrap(),
+        };
+        let mut prompts = vec![info("support", &g.support), info("coding", &g.coding)];
+        let mut signer = &g.key;
+        if *self.attack.lock().unwrap() == Attack::ForgedList {
+            let (guess, _) = edge_ids(&g.model, PRIVATE, USER);
+            prompts.push(edgeprompt_protocol::PromptInfo {
+                id: "guess".into(),
+                tokens: guess.len() as u32,
+                content_address: hex::decode(edgeprompt_kv::content_address(
+                    &g.model.fingerprint,
+                    &guess,
+                ))
+                .unwrap(),
+            });
+            signer = &g.wrong;
+        }
+        let entries = edgeprompt_cloud::list_entries(&prompts);
+        Ok(Response::new(edgeprompt_protocol::ListReply {
+            signature: signer.sign_list(&g.model.fingerprint, &entries).to_vec(),
+            prompts,
+            signing_key: g.key.public().to_bytes().to_vec(),
+        }))
     }
 
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
@@ -284,6 +382,37 @@ impl CloudKv for Hostile {
             .to_string();
         self.auth.lock().unwrap().push(auth);
         let a = *self.attack.lock().unwrap();
+        let honest = self.genuine.messages(Attack::Honest).await;
+        // The paced attacks: the held stream's end is noted when the edge lets it go.
+        let gone = self.gone.clone();
+        let held = |upto: usize| {
+            let guard = Gone(gone.clone());
+            let msgs = honest.clone();
+            tokio_stream::iter((0..upto).map(move |i| Ok(msgs[i].clone())))
+                .chain(tokio_stream::pending())
+                .map(move |m| {
+                    let _ = &guard;
+                    m
+                })
+        };
+        match a {
+            Attack::Silent => return Ok(Response::new(Box::pin(held(0)))),
+            Attack::HeaderThenSilence => return Ok(Response::new(Box::pin(held(1)))),
+            Attack::Drip => {
+                let msgs = honest.clone();
+                let guard = Gone(gone);
+                let paced = tokio_stream::iter(0..msgs.len()).then(move |i| {
+                    let m = msgs[i].clone();
+                    let _ = &guard;
+                    async move {
+                        tokio::time::sleep(DRIP).await;
+                        Ok(m)
+                    }
+                });
+                return Ok(Response::new(Box::pin(paced)));
+            }
+            _ => {}
+        }
         let msgs = self.genuine.messages(a).await;
         let n = msgs.len();
         // One message cloned at a time, as the stream is read.
@@ -308,13 +437,18 @@ fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {
     Arc::new(Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap())
 }
 
+/// Signatures checked with `key`, or (none) unsigned KV allowed.
+fn trusting(key: Option<TrustKey>) -> CloudTrust {
+    key.map_or(CloudTrust::AllowUnsigned, CloudTrust::Key)
+}
+
 /// An edge asking `url`, checking signatures with `trust` if given.
 fn edge(m: &Arc<Model>, url: &str, trust: Option<TrustKey>) -> Arc<Prefixes> {
     prefixes(
         m,
         PrefixConfig {
             cloud_url: Some(url.into()),
-            trust,
+            trust: trusting(trust),
             ..Default::default()
         },
     )
@@ -326,6 +460,7 @@ async fn hostile(g: &Arc<Genuine>, attack: Arc<Mutex<Attack>>) -> String {
         genuine: g.clone(),
         attack,
         auth: Default::default(),
+        gone: Default::default(),
     })
     .await
 }
@@ -438,6 +573,10 @@ fn without_a_key_the_edge_still_checks_what_it_asked_for() {
             Attack::ReplayedLayers,
             Attack::IdsPastContext,
             Attack::ZstdBomb,
+            Attack::NanValues,
+            Attack::Int4ChunkInF16Stream,
+            Attack::Int4ValuesAsF16,
+            Attack::ReplayedInt4,
         ] {
             *attack.lock().unwrap() = a;
             let p = edge(&m, &url, None);
@@ -462,6 +601,7 @@ fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
             genuine: g.clone(),
             attack: cloud,
             auth: Default::default(),
+            gone: Default::default(),
         })
         .await;
         // A peer that forges (values altered, CRC recomputed, the cloud's signature kept).
@@ -470,6 +610,7 @@ fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
             genuine: g.clone(),
             attack: Arc::new(Mutex::new(Attack::AlteredWithCrc)),
             auth: peer_auth.clone(),
+            gone: Default::default(),
         })
         .await;
         let token = |t: &str| ClientSecurity {
@@ -483,7 +624,7 @@ fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
                 peers: vec![peer_url.clone()],
                 security: token("cloud-secret"),
                 peer_security: token("peer-secret"),
-                trust,
+                trust: trusting(trust),
                 ..Default::default()
             },
         );
@@ -511,18 +652,20 @@ fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
                 ))
                 .serve_with_incoming(TcpListenerStream::new(l)),
         );
-        let dead = "http://127.0.0.1:9".to_string();
+        // A cloud that lists its prompts but streams them unsigned (refused): what the asker
+        // gets, it gets from the peer or computes.
+        let unsigned = hostile(&g, Arc::new(Mutex::new(Attack::Unsigned))).await;
         let asker = |peer_token: Option<&str>| {
             prefixes(
                 &m,
                 PrefixConfig {
-                    cloud_url: Some(dead.clone()),
+                    cloud_url: Some(unsigned.clone()),
                     peers: vec![real_peer.clone()],
                     peer_security: ClientSecurity {
                         token: peer_token.map(Into::into),
                         ..Default::default()
                     },
-                    trust,
+                    trust: trusting(trust),
                     ..Default::default()
                 },
             )
@@ -531,7 +674,8 @@ fn peers_get_the_peer_token_never_the_clouds_and_forged_peer_kv_is_refused() {
         let r = asker(Some("peer-secret")).for_system(&ids).await.unwrap();
         assert_eq!(r.source, Source::Peer);
         assert!(same(&r.prefix, &g.support));
-        // Without it, or with the wrong one: refused; the cloud is down, so computed here.
+        // Without it, or with the wrong one: refused; the cloud's copy is refused, so
+        // computed here.
         for t in [None, Some("wrong")] {
             let r = asker(t).for_system(&ids).await.unwrap();
             assert_eq!(r.source, Source::Local, "token {t:?}");
@@ -630,7 +774,7 @@ fn hostile_disk_files_are_ignored_and_fetched_again() {
                 PrefixConfig {
                     cloud_url: Some(url.clone()),
                     disk_dir: Some(dir.path().to_path_buf()),
-                    trust,
+                    trust: trusting(trust),
                     ..Default::default()
                 },
             );
@@ -644,7 +788,7 @@ fn hostile_disk_files_are_ignored_and_fetched_again() {
                 PrefixConfig {
                     cloud_url: Some("http://127.0.0.1:9".into()),
                     disk_dir: Some(dir.path().to_path_buf()),
-                    trust,
+                    trust: trusting(trust),
                     ..Default::default()
                 },
             );
@@ -663,7 +807,7 @@ fn hostile_disk_files_are_ignored_and_fetched_again() {
             PrefixConfig {
                 cloud_url: Some("http://127.0.0.1:9".into()),
                 disk_dir: Some(dir.path().to_path_buf()),
-                trust,
+                trust: trusting(trust),
                 ..Default::default()
             },
         );
@@ -689,7 +833,9 @@ fn a_forged_header_cannot_choose_the_prompt_an_id_names() {
         let url = hostile(&g, Arc::new(Mutex::new(Attack::ForgedIdHeader))).await;
         let p = edge(&m, &url, Some(g.key.public()));
         assert!(p.for_id("support").await.is_err(), "whole: refused");
-        match p.for_id_streaming("support").await.map(|l| l.kv) {
+        // Held while it streams, as a request holds it.
+        let held = p.for_id_streaming("support").await;
+        match held.as_ref().map(|l| &l.kv) {
             Err(_) => {}
             Ok(edgeprompt_edge::PromptKv::Ready(k)) => {
                 panic!("resolved to {} tokens of the sender's choice", k.n_tokens())
@@ -701,16 +847,357 @@ fn a_forged_header_cannot_choose_the_prompt_an_id_names() {
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 };
-                assert!(
-                    out.is_err(),
-                    "streamed: the lookup fails, nothing is computed"
-                );
+                let why = out.expect_err("streamed: the lookup fails, nothing is computed");
+                assert!(!why.message.contains("no request holds"), "{why}");
             }
         }
+        drop(held);
         assert_eq!(p.entries(), 0);
         // Without a key the edge cannot tell, and computes what the header names (the
         // documented limit of running without --cloud-key).
         let open = edge(&m, &url, None);
         assert!(open.for_id_streaming("support").await.is_ok());
+    });
+}
+
+/// Deadlines short enough for a test: a header within 1 s, a layer within 10 s, the whole
+/// fetch within 2 s (a dripping stream takes over 4 s).
+fn impatient(m: &Arc<Model>, url: &str, trust: Option<TrustKey>) -> Arc<Prefixes> {
+    prefixes(
+        m,
+        PrefixConfig {
+            cloud_url: Some(url.into()),
+            trust: trusting(trust),
+            deadlines: edgeprompt_edge::prefixes::Deadlines {
+                header: std::time::Duration::from_secs(1),
+                layer: std::time::Duration::from_secs(10),
+                whole: std::time::Duration::from_secs(2),
+            },
+            ..Default::default()
+        },
+    )
+}
+
+/// Within `secs`, or the test fails (a hang is the bug these tests look for).
+async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(secs), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting after {secs} s"))
+}
+
+/// Until `f` holds, or the test fails after 30 s.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    within(30, what, async {
+        while !f() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+#[test]
+fn a_silent_stalled_or_dripping_cloud_is_given_up_and_the_prompt_computed_here() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let attack = Arc::new(Mutex::new(Attack::Silent));
+        let h = Hostile {
+            genuine: g.clone(),
+            attack: attack.clone(),
+            auth: Default::default(),
+            gone: Default::default(),
+        };
+        let gone = h.gone.clone();
+        let url = serve(h).await;
+        let mut let_go = 0;
+        for a in [Attack::Silent, Attack::HeaderThenSilence, Attack::Drip] {
+            *attack.lock().unwrap() = a;
+            let trust = Some(g.key.public());
+            // A system message: the fallback, bit for bit.
+            let p = impatient(&m, &url, trust);
+            let r = within(60, &format!("{a:?}"), p.for_system(&ids))
+                .await
+                .unwrap();
+            assert_eq!(r.source, Source::Local, "{a:?}");
+            assert!(same(&r.prefix, &g.support), "{a:?}");
+            // Streaming, as a request does: the stream ends, resolved here.
+            let p = impatient(&m, &url, trust);
+            let l = within(
+                60,
+                &format!("{a:?} streaming"),
+                p.for_system_streaming(&ids),
+            )
+            .await
+            .unwrap();
+            if let edgeprompt_edge::PromptKv::Streaming(s) = &l.kv {
+                let s = s.clone();
+                let out = within(60, "the stream's outcome", async move {
+                    tokio::task::spawn_blocking(move || s.wait_outcome())
+                        .await
+                        .unwrap()
+                })
+                .await;
+                assert!(same(&out.unwrap(), &g.support), "{a:?} streaming");
+            }
+            // By id: the edge cannot compute it, so a clear error, in time.
+            let p = impatient(&m, &url, trust);
+            let err = within(60, &format!("{a:?} by id"), p.for_id("support")).await;
+            let err = err.err().map(|e| e.to_string()).unwrap_or_default();
+            println!("{a:?}: by id: {err}");
+            assert!(!err.is_empty(), "{a:?}: by id is an error");
+            // Every held stream was let go of: the edge closed it.
+            let_go += 3;
+            until(&format!("{a:?}: the edge lets go"), || {
+                gone.load(std::sync::atomic::Ordering::SeqCst) >= let_go
+            })
+            .await;
+        }
+    });
+}
+
+#[test]
+fn in_flight_kv_counts_against_the_prompt_cache_and_a_dropped_request_stops_its_fetch() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let private = "You handle the payroll of Acme GmbH; salaries are confidential. Be brief.";
+    let (private_ids, _) = edge_ids(&m, private, USER);
+    let bytes = |n: usize| n * m.cfg.kv_bytes_per_token();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let h = Hostile {
+            genuine: g.clone(),
+            attack: Arc::new(Mutex::new(Attack::HeaderThenSilence)),
+            auth: Default::default(),
+            gone: Default::default(),
+        };
+        let gone = h.gone.clone();
+        let url = serve(h).await;
+        // Room for either prompt, not both.
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(url),
+                trust: trusting(Some(g.key.public())),
+                cache_bytes: bytes(ids.len()) + bytes(private_ids.len()) - 1,
+                ..Default::default()
+            },
+        );
+        let held = p.for_system_streaming(&ids).await.unwrap();
+        assert!(matches!(held.kv, edgeprompt_edge::PromptKv::Streaming(_)));
+        assert_eq!(
+            p.in_flight_bytes(),
+            bytes(ids.len()),
+            "the arriving prompt is counted"
+        );
+        match p.for_system(&private_ids).await {
+            Err(edgeprompt_edge::prefixes::LookupError::Busy(m)) => {
+                assert!(m.contains("retry later"), "{m}")
+            }
+            other => panic!("expected busy, got {:?}", other.map(|r| r.source)),
+        }
+        // The request that held the fetch goes away: the download stops and its bytes are
+        // given back.
+        drop(held);
+        until("the stalled fetch is closed", || {
+            gone.load(std::sync::atomic::Ordering::SeqCst) == 1
+        })
+        .await;
+        until("its bytes are given back", || p.in_flight_bytes() == 0).await;
+        assert_eq!(p.entries(), 0, "nothing is left of it");
+        let r = p.for_system(&private_ids).await.unwrap();
+        assert_eq!(r.source, Source::Local);
+    });
+}
+
+#[test]
+fn a_fifo_or_a_symlink_in_the_cache_dir_is_not_read() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let address = edgeprompt_kv::content_address(&m.fingerprint, &ids);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = hostile(&g, Arc::new(Mutex::new(Attack::Honest))).await;
+        let seal = Seal::sign(&g.key, "support", &g.support, Codec::F16, 0, false);
+        let elsewhere = tempfile::tempdir().unwrap();
+        let target = elsewhere.path().join(format!("{address}.kv"));
+        write(&target, &g.support, Some(&seal));
+        for what in ["fifo", "symlink"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(format!("{address}.kv"));
+            match what {
+                "fifo" => {
+                    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                }
+                _ => std::os::unix::fs::symlink(&target, &path).unwrap(),
+            }
+            let p = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(url.clone()),
+                    disk_dir: Some(dir.path().to_path_buf()),
+                    trust: trusting(Some(g.key.public())),
+                    ..Default::default()
+                },
+            );
+            let r = within(60, what, p.for_system(&ids)).await.unwrap();
+            assert_eq!(r.source, Source::Cloud, "{what}: not read, fetched");
+            assert!(same(&r.prefix, &g.support), "{what}");
+        }
+    });
+}
+
+#[test]
+fn unsigned_kv_from_a_peer_is_neither_kept_on_disk_nor_relayed() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let address = edgeprompt_kv::content_address(&m.fingerprint, &ids);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cloud = hostile(&g, Arc::new(Mutex::new(Attack::Honest))).await;
+        // A fake peer: the values altered, the CRC recomputed, the signature kept.
+        let fake = hostile(&g, Arc::new(Mutex::new(Attack::AlteredWithCrc))).await;
+        let dir = tempfile::tempdir().unwrap();
+        // An edge that was told to take unsigned KV: it cannot tell the forgery...
+        let b = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(cloud),
+                peers: vec![fake],
+                disk_dir: Some(dir.path().to_path_buf()),
+                trust: CloudTrust::AllowUnsigned,
+                ..Default::default()
+            },
+        );
+        let r = b.for_system(&ids).await.unwrap();
+        assert_eq!(
+            r.source,
+            Source::Peer,
+            "the documented limit of --allow-unsigned-kv"
+        );
+        // ...but keeps it only in memory, and serves it to no one.
+        assert_eq!(b.flush(std::time::Duration::from_secs(10)).await, 0);
+        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(files, 0, "peer KV it could not check was written to disk");
+        assert!(b.cached(&address).await.is_none(), "it would be relayed");
+    });
+}
+
+/// Refused KV of a prompt named by id (the edge cannot compute what the id means) is one clear
+/// 502, whole or streamed, never a 500.
+#[test]
+fn refused_kv_named_by_id_is_one_clear_502() {
+    use edgeprompt_edge::http::{access::ApiKeys, serve, EdgeServer, ServerConfig};
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let attack = Arc::new(Mutex::new(Attack::Unsigned));
+    let addr = rt.block_on(async {
+        let url = hostile(&g, attack.clone()).await;
+        let state = EdgeServer::start(
+            m.clone(),
+            ServerConfig {
+                model_id: "smollm2".into(),
+                default_max_tokens: 2,
+                api_keys: ApiKeys::default(),
+            },
+            Default::default(),
+            PrefixConfig {
+                cloud_url: Some(url),
+                trust: trusting(Some(g.key.public())),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l, state));
+        addr
+    });
+    for a in [Attack::Unsigned, Attack::ForgedIdHeader, Attack::WrongKey] {
+        *attack.lock().unwrap() = a;
+        for stream in [false, true] {
+            let body = serde_json::json!({
+                "model": "smollm2", "cloud_prompt": "support", "prompt": "Hi", "max_tokens": 2,
+                "stream": stream
+            });
+            let (status, text) = common::http(addr, "POST", "/v1/completions", &body.to_string());
+            // Streamed, the error may come after the stream has begun: as its event.
+            let code = match (stream, status) {
+                (true, 200) => text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                    .find_map(|v| {
+                        v["error"]["code"]
+                            .as_u64()
+                            .or(v["error"]["status"].as_u64())
+                    })
+                    .unwrap_or(0),
+                _ => status as u64,
+            };
+            println!(
+                "{a:?} stream={stream}: {status} {}",
+                text.lines().last().unwrap_or("")
+            );
+            assert_eq!(code, 502, "{a:?} stream={stream}: {text}");
+            assert!(text.contains("could not get the cloud prompt"), "{text}");
+        }
+    }
+}
+
+/// A list forged on the path cannot make the edge name a private system message: the list
+/// must carry the pinned key's signature, or nothing on it counts.
+#[test]
+fn a_list_forged_on_the_path_names_no_private_prompt() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (private_ids, _) = edge_ids(&m, PRIVATE, USER);
+    let (support_ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let h = Hostile {
+            genuine: g.clone(),
+            attack: Arc::new(Mutex::new(Attack::ForgedList)),
+            auth: Default::default(),
+            gone: Default::default(),
+        };
+        let fetches = h.auth.clone();
+        let url = serve(h).await;
+        for trust in [
+            CloudTrust::Key(g.key.public()),
+            // First contact: the path's list shows the real key, which is pinned, and the
+            // list's signature (by another key) fails against it.
+            CloudTrust::FirstUse(None),
+        ] {
+            let p = prefixes(
+                &m,
+                PrefixConfig {
+                    cloud_url: Some(url.clone()),
+                    trust: trust.clone(),
+                    ..Default::default()
+                },
+            );
+            let r = p.for_system(&private_ids).await.unwrap();
+            assert_eq!(r.source, Source::Local, "{trust:?}");
+            assert!(
+                p.published().await.is_err(),
+                "{trust:?}: the forged list is refused"
+            );
+            // With no list it can trust, the edge asks for nothing at all.
+            assert_eq!(
+                p.for_system(&support_ids).await.unwrap().source,
+                Source::Local
+            );
+            assert!(
+                fetches.lock().unwrap().is_empty(),
+                "{trust:?}: a fetch was made"
+            );
+        }
     });
 }

@@ -199,44 +199,14 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
     assert_eq!(got, in_process(SUPPORT, "Can I bring my dog?", 8));
 }
 
-/// A loopback TCP proxy that records every byte the edge sends toward the cloud.
-async fn tap(upstream: String) -> (String, Arc<std::sync::Mutex<Vec<u8>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let up = upstream.trim_start_matches("http://").to_string();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = tokio::net::TcpStream::connect(&up).await.unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 1 << 16];
-                while let Ok(n) = cr.read(&mut buf).await {
-                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                    log.lock().unwrap().extend_from_slice(&buf[..n]);
-                }
-            });
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut sr, &mut cw).await;
-            });
-        }
-    });
-    (format!("http://{addr}"), seen)
-}
-
 /// Privacy (docs/design.md §9): every byte the edge sent toward the cloud is captured; none of the
 /// private prompt's text, token ids or KV is in it, and it is only the request itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_uploads_nothing_of_the_private_prompt() {
     let m = model();
     let url = start_cloud(m.clone()).await;
-    let (tapped, seen) = tap(url).await;
+    let tap = common::Tap::start(&url).await;
+    let (tapped, seen) = (tap.url.clone(), tap.up.clone());
     let user = "My name is Dana Whitfield, card 4929-1234-5678-9012, booking 7781-XK. Refund?";
     let (got, down) = over_network(&tapped, "support", user, Codec::F16, true, 16).await;
     assert_eq!(got, in_process(SUPPORT, user, 16));

@@ -11,6 +11,7 @@ use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Resolved, Source, UnknownSystem};
 use edgeprompt_edge::scheduler::{Batcher, Event, Extras, Job, SchedulerConfig};
+use edgeprompt_edge::CloudTrust;
 use edgeprompt_engine::{Model, PrefixKv, SamplingParams};
 use edgeprompt_kv::Codec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 
 mod common;
-use common::{edge_ids, model, start_cloud, SUPPORT};
+use common::{edge_ids, model, start_cloud, Switch, SUPPORT};
 
 const USER: &str = "My train was cancelled an hour before departure. What do I get back?";
 
@@ -29,7 +30,11 @@ fn prefixes(
     peers: Vec<String>,
     disk: Option<std::path::PathBuf>,
 ) -> Prefixes {
+    // The cloud's key pinned on first contact, beside the disk tier when there is one (as
+    // `edgeprompt serve --cache-dir` keeps it), so a restarted edge still checks its disk.
+    let trust = CloudTrust::FirstUse(disk.as_ref().map(|d| d.join("known_clouds")));
     let cfg = PrefixConfig {
+        trust,
         cloud_url: cloud,
         codec: Codec::F16,
         unknown_system: UnknownSystem::ComputeLocally,
@@ -199,6 +204,8 @@ fn cloud_faults_before_during_and_after_the_stream_never_change_the_answer() {
     });
 }
 
+/// An edge that has seen its cloud's list, whose cloud then goes down, gets a published
+/// prompt from a peer (it asks peers only for what the cloud published).
 #[test]
 fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
     let m = model();
@@ -206,7 +213,7 @@ fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
     let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
     rt.block_on(async {
         let cloud = start_cloud(m.clone()).await;
-        let a = Arc::new(prefixes(&m, Some(cloud), vec![], None));
+        let a = Arc::new(prefixes(&m, Some(cloud.clone()), vec![], None));
         let from_cloud = a.for_system(&cloud_ids).await.unwrap();
         assert_eq!(from_cloud.source, Source::Cloud);
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -216,12 +223,11 @@ fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
                 .add_service(PeerService::server(a.clone(), Default::default()))
                 .serve_with_incoming(TcpListenerStream::new(l)),
         );
-        let dead = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let b = prefixes(&m, Some(format!("http://{dead}")), vec![peer], None);
+        let link = Switch::start(&cloud).await;
+        let b = prefixes(&m, Some(link.url.clone()), vec![peer], None);
+        let listed = b.published().await.unwrap();
+        assert_eq!(listed.prompts.len(), 2, "the cloud's list, while it was up");
+        link.off();
         let got = b.for_system(&cloud_ids).await.unwrap();
         assert_eq!(got.source, Source::Peer);
         assert!(same_kv(&got.prefix, &from_cloud.prefix));
@@ -240,7 +246,8 @@ fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {
         let cloud = start_cloud(m.clone()).await;
-        let first = prefixes(&m, Some(cloud), vec![], Some(dir.path().into()));
+        let link = Switch::start(&cloud).await;
+        let first = prefixes(&m, Some(link.url.clone()), vec![], Some(dir.path().into()));
         let fetched = first.for_system(&cloud_ids).await.unwrap();
         assert_eq!(fetched.source, Source::Cloud);
         // The disk copy is written in the background.
@@ -255,17 +262,8 @@ fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         drop(first);
-        let dead = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let restarted = prefixes(
-            &m,
-            Some(format!("http://{dead}")),
-            vec![],
-            Some(dir.path().into()),
-        );
+        link.off();
+        let restarted = prefixes(&m, Some(link.url.clone()), vec![], Some(dir.path().into()));
         let got = restarted.for_system(&cloud_ids).await.unwrap();
         assert_eq!(got.source, Source::Disk);
         assert!(same_kv(&got.prefix, &fetched.prefix));
@@ -289,15 +287,15 @@ fn a_streaming_cold_prompt_cut_mid_way_still_gives_the_same_answer() {
     let mut streamed = 0;
     for k in [1u64, 3, 5] {
         let cut = total * k / 6;
-        let p = rt.block_on(async {
+        // Held while the request runs, as the server's requests hold it.
+        let lookup = rt.block_on(async {
             let url = cutting_proxy(upstream, cut, Arc::new(AtomicU64::new(0))).await;
             Arc::new(prefixes(&m, Some(url), vec![], None))
                 .for_system_streaming(&cloud_ids)
                 .await
                 .unwrap()
-                .kv
         });
-        let PromptKv::Streaming(stream) = p else {
+        let PromptKv::Streaming(stream) = lookup.kv.clone() else {
             // The cut came before the header: the prompt was computed here, whole.
             continue;
         };

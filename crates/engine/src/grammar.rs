@@ -91,9 +91,18 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+            .map_err(|e| GrammarError::Invalid(first_line(e)))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        // A grammar that admits no answer at all (a `$ref` cycle that never reaches a value)
+        // is the client's error, found here rather than at the first token.
+        let admits = matcher.compute_mask_or_eos().is_ok_and(|m| m.num_set() > 0);
+        if !admits {
+            return Err(GrammarError::Invalid(
+                "it admits no answer at all (a $ref that never reaches a value?)".into(),
+            ));
+        }
         Ok(Constraint {
-            matcher: Matcher::new(Ok(parser)),
+            matcher,
             width: self.width,
             masked: Vec::new(),
         })
@@ -134,8 +143,14 @@ impl TokenizerEnv for Vocabulary {
     }
 }
 
+/// The grammar library's message without the parser state it appends (internals, and they
+/// may quote the answer).
+fn first_line(e: impl std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
 fn failed(e: impl std::fmt::Display) -> GrammarError {
-    GrammarError::Failed(e.to_string())
+    GrammarError::Failed(first_line(e))
 }
 
 /// One answer's grammar state.

@@ -142,3 +142,16 @@ fn bad_grammars_are_client_errors() {
         }
     }
 }
+
+#[test]
+fn a_schema_that_admits_no_answer_is_a_short_client_error() {
+    let m = common::smollm2();
+    let g = Grammars::for_model(&m).unwrap();
+    let cycle = json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}});
+    match g.constraint(&Spec::JsonSchema(cycle)) {
+        Err(GrammarError::Invalid(m)) => {
+            assert!(!m.contains('\n') && !m.contains("<state>"), "{m}")
+        }
+        other => panic!("a $ref cycle: {:?}", other.map(|_| ())),
+    }
+}

@@ -104,6 +104,8 @@ pub struct Reassembler {
     next_start: usize,
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
+    /// The codec every chunk must carry (the stream's header names one).
+    codec: Option<Codec>,
 }
 
 impl Reassembler {
@@ -118,7 +120,14 @@ impl Reassembler {
             next_start: 0,
             k: vec![Vec::new(); n_kv_head],
             v: vec![Vec::new(); n_kv_head],
+            codec: None,
         }
+    }
+
+    /// Every chunk must be in `codec` (what the stream's header announced).
+    pub fn with_codec(mut self, codec: Codec) -> Self {
+        self.codec = Some(codec);
+        self
     }
 
     /// A stream that starts at layer `first` (the layers below are computed elsewhere).
@@ -174,6 +183,13 @@ impl Reassembler {
                 start: c.start,
             });
         }
+        if self.codec.is_some_and(|want| want != c.codec) {
+            return Err(KvError::Shape(format!(
+                "a chunk in {} inside a stream of {}",
+                c.codec.name(),
+                self.codec.map_or("", |x| x.name())
+            )));
+        }
         if c.end < c.start || c.end as usize > self.n_tokens || c.n_tokens() > MAX_CHUNK_TOKENS {
             return Err(KvError::Shape(format!(
                 "tokens {}..{} in a segment of {} (at most {MAX_CHUNK_TOKENS} a chunk)",
@@ -188,6 +204,13 @@ impl Reassembler {
             self.head_dim,
             c.n_tokens(),
         )?;
+        // No model makes infinite or NaN keys and values: such a chunk is forged or broken.
+        if k.iter().chain(&v).flatten().any(|x| !x.is_finite()) {
+            return Err(KvError::Shape(format!(
+                "layer {} tokens {}..{}: values that are not finite",
+                c.layer, c.start, c.end
+            )));
+        }
         let first_of_layer = c.start as usize == self.starts[self.next_layer];
         let rest = (self.n_tokens - self.starts[self.next_layer]) * self.head_dim;
         for (dst, src) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {

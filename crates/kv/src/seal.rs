@@ -90,6 +90,34 @@ impl Manifest {
     }
 }
 
+/// One published prompt as a cloud's list names it: id, token count, content address (hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub id: String,
+    pub tokens: u32,
+    pub address: String,
+}
+
+/// The bytes signed for a cloud's list of published prompts to a model: without the cloud's
+/// signature a path could add addresses of its choosing, and an edge would name a private
+/// system message whose address it guessed.
+fn list_statement(fingerprint: &str, entries: &[ListEntry]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64 + entries.len() * 96);
+    m.extend_from_slice(b"edgeprompt-list-v1\0");
+    for s in std::iter::once(fingerprint).chain(
+        entries
+            .iter()
+            .flat_map(|e| [e.id.as_str(), e.address.as_str()]),
+    ) {
+        m.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        m.extend_from_slice(s.as_bytes());
+    }
+    for e in entries {
+        m.extend_from_slice(&e.tokens.to_le_bytes());
+    }
+    m
+}
+
 /// SHA-256 of a layer's values and the positions they sit at.
 pub fn layer_digest(layer: &LayerKv) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -116,6 +144,13 @@ impl SealKey {
         Self(SigningKey::from_bytes(&seed))
     }
 
+    /// A new key from the system's randomness, and its seed (what a key file holds).
+    pub fn generate() -> Result<(Self, [u8; 32])> {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).map_err(|e| KvError::Seal(format!("no randomness: {e}")))?;
+        Ok((Self::from_seed(seed), seed))
+    }
+
     /// A key from its hex seed (a key file's text).
     pub fn from_hex(text: &str) -> Result<Self> {
         let seed: [u8; 32] = hex32(text, "signing key")?;
@@ -132,6 +167,13 @@ impl SealKey {
 
     pub fn sign_digest(&self, m: &Manifest, l: usize, digest: &[u8; 32]) -> [u8; 64] {
         self.0.sign(&m.statement(l, digest)).to_bytes()
+    }
+
+    /// The signature of the list of prompts published to the model of `fingerprint`.
+    pub fn sign_list(&self, fingerprint: &str, entries: &[ListEntry]) -> [u8; 64] {
+        self.0
+            .sign(&list_statement(fingerprint, entries))
+            .to_bytes()
     }
 }
 
@@ -154,8 +196,36 @@ impl TrustKey {
             .map_err(|e| KvError::Seal(format!("public key: {e}")))
     }
 
+    /// A key as the cloud's list carries it (32 bytes).
+    pub fn from_bytes(b: &[u8]) -> Result<Self> {
+        let b: [u8; 32] = b
+            .try_into()
+            .map_err(|_| KvError::Seal(format!("a public key of {} bytes", b.len())))?;
+        VerifyingKey::from_bytes(&b)
+            .map(Self)
+            .map_err(|e| KvError::Seal(format!("public key: {e}")))
+    }
+
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0.to_bytes()
+    }
+
     pub fn to_hex(&self) -> String {
         hex::encode(self.0.as_bytes())
+    }
+
+    /// What logs and errors show of a key: its first 16 hex digits.
+    pub fn short(&self) -> String {
+        self.to_hex()[..16].to_string()
+    }
+
+    /// Whether `sig` is this key's signature of the list `entries` published to `fingerprint`.
+    pub fn verify_list(&self, fingerprint: &str, entries: &[ListEntry], sig: &[u8]) -> Result<()> {
+        let bad = || KvError::Seal("the list of prompts is not signed by the cloud's key".into());
+        let sig = Signature::from_slice(sig).map_err(|_| bad())?;
+        self.0
+            .verify(&list_statement(fingerprint, entries), &sig)
+            .map_err(|_| bad())
     }
 
     /// Whether `sig` is this key's signature of layer `l` of `m` holding `layer`.
@@ -289,6 +359,32 @@ mod tests {
             token_ids: vec![1, 2, 3, 4, 5],
             layers,
         }
+    }
+
+    #[test]
+    fn a_signed_list_verifies_and_an_added_address_breaks_it() {
+        let key = SealKey::from_seed([7; 32]);
+        let e = |id: &str, a: u8| ListEntry {
+            id: id.into(),
+            tokens: 30,
+            address: hex::encode([a; 32]),
+        };
+        let list = vec![e("support", 1), e("coding", 2)];
+        let sig = key.sign_list("fp", &list);
+        key.public().verify_list("fp", &list, &sig).unwrap();
+        let mut added = list.clone();
+        added.push(e("guess", 3));
+        let mut retitled = list.clone();
+        retitled[0].tokens = 31;
+        for (what, l, fp) in [
+            ("an added address", &added, "fp"),
+            ("a changed count", &retitled, "fp"),
+            ("another model", &list, "fp2"),
+        ] {
+            assert!(key.public().verify_list(fp, l, &sig).is_err(), "{what}");
+        }
+        let other = SealKey::from_seed([8; 32]);
+        assert!(other.public().verify_list("fp", &list, &sig).is_err());
     }
 
     #[test]

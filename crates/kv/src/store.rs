@@ -55,6 +55,47 @@ impl Expect {
         }
         Ok(())
     }
+
+    /// Most bytes a stored prefix of this model can take: its header, and every layer's f16
+    /// chunks for a whole context with their framing.
+    pub fn max_stored_bytes(&self) -> u64 {
+        let header = self.max_header_bytes() + 14;
+        let chunks = (self.max_tokens / CHUNK_TOKENS + 1) as u64 * self.n_layers as u64;
+        let values = Codec::F16.chunk_bytes(self.n_kv_head, self.head_dim, self.max_tokens) as u64
+            * self.n_layers as u64;
+        header + values + chunks * (CHUNK_FRAME + 4096)
+    }
+
+    /// Most bytes of a stored prefix's JSON header: an id is at most 10 digits and a comma;
+    /// the rest (fingerprint, starts, seal) is small.
+    fn max_header_bytes(&self) -> u64 {
+        self.max_tokens as u64 * 11 + self.n_layers as u64 * 160 + (64 << 10)
+    }
+}
+
+/// Bytes framing one stored chunk: layer, start, end, CRC, codec, compressed, length.
+const CHUNK_FRAME: u64 = 4 * 4 + 2 + 8;
+
+/// Open `path` for reading only if it is a regular file: never a FIFO, a device or a symlink
+/// (whose target may be anywhere), and never blocking on the open. `None` if it does not exist.
+pub fn open_regular(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(std::io::Error::other("a symlink, not a file"))
+        }
+        Err(e) => return Err(e),
+    };
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(Some(f))
 }
 
 /// In-memory LRU bounded by the KV bytes it holds.
@@ -272,15 +313,21 @@ impl DiskStore {
     /// prefix. Whether the seal is the trusted cloud's is the caller's check.
     pub fn get(&self, key: &str, expect: &Expect) -> Result<Option<(PrefixKv, Option<Seal>)>> {
         let path = self.path(key)?;
-        let mut f = match std::fs::File::open(&path) {
-            Ok(f) => {
-                // A read is a use: the LRU order is the files' modification times.
-                let _ = f.set_modified(std::time::SystemTime::now());
-                std::io::BufReader::new(f)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let store_err = |m: String| KvError::Store(format!("{}: {m}", path.display()));
+        let f = match open_regular(&path) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(store_err(e.to_string())),
         };
+        let len = f.metadata()?.len();
+        if len > expect.max_stored_bytes() {
+            return Err(store_err(format!(
+                "{len} bytes, more than a prefix of this model can take"
+            )));
+        }
+        // A read is a use: the LRU order is the files' modification times.
+        let _ = f.set_modified(std::time::SystemTime::now());
+        let mut f = std::io::BufReader::new(f.take(len));
         read_prefix(&mut f, expect)
             .map(Some)
             .map_err(|e| KvError::Store(format!("{}: {e}", path.display())))
@@ -332,8 +379,7 @@ pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Opti
         return Err(KvError::Store("not a stored KV prefix".into()));
     }
     let hlen = read_u64(r)?;
-    // An id is at most 10 digits and a comma; the rest (fingerprint, starts, seal) is small.
-    let most = expect.max_tokens as u64 * 11 + expect.n_layers as u64 * 160 + (64 << 10);
+    let most = expect.max_header_bytes();
     if hlen > most {
         return Err(KvError::Store(format!(
             "header of {hlen} bytes, more than {most}"
@@ -368,6 +414,7 @@ pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Opti
     let most_payload =
         Codec::F16.chunk_bytes(header.n_kv_head, header.head_dim, MAX_CHUNK_TOKENS) as u64 + 4096;
     let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim)
+        .with_codec(Codec::F16)
         .with_starts(&header.layer_starts)?;
     let mut layers = Vec::with_capacity(header.n_layers);
     while !re.is_complete() {

@@ -35,10 +35,19 @@ pub struct ListRequest {
     pub model_fingerprint: String,
 }
 
+/// What the cloud publishes: the only prompts an edge (or a peer) may ask anyone for.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ListReply {
     #[prost(message, repeated, tag = "1")]
     pub prompts: Vec<PromptInfo>,
+    /// The Ed25519 public key (32 bytes) that signs this cloud's KV; empty when it signs
+    /// nothing. An edge without a configured key pins the first one it sees.
+    #[prost(bytes = "vec", tag = "2")]
+    pub signing_key: Vec<u8>,
+    /// That key's Ed25519 signature of the list (the asking fingerprint and each prompt's id,
+    /// address and token count, in order): a path cannot add addresses to it.
+    #[prost(bytes = "vec", tag = "3")]
+    pub signature: Vec<u8>,
 }
 
 /// A cloud prompt's public facts.
@@ -48,6 +57,10 @@ pub struct PromptInfo {
     pub id: String,
     #[prost(uint32, tag = "2")]
     pub tokens: u32,
+    /// Its content address for the model the list was asked for (32 bytes): an edge matches
+    /// system messages against these locally and asks for nothing else.
+    #[prost(bytes = "vec", tag = "3")]
+    pub content_address: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]

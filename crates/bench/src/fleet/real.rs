@@ -108,6 +108,12 @@ impl Launch<'_> {
                         format!("127.0.0.1:{port}"),
                         s("--cloud-layers-from"),
                         s(split),
+                        // The cloud's key pinned for this run only.
+                        s("--known-clouds"),
+                        self.dir
+                            .join(format!("edge{i}-known-clouds"))
+                            .display()
+                            .to_string(),
                         s("--max-queue"),
                         s(4096),
                         s("--kv-budget-mb"),
@@ -207,7 +213,6 @@ impl Launch<'_> {
     }
 
     fn start(&self, mut n: Nodes, ports: &[u16]) -> Result<Nodes, BenchError> {
-        let _ = self.dir;
         for p in n.procs.iter_mut() {
             p.start()?;
         }

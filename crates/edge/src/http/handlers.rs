@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -21,7 +22,7 @@ use super::origin::Origin;
 use super::{tools, ApiError, EdgeServer};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
-use crate::scheduler::{Done, Event, Extras, Job, Refusal, DEAD, STOPPED};
+use crate::scheduler::{Done, Event, Extras, Job, Refusal, BUSY, DEAD, NO_CLOUD_PROMPT, STOPPED};
 
 type AppState = State<Arc<EdgeServer>>;
 
@@ -31,19 +32,39 @@ const SYSTEM_ROLES: [&str; 2] = ["system", "developer"];
 pub async fn chat(
     State(s): AppState,
     Extension(id): Extension<RequestId>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = chat_inner(&s, &id, &body).await;
+    let r = match body_of(body) {
+        Ok(body) => chat_inner(&s, &id, &body).await,
+        Err(e) => Err(e),
+    };
     finish(&s, Kind::Chat, r)
 }
 
 pub async fn completions(
     State(s): AppState,
     Extension(id): Extension<RequestId>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = completions_inner(&s, &id, &body).await;
+    let r = match body_of(body) {
+        Ok(body) => completions_inner(&s, &id, &body).await,
+        Err(e) => Err(e),
+    };
     finish(&s, Kind::Completion, r)
+}
+
+/// A body the server would not read (over its endpoint's limit, or broken) as an API error.
+pub fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let status = e.status();
+        let message = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                "the request body is larger than this endpoint takes (more than the model's context could hold)".to_string()
+            }
+            _ => e.body_text(),
+        };
+        ApiError::new(status, message)
+    })
 }
 
 fn finish(s: &EdgeServer, kind: Kind, r: Result<Response, ApiError>) -> Response {
@@ -588,7 +609,10 @@ fn lookup_error(e: LookupError) -> ApiError {
         LookupError::UnknownSystem => ApiError::bad_request(e.to_string()),
         LookupError::UnknownId(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
         LookupError::Disk(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        LookupError::Busy(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+        LookupError::Busy(_) => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+        },
         LookupError::TooLong(_) => ApiError::bad_request(e.to_string()),
         LookupError::Failed(m) => ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -740,10 +764,17 @@ fn failure(m: String) -> ApiError {
         StatusCode::GATEWAY_TIMEOUT
     } else if m == STOPPED || m.starts_with(DEAD) {
         StatusCode::SERVICE_UNAVAILABLE
+    } else if m.starts_with(BUSY) {
+        StatusCode::TOO_MANY_REQUESTS
+    } else if m.starts_with(NO_CLOUD_PROMPT) {
+        StatusCode::BAD_GATEWAY
     } else {
         StatusCode::INTERNAL_SERVER_ERROR
     };
-    ApiError::new(status, m)
+    ApiError {
+        retry_after: (status == StatusCode::TOO_MANY_REQUESTS).then_some(1),
+        ..ApiError::new(status, m)
+    }
 }
 
 struct StreamMeta {
@@ -872,7 +903,11 @@ fn stream(
                     done.push(d);
                 }
                 Some((_, Event::Failed(e))) => {
-                    msgs.push(data(openai::error_body(500, &e, None)));
+                    // The status the answer would have had, had it not begun already.
+                    let status = failure(e.clone()).status.as_u16();
+                    let mut body = openai::error_body(status, &e, None);
+                    body["error"]["status"] = status.into();
+                    msgs.push(data(body));
                     stop = true;
                 }
                 None => stop = true,

@@ -17,6 +17,7 @@ mod page;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -49,6 +50,8 @@ pub struct EdgeServer {
     /// The grammar compiler over this model's vocabulary, built at the first constrained
     /// request.
     grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
+    /// Requests with large bodies handled at once (see `large_requests`).
+    large: tokio::sync::Semaphore,
 }
 
 impl EdgeServer {
@@ -72,6 +75,7 @@ impl EdgeServer {
             draining: AtomicBool::new(false),
             in_flight: Default::default(),
             grammars: Default::default(),
+            large: tokio::sync::Semaphore::new(2),
         }))
     }
 
@@ -102,14 +106,31 @@ impl EdgeServer {
 /// request id.
 pub fn router(state: Arc<EdgeServer>) -> Router {
     let keys = Arc::new(state.cfg.api_keys.clone());
+    let limits = BodyLimits::of(&state.model);
     let api = Router::new()
-        .route("/v1/chat/completions", post(handlers::chat))
-        .route("/v1/completions", post(handlers::completions))
+        .route(
+            "/v1/chat/completions",
+            post(handlers::chat).layer(DefaultBodyLimit::max(limits.text)),
+        )
+        .route(
+            "/v1/completions",
+            post(handlers::completions).layer(DefaultBodyLimit::max(limits.text)),
+        )
         .route("/v1/models", get(handlers::models))
         .route("/v1/cloud_prompts", get(handlers::cloud_prompts))
-        .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize))
+        .route(
+            "/tokenize",
+            post(tokens::tokenize).layer(DefaultBodyLimit::max(limits.text)),
+        )
+        .route(
+            "/detokenize",
+            post(tokens::detokenize).layer(DefaultBodyLimit::max(limits.ids)),
+        )
         .route("/tokenizer_info", get(tokens::tokenizer_info))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            large_requests,
+        ))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             lifecycle::refuse_when_draining,
@@ -125,6 +146,60 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         .merge(api)
         .layer(middleware::from_fn(access::request_id))
         .with_state(state)
+}
+
+/// The most bytes a request body may have, per kind of endpoint: text that could still fit
+/// the model's context (32 bytes a token covers any text escaped in JSON), or its token ids.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub text: usize,
+    pub ids: usize,
+}
+
+impl BodyLimits {
+    pub fn of(model: &Model) -> Self {
+        let ctx = model.max_positions();
+        Self {
+            text: ctx * 32 + (64 << 10),
+            ids: ctx * 12 + (4 << 10),
+        }
+    }
+}
+
+/// A body this large takes its handler through a narrow door: tokenizing it costs about a
+/// hundred times its size in memory, so two at a time at most, and the allocator gives the
+/// memory back to the system afterwards (a flood does not leave the process swollen).
+const LARGE_BODY: usize = 64 << 10;
+
+async fn large_requests(
+    axum::extract::State(s): axum::extract::State<Arc<EdgeServer>>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let len = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(0);
+    if len < LARGE_BODY {
+        return next.run(req).await;
+    }
+    let Ok(permit) = s.large.acquire().await else {
+        return next.run(req).await;
+    };
+    let r = next.run(req).await;
+    drop(permit);
+    give_back_memory();
+    r
+}
+
+/// Return the allocator's free memory to the system (glibc keeps it otherwise).
+fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// `GET /openapi.json`: the description of this API, naming the model this server serves.

@@ -3,13 +3,14 @@
 //! `POST /detokenize`, `GET /tokenizer_info`.
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::handlers::{parse, text_of};
+use super::handlers::{body_of, parse, text_of};
 use super::{ApiError, EdgeServer};
 
 type AppState = State<std::sync::Arc<EdgeServer>>;
@@ -35,9 +36,9 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
-pub async fn tokenize(State(s): AppState, body: Bytes) -> Response {
+pub async fn tokenize(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> Result<Response, ApiError> {
-        let r: TokenizeRequest = parse(&body)?;
+        let r: TokenizeRequest = parse(&body_of(body)?)?;
         let text = r
             .content
             .or(r.prompt)
@@ -59,9 +60,9 @@ pub async fn tokenize(State(s): AppState, body: Bytes) -> Response {
     run().unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn detokenize(State(s): AppState, body: Bytes) -> Response {
+pub async fn detokenize(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> Result<Response, ApiError> {
-        let r: DetokenizeRequest = parse(&body)?;
+        let r: DetokenizeRequest = parse(&body_of(body)?)?;
         let text = text_of(&s.model, &r.tokens)?;
         Ok(Json(json!({"content": text, "prompt": text})).into_response())
     };

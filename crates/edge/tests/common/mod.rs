@@ -212,3 +212,91 @@ pub fn python() -> PathBuf {
     );
     p
 }
+
+/// A TCP proxy to `upstream` that can be switched off: while off, it closes every connection
+/// at once (a cloud gone down, as the edge sees it), while on it forwards both ways.
+pub struct Switch {
+    pub url: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Switch {
+    pub async fn start(upstream: &str) -> Self {
+        use tokio::net::{TcpListener, TcpStream};
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let on = up.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = l.accept().await {
+                if !on.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Self { url, up }
+    }
+
+    /// Off: new connections are closed at once (connections already open stay).
+    pub fn off(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A loopback TCP proxy to `upstream` that records every byte on the link: `up` what the
+/// client sent, `down` what came back.
+pub struct Tap {
+    pub url: String,
+    pub up: Arc<std::sync::Mutex<Vec<u8>>>,
+    pub down: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Tap {
+    pub async fn start(upstream: &str) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let to = upstream.trim_start_matches("http://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let up: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+        let down: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+        let (u, d) = (up.clone(), down.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&to).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (mut r, mut w, log) in [(cr, sw, u.clone()), (sr, cw, d.clone())] {
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 1 << 16];
+                        while let Ok(n) = r.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            log.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if w.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { url, up, down }
+    }
+
+    /// Every byte seen both ways.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut all = self.up.lock().unwrap().clone();
+        all.extend_from_slice(&self.down.lock().unwrap());
+        all
+    }
+}

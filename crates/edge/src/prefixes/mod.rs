@@ -1,8 +1,11 @@
 //! Where a request's cloud-prompt KV comes from, in order (docs/design.md §5): this edge's memory,
-//! its disk (survives restarts), peer edges, the cloud, or computed here (a system message the
-//! cloud does not know, or a cloud that is down or dies mid-stream: the result is the same KV,
-//! bit for bit). One lookup per prompt however many requests ask at once; every request on the
-//! prompt then shares that one copy.
+//! its disk (survives restarts), peer edges, the cloud, or computed here (a cloud that is down or
+//! dies mid-stream: the result is the same KV, bit for bit). One lookup per prompt however many
+//! requests ask at once; every request on the prompt then shares that one copy.
+//!
+//! Only prompts the cloud publishes (`catalog`) are looked up anywhere but here: a system
+//! message that is not on the cloud's list is private, computed on this edge, never written to
+//! disk and never served to peers; nothing of it (text, ids, length, address) goes on a link.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,22 +13,44 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use edgeprompt_engine::{Model, PrefixKv, Sequence};
-use edgeprompt_kv::{content_address, Codec, DiskStore, Expect, Seal, TrustKey};
+use edgeprompt_engine::{Model, PrefixKv};
+use edgeprompt_kv::{content_address, Codec, DiskStore, Expect, Seal};
 use edgeprompt_protocol::PromptRef;
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
-use crate::layer_stream::{LayerStream, PromptKv, Wire};
+use crate::catalog::Catalog;
+use crate::layer_stream::{LayerStream, PromptKv, StreamFailure, Wire};
+use crate::link_meter::LinkMeter;
 use crate::metrics::Metrics;
+use crate::trust::CloudTrust;
 use crate::{ClientSecurity, CloudClient, EdgeError};
+
+mod fetch;
 
 /// A lookup in flight, joined by every request on its prompt: the stream, once the cloud's
 /// header is in.
 type Slot = tokio::sync::watch::Sender<Option<Arc<LayerStream>>>;
 
-/// Longest wait for the cloud's next layer before the fetch counts as failed.
-const LAYER_STALL: Duration = Duration::from_secs(30);
+/// How long a fetch may take before it counts as failed (the caller then falls back): the
+/// header, each layer, and the whole fetch. Each is a floor: the edge lengthens the header's
+/// and the whole fetch's by what it measured of its link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deadlines {
+    pub header: Duration,
+    pub layer: Duration,
+    pub whole: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            header: crate::client::HEADER_TIMEOUT,
+            layer: Duration::from_secs(30),
+            whole: Duration::from_secs(120),
+        }
+    }
+}
 
 /// How long a cloud prompt id the cloud did not know is answered as unknown without asking
 /// again, and how many such ids are remembered.
@@ -56,9 +81,11 @@ pub struct PrefixConfig {
     pub security: ClientSecurity,
     /// TLS trust and the peer token for peers (never the cloud's token).
     pub peer_security: ClientSecurity,
-    /// The cloud's public key: with it, KV from the cloud, a peer or the disk is used only if
-    /// the cloud signed every layer of it.
-    pub trust: Option<TrustKey>,
+    /// The key KV from the cloud, a peer or the disk must be signed by: given, pinned on
+    /// first contact (the default), or none by explicit choice.
+    pub trust: CloudTrust,
+    /// When a fetch is given up (and the prompt computed here).
+    pub deadlines: Deadlines,
     /// Bytes the disk tier may hold (least recently used files go first).
     pub disk_max_bytes: u64,
     /// System prompts computed here at once (beyond it: busy, retry later).
@@ -89,7 +116,8 @@ impl Default for PrefixConfig {
             peers: Vec::new(),
             security: ClientSecurity::default(),
             peer_security: ClientSecurity::default(),
-            trust: None,
+            trust: CloudTrust::default(),
+            deadlines: Deadlines::default(),
             disk_max_bytes: u64::MAX,
             max_local_prefills: 4,
             cloud_layers_from: 0,
@@ -122,11 +150,6 @@ impl Source {
     }
 }
 
-/// How long the cloud's list of prompts is reused.
-const LIST_TTL: Duration = Duration::from_secs(5);
-
-type Listed = Result<Vec<(String, usize)>, String>;
-
 /// A cloud prompt a request may name by id.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Named {
@@ -150,6 +173,55 @@ pub struct Lookup {
     pub kv: PromptKv,
     pub source: Source,
     wire: Wire,
+    /// While a fetch streams: the requests that hold it keep it going; when the last one is
+    /// gone (refused, cancelled, done), the fetch is stopped.
+    _interest: Option<Arc<Interest>>,
+}
+
+/// Stops the lookups of a fetch in the background when the last request holding it is gone.
+pub struct Interest(Mutex<Vec<tokio::task::AbortHandle>>);
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        for h in self.0.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
+            h.abort();
+        }
+    }
+}
+
+/// Settles a lookup's stream however its task ends: a task stopped because no request held
+/// it any more fails the stream and leaves no entry, so nothing waits on it.
+struct Settling<'a> {
+    prefixes: &'a Prefixes,
+    key: &'a str,
+    slot: &'a Arc<Slot>,
+    done: bool,
+}
+
+impl Settling<'_> {
+    fn settle(&mut self, got: &Result<Resolved, LookupError>) {
+        self.prefixes.settle(self.key, self.slot, got);
+        self.done = true;
+    }
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let why = LookupError::Failed("no request holds this fetch any more".into());
+            self.prefixes.settle(self.key, self.slot, &Err(why));
+            self.prefixes.forget_unfilled(self.key, None);
+        }
+    }
+}
+
+impl StreamFailure {
+    fn of(e: &LookupError) -> Self {
+        Self {
+            busy: matches!(e, LookupError::Busy(_)),
+            message: e.to_string(),
+        }
+    }
 }
 
 impl Lookup {
@@ -191,7 +263,16 @@ struct Entry {
     /// The cloud's signatures of the prefix, when it came signed (served on to peers and kept
     /// on disk with it).
     seal: Option<Arc<Seal>>,
+    /// Where it came from: only what came from the cloud (or signed, from anywhere) is served
+    /// to peers.
+    source: Source,
     last_used: u64,
+}
+
+/// A lookup in flight with the requests that hold it.
+struct Flight {
+    slot: Arc<Slot>,
+    interest: std::sync::Weak<Interest>,
 }
 
 pub struct Prefixes {
@@ -201,7 +282,7 @@ pub struct Prefixes {
     disk: Option<Arc<DiskStore>>,
     entries: Mutex<HashMap<String, Entry>>,
     /// Lookups that may stream, by key, while they run.
-    streams: Mutex<HashMap<String, Arc<Slot>>>,
+    streams: Mutex<HashMap<String, Flight>>,
     /// Cloud prompt id -> content address, learnt from the cloud's headers.
     ids: Mutex<HashMap<String, String>>,
     clock: AtomicU64,
@@ -209,14 +290,15 @@ pub struct Prefixes {
     writes: Arc<AtomicUsize>,
     /// The last cloud probe: when, and whether it answered.
     probe: tokio::sync::Mutex<Option<(Instant, bool)>>,
-    /// The cloud's last list of prompts (or why it gave none) and when: asked at most every
-    /// `LIST_TTL`, one asking at a time, so pages and clients cannot spend the edge's fetch
-    /// budget at the cloud.
-    listed: tokio::sync::Mutex<Option<(Instant, Listed)>>,
+    /// What the cloud publishes, and the key its KV must be signed by.
+    catalog: Catalog,
+    /// The link to the cloud as measured by fetches (for their deadlines).
+    meter: LinkMeter,
     /// Cloud prompt ids the cloud said it does not know, and when.
     unknown_ids: Mutex<LruCache<String, Instant>>,
-    /// Prompt bytes being computed here now (bounded by the memory budget) and how many.
-    local: Mutex<(usize, usize)>,
+    /// Prompt bytes arriving or being computed now (bounded by the memory budget), and how
+    /// many prompts are being computed here.
+    pending: Mutex<(usize, usize)>,
 }
 
 impl Prefixes {
@@ -229,6 +311,14 @@ impl Prefixes {
             Some(d) => Some(Arc::new(DiskStore::open_bounded(d, cfg.disk_max_bytes)?)),
             None => None,
         };
+        let catalog = Catalog::new(
+            model.clone(),
+            cfg.cloud_url.clone(),
+            cfg.security.clone(),
+            cfg.trust.clone(),
+        )
+        .map_err(|e| LookupError::Failed(e.to_string()))?
+        .with_timeout(cfg.deadlines.header);
         Ok(Self {
             model,
             cfg,
@@ -240,11 +330,12 @@ impl Prefixes {
             clock: AtomicU64::new(0),
             writes: Arc::new(AtomicUsize::new(0)),
             probe: tokio::sync::Mutex::new(None),
-            listed: tokio::sync::Mutex::new(None),
+            catalog,
+            meter: LinkMeter::default(),
             unknown_ids: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(UNKNOWN_IDS_KEPT).expect("nonzero"),
             )),
-            local: Mutex::new((0, 0)),
+            pending: Mutex::new((0, 0)),
         })
     }
 
@@ -292,18 +383,18 @@ impl Prefixes {
                 })
                 .collect()
         };
-        let listed = self.cloud_list().await;
+        let listed = self.catalog.refresh().await;
         let mut out: Vec<Named> = Vec::new();
-        let cloud = listed.as_ref().map(|l| l.as_slice()).unwrap_or_default();
-        for (id, tokens) in cloud {
+        let published = listed.clone().unwrap_or_default();
+        for p in &published.prompts {
             out.push(Named {
-                id: id.clone(),
-                tokens: *tokens,
-                in_memory: held.contains_key(id),
+                id: p.id.clone(),
+                tokens: p.tokens,
+                in_memory: held.contains_key(&p.id),
             });
         }
         for (id, tokens) in held {
-            if !cloud.iter().any(|(c, _)| c == &id) {
+            if published.named(&id).is_none() {
                 out.push(Named {
                     id,
                     tokens,
@@ -344,31 +435,8 @@ impl Prefixes {
             kv: PromptKv::Ready(prefix),
             source: Source::Memory,
             wire: Wire::default(),
+            _interest: None,
         })
-    }
-
-    /// The cloud's prompts; an answer younger than `LIST_TTL` is reused.
-    async fn cloud_list(&self) -> Listed {
-        let Some(url) = &self.cfg.cloud_url else {
-            return Ok(Vec::new());
-        };
-        let mut last = self.listed.lock().await;
-        if let Some((at, l)) = last.as_ref() {
-            if at.elapsed() < LIST_TTL {
-                return l.clone();
-            }
-        }
-        let ask = async {
-            let mut c = CloudClient::connect_with(url, &self.cfg.security).await?;
-            c.list(&self.model).await
-        };
-        let l = match tokio::time::timeout(Duration::from_secs(5), ask).await {
-            Ok(Ok(l)) => Ok(l),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("the cloud did not answer within 5 s".into()),
-        };
-        *last = Some((Instant::now(), l.clone()));
-        l
     }
 
     /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold
@@ -398,19 +466,35 @@ impl Prefixes {
         &self.model
     }
 
-    /// A prompt this edge holds (memory or disk) with the cloud's signatures if it has them,
-    /// for peers; never asks anyone else.
+    /// For a peer: a prompt the cloud publishes that this edge holds as the cloud made it
+    /// (memory or disk), with the cloud's signatures if it has them. Never a prompt computed
+    /// here, never one the cloud does not publish (held or not: the answer is the same, so
+    /// the port is no oracle for private prompts), never unsigned KV that came from a peer;
+    /// never asks anyone else.
     pub async fn cached(&self, address: &str) -> Option<(Arc<PrefixKv>, Option<Arc<Seal>>)> {
+        let published = self.catalog.refresh().await.ok()?;
+        published.at(address)?;
         let in_memory = self.entries.lock().ok().and_then(|e| {
-            e.get(address)
-                .and_then(|x| x.cell.get().map(|p| (p.clone(), x.seal.clone())))
+            let x = e.get(address)?;
+            let relayable = x.source == Source::Cloud || (x.seal.is_some() && self.verifies());
+            relayable
+                .then(|| x.cell.get().map(|p| (p.clone(), x.seal.clone())))
+                .flatten()
         });
         if in_memory.is_some() {
             return in_memory;
         }
-        self.read_disk(address)
-            .await
-            .map(|(p, s)| (Arc::new(p), s.map(Arc::new)))
+        // On disk: only what the cloud signed, checked (an unsigned file may have come from
+        // anywhere).
+        match self.read_disk(address).await {
+            Some((p, Some(s))) if self.verifies() => Some((Arc::new(p), Some(Arc::new(s)))),
+            _ => None,
+        }
+    }
+
+    /// Prompt-cache bytes reserved now by prompts arriving or being computed here.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.pending.lock().map_or(0, |l| l.0)
     }
 
     /// Prompts in the memory tier, resolved or being looked up (failed lookups leave none).
@@ -427,9 +511,14 @@ impl Prefixes {
         }
     }
 
-    /// Whether this edge checks the cloud's signature on everything it takes.
+    /// Whether this edge takes only KV its cloud signed (everything but `--allow-unsigned-kv`).
     pub fn verifies(&self) -> bool {
-        self.cfg.trust.is_some()
+        self.catalog.trust().requires_signature()
+    }
+
+    /// What the cloud publishes (asked again when the last list is stale).
+    pub async fn published(&self) -> Result<Arc<crate::catalog::Published>, String> {
+        self.catalog.refresh().await
     }
 
     /// Where this edge keeps a prompt's KV: its content address, marked when the deep layers
@@ -461,26 +550,39 @@ impl Prefixes {
         c.split
     }
 
-    /// Where a rendered system turn's KV is kept, and how the cloud is asked for it.
-    fn system_ref(&self, ids: &[u32]) -> (String, PromptRef) {
+    /// Where a rendered system turn's KV is kept, how the cloud is asked for it, and whether
+    /// the cloud publishes it (else it is private: nothing of it leaves this edge). The list
+    /// is refreshed first whatever the message holds, so when it is asked tells nothing.
+    async fn system_ref(&self, ids: &[u32]) -> (String, PromptRef, bool) {
         let address = content_address(&self.model.fingerprint, ids);
+        let public = match self.catalog.refresh().await {
+            Ok(p) => p.at(&address).is_some(),
+            Err(_) => false,
+        };
         let bytes = hex::decode(&address).unwrap_or_default();
-        (self.key(&address), PromptRef::ContentAddress(bytes))
+        (self.key(&address), PromptRef::ContentAddress(bytes), public)
     }
 
-    /// Where a cloud prompt named by id is kept: under its address once a header told it.
-    fn id_key(&self, id: &str) -> Result<String, LookupError> {
+    /// Where a cloud prompt named by id is kept: under its address once the cloud's list or
+    /// a header told it.
+    async fn id_key(&self, id: &str) -> Result<String, LookupError> {
         if !edgeprompt_protocol::valid_prompt_id(id) {
             return Err(LookupError::UnknownId(id.into()));
         }
+        let listed = self
+            .catalog
+            .refresh()
+            .await
+            .ok()
+            .and_then(|p| p.named(id).map(|l| self.key(&l.address)));
         let known = self.ids.lock().ok().and_then(|m| m.get(id).cloned());
-        Ok(known.unwrap_or_else(|| format!("id:{id}")))
+        Ok(listed.or(known).unwrap_or_else(|| format!("id:{id}")))
     }
 
     /// The KV of a rendered system turn (`ids`), by content address.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
-        let (key, prompt) = self.system_ref(ids);
-        self.lookup(&key, prompt, Some(ids), None).await
+        let (key, prompt, public) = self.system_ref(ids).await;
+        self.lookup(&key, prompt, Some(ids), public, None).await
     }
 
     /// An id the cloud said, moments ago, it does not know.
@@ -499,8 +601,8 @@ impl Prefixes {
     /// The KV of a cloud prompt named by its id.
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         self.known_unknown(id)?;
-        let key = self.id_key(id)?;
-        self.lookup(&key, PromptRef::Id(id.into()), None, None)
+        let key = self.id_key(id).await?;
+        self.lookup(&key, PromptRef::Id(id.into()), None, true, None)
             .await
     }
 
@@ -510,49 +612,61 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<Lookup, LookupError> {
-        let (key, prompt) = self.system_ref(ids);
-        self.resolve(key, prompt, Some(ids.to_vec())).await
+        let (key, prompt, public) = self.system_ref(ids).await;
+        self.resolve(key, prompt, Some(ids.to_vec()), public).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<Lookup, LookupError> {
         self.known_unknown(id)?;
-        let key = self.id_key(id)?;
-        self.resolve(key, PromptRef::Id(id.into()), None).await
+        let key = self.id_key(id).await?;
+        self.resolve(key, PromptRef::Id(id.into()), None, true)
+            .await
     }
 
     /// Whole from memory; else the lookup runs in the background (joined by every request on
     /// the prompt) and this returns its stream once the cloud's header is in, or the prompt
-    /// whole if another tier had it.
+    /// whole if another tier had it. The background fetch lives while a request holds it.
     async fn resolve(
         self: &Arc<Self>,
         key: String,
         prompt: PromptRef,
         ids: Option<Vec<u32>>,
+        public: bool,
     ) -> Result<Lookup, LookupError> {
         let ready = |r: Resolved| Lookup {
             kv: PromptKv::Ready(r.prefix),
             source: r.source,
             wire: r.wire,
+            _interest: None,
         };
         if self.cell(&key).initialized() {
-            let r = self.lookup(&key, prompt, ids.as_deref(), None).await?;
+            let r = self
+                .lookup(&key, prompt, ids.as_deref(), public, None)
+                .await?;
             return Ok(ready(r));
         }
-        let slot = match self.streams.lock() {
-            Ok(mut m) => m
-                .entry(key.clone())
-                .or_insert_with(|| Arc::new(Slot::new(None)))
-                .clone(),
-            Err(_) => Arc::new(Slot::new(None)),
-        };
+        let (slot, interest) = self.join(&key);
         let mut watch = slot.subscribe();
         let me = self.clone();
         let task = tokio::spawn(async move {
-            let got = me.lookup(&key, prompt, ids.as_deref(), Some(&slot)).await;
-            me.settle(&key, &slot, &got);
+            let mut settling = Settling {
+                prefixes: &me,
+                key: &key,
+                slot: &slot,
+                done: false,
+            };
+            let got = me
+                .lookup(&key, prompt, ids.as_deref(), public, Some(&slot))
+                .await;
+            settling.settle(&got);
             got
         });
+        interest
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task.abort_handle());
         tokio::select! {
             // A failed wait (the lookup ended and dropped the slot) leaves the task's answer.
             // Only a cloud fetch streams.
@@ -561,6 +675,7 @@ impl Prefixes {
                     kv: PromptKv::Streaming(s),
                     source: Source::Cloud,
                     wire: Wire::default(),
+                    _interest: Some(interest),
                 }),
                 None => Err(LookupError::Failed("stream vanished".into())),
             },
@@ -571,27 +686,69 @@ impl Prefixes {
         }
     }
 
+    /// The flight of `key`: its stream's slot and the interest its requests hold (a new one
+    /// when none runs, or when everyone who held the last one is gone).
+    fn join(&self, key: &str) -> (Arc<Slot>, Arc<Interest>) {
+        let mut m = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get(key) {
+            if let Some(i) = f.interest.upgrade() {
+                return (f.slot.clone(), i);
+            }
+        }
+        let slot = Arc::new(Slot::new(None));
+        let interest = Arc::new(Interest(Mutex::new(Vec::new())));
+        m.insert(
+            key.to_string(),
+            Flight {
+                slot: slot.clone(),
+                interest: Arc::downgrade(&interest),
+            },
+        );
+        (slot, interest)
+    }
+
     /// The stream in `slot` learns the lookup's outcome, and the slot leaves the map.
     fn settle(&self, key: &str, slot: &Arc<Slot>, got: &Result<Resolved, LookupError>) {
         if let Some(stream) = slot.borrow().as_ref() {
             match got {
                 Ok(r) => stream.complete(r.prefix.clone()),
-                Err(e) => stream.fail(e.to_string()),
+                Err(e) => stream.fail(StreamFailure::of(e)),
             }
         }
         if let Ok(mut m) = self.streams.lock() {
-            if m.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            if m.get(key).is_some_and(|f| Arc::ptr_eq(&f.slot, slot)) {
                 m.remove(key);
             }
         }
     }
 
+    /// Drop `key`'s entry if it holds nothing and no request waits on it (`waiting`: the
+    /// references to its cell the caller knows of, the map's included).
+    fn forget_unfilled(&self, key: &str, cell: Option<&Arc<OnceCell<Arc<PrefixKv>>>>) {
+        let Ok(mut m) = self.entries.lock() else {
+            return;
+        };
+        let idle = m.get(key).is_some_and(|x| {
+            x.cell.get().is_none()
+                && match cell {
+                    Some(c) => Arc::ptr_eq(&x.cell, c) && Arc::strong_count(c) == 2,
+                    None => Arc::strong_count(&x.cell) == 1,
+                }
+        });
+        if idle {
+            m.remove(key);
+        }
+    }
+
     /// The lookup; with `slot`, a cloud fetch publishes its stream there as layers land.
+    /// `public`: the cloud publishes the prompt (or it is named by id); anything else is
+    /// computed here and asked of no one.
     async fn lookup(
         &self,
         key: &str,
         prompt: PromptRef,
         ids: Option<&[u32]>,
+        public: bool,
         slot: Option<&Arc<Slot>>,
     ) -> Result<Resolved, LookupError> {
         let cell = self.cell(key);
@@ -606,7 +763,7 @@ impl Prefixes {
         let got = cell
             .get_or_try_init(|| async {
                 let got = self
-                    .fetch_or_compute(prompt, address.as_deref(), ids, slot)
+                    .fetch_or_compute(prompt, address.as_deref(), ids, public, slot)
                     .await?;
                 source = got.source;
                 wire = got.wire;
@@ -618,18 +775,9 @@ impl Prefixes {
             Ok(p) => p.clone(),
             Err(e) => {
                 // A failed lookup leaves nothing behind but, for an id the cloud does not
-                // know, a short-lived note of it.
-                if let Ok(mut m) = self.entries.lock() {
-                    // Only this lookup's own cell, and only if no other request waits on it
-                    // (the map's reference and ours): a waiter may still fill it.
-                    if m.get(key).is_some_and(|x| {
-                        Arc::ptr_eq(&x.cell, &cell)
-                            && x.cell.get().is_none()
-                            && Arc::strong_count(&cell) == 2
-                    }) {
-                        m.remove(key);
-                    }
-                }
+                // know, a short-lived note of it. Only this lookup's own cell, and only if no
+                // other request waits on it: a waiter may still fill it.
+                self.forget_unfilled(key, Some(&cell));
                 if let (LookupError::UnknownId(_), Some(id)) = (&e, &id) {
                     if let Ok(mut m) = self.unknown_ids.lock() {
                         m.put(id.clone(), Instant::now());
@@ -638,10 +786,11 @@ impl Prefixes {
                 return Err(e);
             }
         };
-        if seal.is_some() {
+        if source != Source::Memory {
             if let Ok(mut m) = self.entries.lock() {
                 if let Some(x) = m.get_mut(key) {
                     x.seal = seal.clone();
+                    x.source = source;
                 }
             }
         }
@@ -652,10 +801,7 @@ impl Prefixes {
                 source = source.name(),
                 "cloud prompt KV resolved"
             );
-            // A CE-LSLM edge keeps no exact fallback on disk: after a restart it asks the
-            // cloud again for the mix its peers serve.
-            let exact_fallback = source == Source::Local && self.lslm();
-            if matches!(source, Source::Peer | Source::Cloud | Source::Local) && !exact_fallback {
+            if self.keeps_on_disk(source, seal.is_some(), public) {
                 self.write_disk(&prefix, seal.clone());
             }
             // Kept under its address: a prompt named by id, or one fetched before the cloud
@@ -680,6 +826,20 @@ impl Prefixes {
             source,
             wire,
         })
+    }
+
+    /// What goes to the disk tier: only public prompts (a private system message is never
+    /// written down), never KV from a peer unless its cloud signature was checked, never
+    /// unsigned KV where only signed KV is read back, and no exact fallback of a CE-LSLM edge
+    /// (after a restart it asks the cloud again for the mix its peers serve).
+    fn keeps_on_disk(&self, source: Source, signed: bool, public: bool) -> bool {
+        let readable = signed || !self.verifies();
+        match source {
+            Source::Cloud => readable,
+            Source::Peer => signed && self.verifies(),
+            Source::Local => public && readable && !self.lslm(),
+            Source::Memory | Source::Disk => false,
+        }
     }
 
     /// A prompt from the disk tier, only if it is the one `key` names (its ids hash to the
@@ -711,7 +871,11 @@ impl Prefixes {
         if content_address(&p.fingerprint, &p.token_ids) != address {
             return refuse("its token ids are not the prompt the file is named for".into());
         }
-        if let Some(trust) = &self.cfg.trust {
+        let trust = match self.catalog.key().await {
+            Ok(t) => t,
+            Err(e) => return refuse(e.to_string()),
+        };
+        if let Some(trust) = &trust {
             match &seal {
                 None => return refuse("unsigned, and this edge takes only signed KV".into()),
                 Some(s) => {
@@ -752,6 +916,7 @@ impl Prefixes {
         let entry = e.entry(key.to_string()).or_insert_with(|| Entry {
             cell: Arc::new(OnceCell::new()),
             seal: None,
+            source: Source::Local,
             last_used: now,
         });
         entry.last_used = now;
@@ -778,12 +943,14 @@ impl Prefixes {
         }
     }
 
-    /// The tiers below memory, in order: disk, peers, cloud, then compute here.
+    /// The tiers below memory, in order: disk, peers, cloud, then compute here. A private
+    /// prompt (`!public`) goes straight to the last: no tier below memory ever sees it.
     async fn fetch_or_compute(
         &self,
         prompt: PromptRef,
         address: Option<&str>,
         ids: Option<&[u32]>,
+        public: bool,
         slot: Option<&Arc<Slot>>,
     ) -> Result<Got, LookupError> {
         let local = |prefix| Got {
@@ -792,6 +959,9 @@ impl Prefixes {
             seal: None,
             wire: Wire::default(),
         };
+        // The disk tier is this edge's own: it holds only prompts the cloud published (a
+        // private one is never written there), so it is read whether or not the cloud's list
+        // can be had now: a restart without the cloud still finds them.
         if let Some(a) = address {
             if let Some((prefix, seal)) = self.read_disk(a).await {
                 return Ok(Got {
@@ -801,6 +971,16 @@ impl Prefixes {
                     wire: Wire::default(),
                 });
             }
+        }
+        if !public {
+            let ids = ids
+                .ok_or_else(|| LookupError::Failed("a private prompt without its tokens".into()))?;
+            if self.cfg.unknown_system == UnknownSystem::Refuse {
+                return Err(LookupError::UnknownSystem);
+            }
+            return Ok(local(self.compute(ids).await?));
+        }
+        if let Some(a) = address {
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
             // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
             let peers = match self.lslm() {
@@ -839,7 +1019,7 @@ impl Prefixes {
         let streamed = slot.and_then(|s| {
             s.borrow()
                 .as_ref()
-                .filter(|s| self.cfg.trust.is_none() || s.vouched())
+                .filter(|s| !self.verifies() || s.vouched())
                 .map(|s| s.token_ids().to_vec())
         });
         let ids = ids.or(streamed.as_deref());
@@ -852,6 +1032,7 @@ impl Prefixes {
                 wire,
             }),
             (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
+            (Some(Err(EdgeError::Busy(m))), None, _) => Err(LookupError::Busy(m)),
             (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
             (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
                 if self.cfg.unknown_system == UnknownSystem::Refuse =>
@@ -873,242 +1054,4 @@ impl Prefixes {
             }
         }
     }
-
-    async fn fetch(
-        &self,
-        url: &str,
-        prompt: PromptRef,
-        ids: Option<&[u32]>,
-        slot: Option<&Arc<Slot>>,
-        first: usize,
-    ) -> Result<(PrefixKv, Option<Seal>, Wire), EdgeError> {
-        let to_cloud = self.cfg.cloud_url.as_deref() == Some(url);
-        let auto = self.cfg.auto_codec.as_ref().filter(|_| to_cloud);
-        let codec = match auto {
-            // A peer relays what it holds, as f16.
-            _ if !to_cloud => Codec::F16,
-            Some(a) => {
-                let c = a.choose(ids.map(<[u32]>::len), self.model.cfg.kv_bytes_per_token());
-                tracing::info!(codec = c.codec.name(), "codec auto: {}", c.reason);
-                self.metrics
-                    .codec_choices
-                    .get_or_create(&crate::metrics::CodecLabels {
-                        codec: c.codec.name().into(),
-                    })
-                    .inc();
-                c.codec
-            }
-            None => self.cfg.codec,
-        };
-        let asked = Instant::now();
-        // The cloud's token goes to the cloud only; peers get the peer token.
-        let security = match to_cloud {
-            true => &self.cfg.security,
-            false => &self.cfg.peer_security,
-        };
-        let mut client = CloudClient::connect_with(url, security)
-            .await?
-            .trusting(self.cfg.trust);
-        let (header, mut rx) = client
-            .fetch_from(&self.model, prompt, &[codec], false, first)
-            .await?;
-        let codec_ok = |c: Codec| self.takes_codec(c);
-        if to_cloud && header.manifest.codec != codec {
-            return Err(EdgeError::Stream(format!(
-                "the cloud sent {} KV; this edge asked for {}",
-                header.manifest.codec.name(),
-                codec.name()
-            )));
-        }
-        if !to_cloud && !codec_ok(header.manifest.codec) {
-            return Err(EdgeError::Stream(format!(
-                "the peer holds KV decoded from {}, which this edge does not take",
-                header.manifest.codec.name()
-            )));
-        }
-        let header_at = Instant::now();
-        let opened = Wire {
-            up: header.request_bytes,
-            down: header.header_bytes,
-        };
-        let mut received = 0;
-        // The link is timed from the first layer's arrival to the last's, over the bytes
-        // after the first: the header shares its first packets (or a shaper's first buffer)
-        // with the first layer, so timing from the header overstates a small fetch's rate.
-        let mut wire: Option<(Instant, usize, Instant)> = None;
-        if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
-            return Err(EdgeError::Stream(
-                "the cloud's prompt tokens differ from this edge's tokenization".into(),
-            ));
-        }
-        // Mapped KV must never be kept where exact KV is expected (and served to peers).
-        let exact_expected = !self.lslm();
-        if header.mapped && exact_expected {
-            return Err(EdgeError::Stream(
-                "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
-            ));
-        }
-        // Requests waiting on this prompt follow its layers from here on.
-        let stream = slot.map(|slot| {
-            let s = Arc::new(
-                LayerStream::new(header.token_ids.clone(), self.model.cfg.n_layer)
-                    .opened_with(opened),
-            );
-            slot.send_replace(Some(s.clone()));
-            s
-        });
-        // CE-LSLM: the shallow layers computed here while the deep ones arrive.
-        let (model, ids) = (self.model.clone(), header.token_ids.clone());
-        let to = stream.clone();
-        let shallow =
-            tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first, to.as_deref()));
-        let mut deep = Vec::with_capacity(header.n_layers);
-        let mut signatures = Vec::with_capacity(header.n_layers);
-        for _ in first..header.n_layers {
-            // A cloud that stalls mid-stream counts as down (the caller falls back), rather
-            // than holding every request on this prompt.
-            let a = tokio::time::timeout(LAYER_STALL, rx.recv())
-                .await
-                .map_err(|_| EdgeError::Stream("the cloud stream stalled".into()))?
-                .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
-            self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
-            received += a.wire_bytes;
-            wire = Some(match wire {
-                None => (a.at, 0, a.at),
-                Some((first, bytes, _)) => (first, bytes + a.wire_bytes, a.at),
-            });
-            if deep.is_empty() {
-                // The first layer is in (and, with the cloud's key, verified): now what the
-                // header says of the cloud (mapped or exact) can be learnt, and its ids vouched.
-                if let (Some(a), true) = (&self.cfg.auto_split, to_cloud) {
-                    a.learn(header.mapped);
-                }
-                if let Some(s) = &stream {
-                    s.vouch();
-                }
-            }
-            let kv = Arc::new(a.kv);
-            if let Some(s) = &stream {
-                s.put(a.layer, kv.clone(), a.wire_bytes);
-            }
-            deep.push(kv);
-            signatures.push(a.seal);
-        }
-        // Kept (and relayed) when every layer streamed was signed.
-        let seal = signatures
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .map(|signatures| Seal {
-                prompt_id: header.manifest.prompt_id.clone(),
-                codec: header.manifest.codec,
-                first_layer: first,
-                mapped: header.mapped,
-                signatures,
-            });
-        let (bytes, secs) = wire.map_or((0, 0.0), |(first, bytes, last)| {
-            (bytes, last.saturating_duration_since(first).as_secs_f64())
-        });
-        if let Some(s) = &self.cfg.auto_split {
-            s.observe(header_at - asked, bytes, secs);
-        }
-        if let Some(a) = auto {
-            a.observe(header_at - asked, bytes, secs);
-            if let Some(l) = a.link() {
-                self.metrics
-                    .link_bytes_per_second
-                    .set(l.bytes_per_sec as i64);
-            }
-        }
-        let mut layers = shallow
-            .await
-            .map_err(|e| EdgeError::Stream(e.to_string()))?
-            .map_err(|e| EdgeError::Stream(e.to_string()))?;
-        layers.extend(deep);
-        // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
-        let prefix = PrefixKv {
-            fingerprint: self.model.fingerprint.clone(),
-            token_ids: header.token_ids,
-            layers,
-        }
-        .window_cut(&self.model.cfg);
-        let wire = Wire {
-            up: opened.up,
-            down: opened.down + received,
-        };
-        Ok((prefix, seal, wire))
-    }
-
-    /// Prefill a prompt here: at most `max_local_prefills` at once, and no more prompt bytes
-    /// at once than the memory budget holds (a flood of new system prompts is refused, not
-    /// queued without bound).
-    async fn compute(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
-        let bytes = ids.len() * self.model.cfg.kv_bytes_per_token();
-        if bytes > self.cfg.cache_bytes {
-            return Err(LookupError::TooLong(format!(
-                "the system prompt's KV ({} MB for {} tokens) is larger than this edge's prompt cache ({} MB)",
-                bytes >> 20,
-                ids.len(),
-                self.cfg.cache_bytes >> 20
-            )));
-        }
-        {
-            let mut l = self.local.lock().unwrap_or_else(|p| p.into_inner());
-            if l.1 >= self.cfg.max_local_prefills.max(1) || l.0 + bytes > self.cfg.cache_bytes {
-                return Err(LookupError::Busy(format!(
-                    "{} system prompts are being computed on this edge; retry later",
-                    l.1
-                )));
-            }
-            *l = (l.0 + bytes, l.1 + 1);
-        }
-        // Given back however this ends, a dropped request included.
-        struct Held<'a>(&'a Mutex<(usize, usize)>, usize);
-        impl Drop for Held<'_> {
-            fn drop(&mut self) {
-                let mut l = self.0.lock().unwrap_or_else(|p| p.into_inner());
-                *l = (l.0 - self.1, l.1 - 1);
-            }
-        }
-        let _held = Held(&self.local, bytes);
-        self.compute_now(ids).await
-    }
-
-    async fn compute_now(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
-        let (model, ids) = (self.model.clone(), ids.to_vec());
-        tokio::task::spawn_blocking(move || {
-            let mut seq = Sequence::new(&model);
-            seq.prefill_chunked(&model, &ids, 256)?;
-            // Kept as the cloud would send it: sliding-window layers cut.
-            Ok::<_, edgeprompt_engine::EngineError>(
-                seq.export_prefix(&model)?.window_cut(&model.cfg),
-            )
-        })
-        .await
-        .map_err(|e| LookupError::Failed(e.to_string()))?
-        .map_err(|e| LookupError::Failed(e.to_string()))
-    }
-}
-
-/// Layers `0..n` of the prompt `ids`, computed here (CE-LSLM's shallow layers), each put on
-/// `stream` as it is done.
-fn shallow_layers(
-    model: &Model,
-    ids: &[u32],
-    n: usize,
-    stream: Option<&LayerStream>,
-) -> edgeprompt_engine::Result<Vec<Arc<edgeprompt_engine::LayerKv>>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let mut pass = edgeprompt_engine::sequence::PrefillPass::new(model, ids, 0)?;
-    let mut layers = Vec::with_capacity(n);
-    for l in 0..n {
-        pass.run_layer(model, None)?;
-        let kv = Arc::new(pass.layer_kv(l).clone());
-        if let Some(s) = stream {
-            s.put(l, kv.clone(), 0);
-        }
-        layers.push(kv);
-    }
-    Ok(layers)
 }

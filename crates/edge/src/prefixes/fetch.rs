@@ -1,0 +1,324 @@
+//! Getting a published prompt's KV from the cloud or a peer, layer by layer under its
+//! deadlines and the prompt cache's budget, and computing a prompt here.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use edgeprompt_engine::{Model, PrefixKv, Sequence};
+use edgeprompt_kv::{Codec, Seal};
+use edgeprompt_protocol::PromptRef;
+
+use super::{LookupError, Prefixes, Slot};
+use crate::layer_stream::{LayerStream, Wire};
+use crate::{CloudClient, EdgeError};
+
+impl Prefixes {
+    pub(super) async fn fetch(
+        &self,
+        url: &str,
+        prompt: PromptRef,
+        ids: Option<&[u32]>,
+        slot: Option<&Arc<Slot>>,
+        first: usize,
+    ) -> Result<(PrefixKv, Option<Seal>, Wire), EdgeError> {
+        let to_cloud = self.cfg.cloud_url.as_deref() == Some(url);
+        let auto = self.cfg.auto_codec.as_ref().filter(|_| to_cloud);
+        let codec = match auto {
+            // A peer relays what it holds, as f16.
+            _ if !to_cloud => Codec::F16,
+            Some(a) => {
+                let c = a.choose(ids.map(<[u32]>::len), self.model.cfg.kv_bytes_per_token());
+                tracing::info!(codec = c.codec.name(), "codec auto: {}", c.reason);
+                self.metrics
+                    .codec_choices
+                    .get_or_create(&crate::metrics::CodecLabels {
+                        codec: c.codec.name().into(),
+                    })
+                    .inc();
+                c.codec
+            }
+            None => self.cfg.codec,
+        };
+        // The key every layer must be signed by, whoever relays it: none only when unsigned
+        // KV is allowed; a cloud whose key is not known (or changed) is not asked at all.
+        let trust = self
+            .catalog
+            .key()
+            .await
+            .map_err(|e| EdgeError::Refused(e.to_string()))?;
+        let asked = Instant::now();
+        // The cloud's token goes to the cloud only; peers get the peer token.
+        let security = match to_cloud {
+            true => &self.cfg.security,
+            false => &self.cfg.peer_security,
+        };
+        let link = self.meter.link();
+        let deadlines = self.cfg.deadlines;
+        // A header takes a round trip: a slow link gets longer than the floor.
+        let header_deadline = deadlines
+            .header
+            .max(link.map_or(Duration::ZERO, |l| l.rtt * 20));
+        let mut client = CloudClient::connect_with(url, security)
+            .await?
+            .trusting(trust)
+            .header_timeout(header_deadline);
+        let (header, mut rx) = client
+            .fetch_from(&self.model, prompt, &[codec], false, first)
+            .await
+            .inspect_err(|e| tracing::warn!("fetch from {url}: {e}"))?;
+        let codec_ok = |c: Codec| self.takes_codec(c);
+        let wire_codec = match to_cloud {
+            true => codec,
+            false => Codec::F16,
+        };
+        if header.codec != wire_codec.name() {
+            return Err(EdgeError::Stream(format!(
+                "the stream is in {}; this edge asked for {}",
+                header.codec,
+                wire_codec.name()
+            )));
+        }
+        if to_cloud && header.manifest.codec != codec {
+            return Err(EdgeError::Stream(format!(
+                "the cloud sent {} KV; this edge asked for {}",
+                header.manifest.codec.name(),
+                codec.name()
+            )));
+        }
+        if !to_cloud && !codec_ok(header.manifest.codec) {
+            return Err(EdgeError::Stream(format!(
+                "the peer holds KV decoded from {}, which this edge does not take",
+                header.manifest.codec.name()
+            )));
+        }
+        let header_at = Instant::now();
+        let opened = Wire {
+            up: header.request_bytes,
+            down: header.header_bytes,
+        };
+        let mut received = 0;
+        // The link is timed from the first layer's arrival to the last's, over the bytes
+        // after the first: the header shares its first packets (or a shaper's first buffer)
+        // with the first layer, so timing from the header overstates a small fetch's rate.
+        let mut wire: Option<(Instant, usize, Instant)> = None;
+        if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
+            return Err(EdgeError::Stream(
+                "the cloud's prompt tokens differ from this edge's tokenization".into(),
+            ));
+        }
+        // Mapped KV must never be kept where exact KV is expected (and served to peers).
+        let exact_expected = !self.lslm();
+        if header.mapped && exact_expected {
+            return Err(EdgeError::Stream(
+                "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
+            ));
+        }
+        // What arrives counts against the prompt cache's budget while it arrives, like a
+        // prompt computed here: a flood of fetches is refused, not held in memory unbounded.
+        let bytes = header.token_ids.len() * self.model.cfg.kv_bytes_per_token();
+        let _held = self
+            .hold(bytes, false)
+            .map_err(|e| EdgeError::Busy(e.to_string()))?;
+        // However the sender paces it, the whole fetch ends in time: the floor, or four times
+        // what the measured link needs for this many bytes.
+        let whole = deadlines.whole.max(link.map_or(Duration::ZERO, |l| {
+            Duration::from_secs_f64(4.0 * bytes as f64 / l.bytes_per_sec.max(1.0))
+        }));
+        let until = tokio::time::Instant::from_std(asked) + whole;
+        // Requests waiting on this prompt follow its layers from here on.
+        let stream = slot.map(|slot| {
+            let s = Arc::new(
+                LayerStream::new(header.token_ids.clone(), self.model.cfg.n_layer)
+                    .opened_with(opened),
+            );
+            slot.send_replace(Some(s.clone()));
+            s
+        });
+        // CE-LSLM: the shallow layers computed here while the deep ones arrive.
+        let (model, ids) = (self.model.clone(), header.token_ids.clone());
+        let to = stream.clone();
+        let shallow =
+            tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first, to.as_deref()));
+        let mut deep = Vec::with_capacity(header.n_layers);
+        let mut signatures = Vec::with_capacity(header.n_layers);
+        for l in first..header.n_layers {
+            // A cloud that stalls, or drips, counts as down (the caller falls back), rather
+            // than holding every request on this prompt.
+            let next = (tokio::time::Instant::now() + deadlines.layer).min(until);
+            let a = tokio::time::timeout_at(next, rx.recv())
+                .await
+                .map_err(|_| {
+                    let why = match next == until {
+                        true => format!("the fetch took longer than {whole:?} (at layer {l})"),
+                        false => format!("no layer {l} within {:?}", deadlines.layer),
+                    };
+                    tracing::warn!("fetch from {url}: {why}; falling back");
+                    EdgeError::Stream(why)
+                })?
+                .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
+            self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
+            received += a.wire_bytes;
+            wire = Some(match wire {
+                None => (a.at, 0, a.at),
+                Some((first, bytes, _)) => (first, bytes + a.wire_bytes, a.at),
+            });
+            if deep.is_empty() {
+                // The first layer is in (and, with the cloud's key, verified): now what the
+                // header says of the cloud (mapped or exact) can be learnt, and its ids vouched.
+                if let (Some(a), true) = (&self.cfg.auto_split, to_cloud) {
+                    a.learn(header.mapped);
+                }
+                if let Some(s) = &stream {
+                    s.vouch();
+                }
+            }
+            let kv = Arc::new(a.kv);
+            if let Some(s) = &stream {
+                s.put(a.layer, kv.clone(), a.wire_bytes);
+            }
+            deep.push(kv);
+            signatures.push(a.seal);
+        }
+        // Kept (and relayed) when every layer streamed was signed.
+        let seal = signatures
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .map(|signatures| Seal {
+                prompt_id: header.manifest.prompt_id.clone(),
+                codec: header.manifest.codec,
+                first_layer: first,
+                mapped: header.mapped,
+                signatures,
+            });
+        let (bytes, secs) = wire.map_or((0, 0.0), |(first, bytes, last)| {
+            (bytes, last.saturating_duration_since(first).as_secs_f64())
+        });
+        if to_cloud {
+            self.meter.observe(header_at - asked, bytes, secs);
+        }
+        if let Some(s) = &self.cfg.auto_split {
+            s.observe(header_at - asked, bytes, secs);
+        }
+        if let Some(a) = auto {
+            a.observe(header_at - asked, bytes, secs);
+            if let Some(l) = a.link() {
+                self.metrics
+                    .link_bytes_per_second
+                    .set(l.bytes_per_sec as i64);
+            }
+        }
+        let mut layers = shallow
+            .await
+            .map_err(|e| EdgeError::Stream(e.to_string()))?
+            .map_err(|e| EdgeError::Stream(e.to_string()))?;
+        layers.extend(deep);
+        // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
+        let prefix = PrefixKv {
+            fingerprint: self.model.fingerprint.clone(),
+            token_ids: header.token_ids,
+            layers,
+        }
+        .window_cut(&self.model.cfg);
+        let wire = Wire {
+            up: opened.up,
+            down: opened.down + received,
+        };
+        Ok((prefix, seal, wire))
+    }
+
+    /// Reserve `bytes` of the prompt cache's budget for a prompt arriving or being computed
+    /// (`local`: computed here, which is also bounded in number); given back when the guard
+    /// drops, however the work ends.
+    fn hold(&self, bytes: usize, local: bool) -> Result<Held<'_>, LookupError> {
+        let mut l = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if local && l.1 >= self.cfg.max_local_prefills.max(1) {
+            return Err(LookupError::Busy(format!(
+                "{} system prompts are being computed on this edge; retry later",
+                l.1
+            )));
+        }
+        if l.0 + bytes > self.cfg.cache_bytes {
+            return Err(LookupError::Busy(format!(
+                "{} MB of prompt KV are arriving or being computed on this edge; retry later",
+                l.0 >> 20
+            )));
+        }
+        *l = (l.0 + bytes, l.1 + local as usize);
+        Ok(Held {
+            pending: &self.pending,
+            bytes,
+            local,
+        })
+    }
+
+    /// Prefill a prompt here: at most `max_local_prefills` at once, and no more prompt bytes
+    /// at once than the memory budget holds (a flood of new system prompts is refused, not
+    /// queued without bound).
+    pub(super) async fn compute(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
+        let bytes = ids.len() * self.model.cfg.kv_bytes_per_token();
+        if bytes > self.cfg.cache_bytes {
+            return Err(LookupError::TooLong(format!(
+                "the system prompt's KV ({} MB for {} tokens) is larger than this edge's prompt cache ({} MB)",
+                bytes >> 20,
+                ids.len(),
+                self.cfg.cache_bytes >> 20
+            )));
+        }
+        let _held = self.hold(bytes, true)?;
+        self.compute_now(ids).await
+    }
+
+    async fn compute_now(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
+        let (model, ids) = (self.model.clone(), ids.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let mut seq = Sequence::new(&model);
+            seq.prefill_chunked(&model, &ids, 256)?;
+            // Kept as the cloud would send it: sliding-window layers cut.
+            Ok::<_, edgeprompt_engine::EngineError>(
+                seq.export_prefix(&model)?.window_cut(&model.cfg),
+            )
+        })
+        .await
+        .map_err(|e| LookupError::Failed(e.to_string()))?
+        .map_err(|e| LookupError::Failed(e.to_string()))
+    }
+}
+
+/// Prompt-cache bytes reserved for work in flight, given back on drop (a dropped request
+/// included).
+struct Held<'a> {
+    pending: &'a Mutex<(usize, usize)>,
+    bytes: usize,
+    local: bool,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut l = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        *l = (l.0 - self.bytes, l.1 - self.local as usize);
+    }
+}
+
+/// Layers `0..n` of the prompt `ids`, computed here (CE-LSLM's shallow layers), each put on
+/// `stream` as it is done.
+fn shallow_layers(
+    model: &Model,
+    ids: &[u32],
+    n: usize,
+    stream: Option<&LayerStream>,
+) -> edgeprompt_engine::Result<Vec<Arc<edgeprompt_engine::LayerKv>>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut pass = edgeprompt_engine::sequence::PrefillPass::new(model, ids, 0)?;
+    let mut layers = Vec::with_capacity(n);
+    for l in 0..n {
+        pass.run_layer(model, None)?;
+        let kv = Arc::new(pass.layer_kv(l).clone());
+        if let Some(s) = stream {
+            s.put(l, kv.clone(), 0);
+        }
+        layers.push(kv);
+    }
+    Ok(layers)
+}
