@@ -256,9 +256,17 @@ enum Refusals {
         description = "Another model, or an unknown cloud prompt"
     )]
     NotFound(ErrorBody),
+    #[response(
+        status = 413,
+        description = "A body larger than the model's context could hold"
+    )]
+    TooLarge(ErrorBody),
     #[response(status = 422, description = "A body that is not the request")]
     Unprocessable(ErrorBody),
-    #[response(status = 429, description = "KV budget or queue full; retry later")]
+    #[response(
+        status = 429,
+        description = "KV budget, queue or prompts computed here full; retry later"
+    )]
     Busy(ErrorBody),
     #[response(status = 500, description = "An internal fault ended this request")]
     Fault(ErrorBody),
@@ -401,6 +409,7 @@ struct TokenizerInfo {
 #[utoipa::path(post, path = "/tokenize", request_body = TokenizeRequest, responses(
     (status = 200, description = "The ids", body = Tokenized),
     (status = 400, description = "No text, or not the request", body = ErrorBody),
+    (status = 413, description = "A text larger than the model's context could hold", body = ErrorBody),
     (status = 401, description = "No or a wrong API key", body = ErrorBody),
     (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
 ))]
@@ -411,6 +420,7 @@ fn tokenize() {}
 #[utoipa::path(post, path = "/detokenize", request_body = DetokenizeRequest, responses(
     (status = 200, description = "The text", body = Detokenized),
     (status = 400, description = "An id past the vocabulary, or not the request", body = ErrorBody),
+    (status = 413, description = "More ids than the model's context could hold", body = ErrorBody),
     (status = 401, description = "No or a wrong API key", body = ErrorBody),
     (status = 503, description = "Draining, or the scheduler is dead", body = ErrorBody),
 ))]
