@@ -299,6 +299,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
             );
         }
+        // The cloud's list asked now, so the first request finds it.
+        let prefixes = state.prefixes.clone();
+        tokio::spawn(async move { prefixes.published().await });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let mut server = tokio::spawn(serve_until(listener, state.clone(), async {
             let _ = stop_rx.await;

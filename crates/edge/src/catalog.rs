@@ -4,13 +4,14 @@
 //! message (not its text, ids, length or address) is ever named on a link.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use edgeprompt_engine::Model;
 use edgeprompt_kv::TrustKey;
 
-use crate::client::{Listed, HEADER_TIMEOUT};
+use crate::client::Listed;
 use crate::trust::{CloudTrust, Trust, TrustError};
 use crate::{ClientSecurity, CloudClient};
 
@@ -61,7 +62,8 @@ struct Asked {
     error: Option<String>,
 }
 
-pub struct Catalog {
+/// What the edge knows of its cloud's list (shared with a refresh running behind requests).
+struct Inner {
     url: Option<String>,
     security: ClientSecurity,
     model: Arc<Model>,
@@ -69,9 +71,15 @@ pub struct Catalog {
     timeout: Duration,
     /// One asking at a time; pages and clients cannot spend the edge's budget at the cloud.
     asked: tokio::sync::Mutex<Option<Asked>>,
+    /// A refresh runs behind the requests.
+    refreshing: AtomicBool,
+    /// The first asking is over (answered or not).
+    asked_once: AtomicBool,
     /// The last list the cloud gave (kept while it cannot be asked).
     last: RwLock<Option<Arc<Published>>>,
 }
+
+pub struct Catalog(Arc<Inner>);
 
 impl Catalog {
     pub fn new(
@@ -79,104 +87,124 @@ impl Catalog {
         url: Option<String>,
         security: ClientSecurity,
         trust: CloudTrust,
+        timeout: Duration,
     ) -> Result<Self, TrustError> {
-        Ok(Self {
+        Ok(Self(Arc::new(Inner {
             trust: Trust::new(trust, url.as_deref())?,
             url,
             security,
             model,
-            timeout: HEADER_TIMEOUT,
+            timeout,
             asked: tokio::sync::Mutex::new(None),
+            refreshing: AtomicBool::new(false),
+            asked_once: AtomicBool::new(false),
             last: RwLock::new(None),
-        })
-    }
-
-    /// Give up on the cloud's list after `t`.
-    pub fn with_timeout(mut self, t: Duration) -> Self {
-        self.timeout = t;
-        self
+        })))
     }
 
     pub fn trust(&self) -> &Trust {
-        &self.trust
+        &self.0.trust
     }
 
     /// The list as last received (empty before the first).
     pub fn current(&self) -> Arc<Published> {
-        self.last
-            .read()
-            .ok()
-            .and_then(|l| l.clone())
-            .unwrap_or_default()
+        self.0.last().unwrap_or_default()
     }
 
-    /// The cloud's list, asked again when the last asking is older than `LIST_TTL`; while the
-    /// cloud cannot be asked, the last list it gave. `Err` only when it never gave one.
+    /// The cloud's list. Only the edge's very first asking is waited for (bounded by the
+    /// header deadline); after it, requests get the last list at once (`Err` while the cloud
+    /// never gave one), and a list older than `LIST_TTL` is asked again behind them, so a
+    /// cloud that is down or silent delays no request.
     pub async fn refresh(&self) -> Result<Arc<Published>, String> {
-        let Some(url) = &self.url else {
+        let inner = &self.0;
+        if inner.url.is_none() {
             return Ok(Default::default());
-        };
-        let mut asked = self.asked.lock().await;
-        let fresh = asked.as_ref().is_some_and(|a| a.at.elapsed() < LIST_TTL);
-        if !fresh {
-            let got = async {
-                let c = CloudClient::connect_with(url, &self.security).await?;
-                c.header_timeout(self.timeout).list(&self.model).await
-            };
-            let error = match tokio::time::timeout(self.timeout, got).await {
-                Ok(Ok(listing)) => {
-                    if let Err(e) = self.trust.learn(listing.key) {
-                        tracing::error!("{e}");
-                    }
-                    // Only a list the trusted key signed says what is public: a forged one
-                    // could list the address of a guessed private message.
-                    let fp = &self.model.fingerprint;
-                    let checked = match self.trust.key() {
-                        Ok(key) => listing
-                            .signed_by(key.as_ref(), fp)
-                            .map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    match checked {
-                        Ok(prompts) => {
-                            if let Ok(mut l) = self.last.write() {
-                                *l = Some(Arc::new(Published::new(prompts.to_vec())));
-                            }
-                            None
-                        }
-                        Err(e) => Some(e),
-                    }
-                }
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some(format!(
-                    "the cloud did not list its prompts within {:?}",
-                    self.timeout
-                )),
-            };
-            if let Some(e) = &error {
-                tracing::info!("the cloud's list of prompts: {e}");
-            }
-            *asked = Some(Asked {
-                at: Instant::now(),
-                error,
+        }
+        if !inner.asked_once.load(Ordering::Acquire) {
+            inner.ask_if_stale().await;
+            inner.asked_once.store(true, Ordering::Release);
+        } else if !inner.refreshing.swap(true, Ordering::AcqRel) {
+            let behind = inner.clone();
+            tokio::spawn(async move {
+                behind.ask_if_stale().await;
+                behind.refreshing.store(false, Ordering::Release);
             });
         }
-        match (
-            self.last.read().ok().and_then(|l| l.clone()),
-            asked.as_ref(),
-        ) {
-            (Some(p), _) => Ok(p),
-            (None, Some(Asked { error: Some(e), .. })) => Err(e.clone()),
-            (None, _) => Ok(Default::default()),
+        match inner.last() {
+            Some(p) => Ok(p),
+            None => Err(inner
+                .last_error()
+                .unwrap_or_else(|| "the cloud has given no list yet".into())),
         }
     }
 
     /// The key KV from this cloud must be signed by (`None`: unsigned KV allowed). Asks the
     /// cloud's list first when the key is not known yet (trust on first use).
     pub async fn key(&self) -> Result<Option<TrustKey>, TrustError> {
-        if !self.trust.known() {
+        if !self.0.trust.known() {
             let _ = self.refresh().await;
         }
-        self.trust.key()
+        self.0.trust.key()
+    }
+}
+
+impl Inner {
+    fn last(&self) -> Option<Arc<Published>> {
+        self.last.read().ok().and_then(|l| l.clone())
+    }
+
+    /// Why the last asking failed (none while an asking runs, or if it did not fail).
+    fn last_error(&self) -> Option<String> {
+        let asked = self.asked.try_lock().ok()?;
+        asked.as_ref().and_then(|a| a.error.clone())
+    }
+
+    /// Ask the cloud for its list unless the last asking is younger than `LIST_TTL`; the
+    /// last asking's error, if it failed.
+    async fn ask_if_stale(&self) -> Option<String> {
+        let mut asked = self.asked.lock().await;
+        if let Some(a) = asked.as_ref().filter(|a| a.at.elapsed() < LIST_TTL) {
+            return a.error.clone();
+        }
+        let error = self.ask().await.err();
+        if let Some(e) = &error {
+            tracing::info!("the cloud's list of prompts: {e}");
+        }
+        *asked = Some(Asked {
+            at: Instant::now(),
+            error: error.clone(),
+        });
+        error
+    }
+
+    /// One asking: the list, kept if the trusted key signed it.
+    async fn ask(&self) -> Result<(), String> {
+        let url = self.url.as_deref().unwrap_or_default();
+        let got = async {
+            let c = CloudClient::connect_with(url, &self.security).await?;
+            c.header_timeout(self.timeout).list(&self.model).await
+        };
+        let listing = tokio::time::timeout(self.timeout, got)
+            .await
+            .map_err(|_| {
+                format!(
+                    "the cloud did not list its prompts within {:?}",
+                    self.timeout
+                )
+            })?
+            .map_err(|e| e.to_string())?;
+        if let Err(e) = self.trust.learn(listing.key) {
+            tracing::error!("{e}");
+        }
+        // Only a list the trusted key signed says what is public: a forged one could list
+        // the address of a guessed private message.
+        let key = self.trust.key().map_err(|e| e.to_string())?;
+        let prompts = listing
+            .signed_by(key.as_ref(), &self.model.fingerprint)
+            .map_err(|e| e.to_string())?;
+        if let Ok(mut l) = self.last.write() {
+            *l = Some(Arc::new(Published::new(prompts.to_vec())));
+        }
+        Ok(())
     }
 }

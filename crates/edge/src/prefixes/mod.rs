@@ -316,9 +316,9 @@ impl Prefixes {
             cfg.cloud_url.clone(),
             cfg.security.clone(),
             cfg.trust.clone(),
+            cfg.deadlines.header,
         )
-        .map_err(|e| LookupError::Failed(e.to_string()))?
-        .with_timeout(cfg.deadlines.header);
+        .map_err(|e| LookupError::Failed(e.to_string()))?;
         Ok(Self {
             model,
             cfg,
