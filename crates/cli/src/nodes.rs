@@ -429,7 +429,8 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
         cloud_url: Some(a.cloud.clone()),
         codec,
         cloud_layers_from: a.cloud_layers_from,
-        trust: a.security.trust(None)?,
+        trust: a.security.trust()?,
+        cloud_prompts: a.security.cloud_prompts(),
         security,
         ..Default::default()
     };

@@ -34,20 +34,31 @@ pub struct ClientArgs {
     #[arg(long, conflicts_with = "allow_unsigned_kv")]
     cloud_key: Option<String>,
     /// Where the keys pinned on first contact are kept, one `host:port key` line per cloud
-    /// (default: known_clouds in --cache-dir, else ~/.cache/edgeprompt/known_clouds).
+    /// (default: ~/.local/state/edgeprompt/known_clouds; never in the cache directory, which
+    /// holds what others sent).
     #[arg(long)]
     known_clouds: Option<PathBuf>,
     /// Take KV the cloud did not sign. Insecure: anyone on the path, a peer or a file in the
     /// cache directory can then change answers with forged values.
     #[arg(long)]
     allow_unsigned_kv: bool,
+    /// Only these of the cloud's published prompts are ever asked for (comma-separated ids):
+    /// a cloud cannot then publish the address of a guessed private system message and watch
+    /// whether this edge asks for it. Default: every prompt the cloud publishes.
+    #[arg(long, value_delimiter = ',')]
+    cloud_prompts: Vec<String>,
 }
 
 impl ClientArgs {
+    /// The published prompts this edge takes (none given: every one).
+    pub fn cloud_prompts(&self) -> Option<Vec<String>> {
+        (!self.cloud_prompts.is_empty()).then(|| self.cloud_prompts.clone())
+    }
+
     /// How this edge learns its cloud's key: given, pinned on first use (kept in
-    /// `--known-clouds`, else `known_clouds` in `cache_dir` or the user's cache), or not at
-    /// all when unsigned KV is allowed (warned).
-    pub fn trust(&self, cache_dir: Option<&Path>) -> anyhow::Result<CloudTrust> {
+    /// `--known-clouds`, else the user's state directory), or not at all when unsigned KV is
+    /// allowed (warned).
+    pub fn trust(&self) -> anyhow::Result<CloudTrust> {
         if self.allow_unsigned_kv {
             eprintln!("warning: --allow-unsigned-kv: KV from the cloud, peers and disk is used unsigned; anyone on the path can change this edge's answers with forged values");
             return Ok(CloudTrust::AllowUnsigned);
@@ -60,25 +71,24 @@ impl ClientArgs {
         let file = self
             .known_clouds
             .clone()
-            .or_else(|| cache_dir.map(|d| d.join("known_clouds")))
-            .or_else(|| user_cache().map(|d| d.join("known_clouds")));
+            .or_else(|| user_state().map(|d| d.join("known_clouds")));
         match &file {
             Some(f) => eprintln!(
                 "cloud KV is used only if signed by the key the cloud showed first (pinned in {})",
                 f.display()
             ),
-            None => eprintln!("warning: no cache directory for --known-clouds: the cloud's key is pinned for this process only"),
+            None => eprintln!("warning: no state directory for --known-clouds: the cloud's key is pinned for this process only"),
         }
         Ok(CloudTrust::FirstUse(file))
     }
 }
 
-/// `$XDG_CACHE_HOME/edgeprompt`, else `~/.cache/edgeprompt`.
-fn user_cache() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
+/// `$XDG_STATE_HOME/edgeprompt`, else `~/.local/state/edgeprompt`.
+fn user_state() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
     Some(base.join("edgeprompt"))
 }
 
@@ -224,7 +234,13 @@ pub fn cloud_signing_key(
     if !secret.exists() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let (key, seed) = SealKey::generate()?;
-        match write_secret(&secret, &seed) {
+        // Written whole under a name of its own, then linked in: a cloud starting beside this
+        // one reads either no key or all of it, and only one key is ever made.
+        let tmp = dir.join(format!(".cloud.key.{}", std::process::id()));
+        write_secret(&tmp, &seed).with_context(|| format!("creating {}", tmp.display()))?;
+        let linked = std::fs::hard_link(&tmp, &secret);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
             Ok(()) => {
                 std::fs::write(&public, format!("{}\n", key.public().to_hex()))
                     .with_context(|| format!("writing {}", public.display()))?;

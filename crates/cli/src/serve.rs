@@ -207,7 +207,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         crate::security::check_credentials("--peer", p, &peer_security)?;
     }
     let trust = match &a.cloud {
-        Some(_) => a.security.trust(a.cache_dir.as_deref())?,
+        Some(_) => a.security.trust()?,
         None => Default::default(),
     };
     let peer_policy = a
@@ -250,6 +250,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             auto_split,
             peer_security,
             trust,
+            cloud_prompts: a.security.cloud_prompts(),
             deadlines: edgeprompt_edge::prefixes::Deadlines {
                 whole: Duration::from_secs(a.fetch_timeout_secs.max(1)),
                 ..Default::default()

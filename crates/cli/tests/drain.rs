@@ -38,6 +38,9 @@ fn serve(cloud: Option<&str>, cache: &std::path::Path, drain_secs: u64) -> Serve
     let mut child = Command::new(env!("CARGO_BIN_EXE_edgeprompt"))
         .args(["serve", "--model", "smollm2", "--listen", "127.0.0.1:0"])
         .args(cloud.map(|c| ["--cloud", c]).into_iter().flatten())
+        // The cloud's key pinned for this test (kept across its restarts).
+        .arg("--known-clouds")
+        .arg(cache.join("known_clouds"))
         .arg("--cache-dir")
         .arg(cache)
         .args(["--drain-secs", &drain_secs.to_string()])

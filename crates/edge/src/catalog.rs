@@ -75,8 +75,12 @@ struct Inner {
     refreshing: AtomicBool,
     /// The first asking is over (answered or not).
     asked_once: AtomicBool,
+    /// When the cloud was last asked (read without waiting on an asking in progress).
+    asked_at: std::sync::Mutex<Option<Instant>>,
     /// The last list the cloud gave (kept while it cannot be asked).
     last: RwLock<Option<Arc<Published>>>,
+    /// The published ids this edge takes at all (none: every one).
+    allow: Option<Vec<String>>,
 }
 
 pub struct Catalog(Arc<Inner>);
@@ -88,6 +92,7 @@ impl Catalog {
         security: ClientSecurity,
         trust: CloudTrust,
         timeout: Duration,
+        allow: Option<Vec<String>>,
     ) -> Result<Self, TrustError> {
         Ok(Self(Arc::new(Inner {
             trust: Trust::new(trust, url.as_deref())?,
@@ -98,7 +103,9 @@ impl Catalog {
             asked: tokio::sync::Mutex::new(None),
             refreshing: AtomicBool::new(false),
             asked_once: AtomicBool::new(false),
+            asked_at: std::sync::Mutex::new(None),
             last: RwLock::new(None),
+            allow,
         })))
     }
 
@@ -123,7 +130,7 @@ impl Catalog {
         if !inner.asked_once.load(Ordering::Acquire) {
             inner.ask_if_stale().await;
             inner.asked_once.store(true, Ordering::Release);
-        } else if !inner.refreshing.swap(true, Ordering::AcqRel) {
+        } else if inner.stale() && !inner.refreshing.swap(true, Ordering::AcqRel) {
             let behind = inner.clone();
             tokio::spawn(async move {
                 behind.ask_if_stale().await;
@@ -153,6 +160,13 @@ impl Inner {
         self.last.read().ok().and_then(|l| l.clone())
     }
 
+    /// Whether the last asking is older than `LIST_TTL`.
+    fn stale(&self) -> bool {
+        self.asked_at
+            .lock()
+            .map_or(true, |a| a.is_none_or(|at| at.elapsed() >= LIST_TTL))
+    }
+
     /// Why the last asking failed (none while an asking runs, or if it did not fail).
     fn last_error(&self) -> Option<String> {
         let asked = self.asked.try_lock().ok()?;
@@ -170,10 +184,14 @@ impl Inner {
         if let Some(e) = &error {
             tracing::info!("the cloud's list of prompts: {e}");
         }
+        let now = Instant::now();
         *asked = Some(Asked {
-            at: Instant::now(),
+            at: now,
             error: error.clone(),
         });
+        if let Ok(mut a) = self.asked_at.lock() {
+            *a = Some(now);
+        }
         error
     }
 
@@ -193,17 +211,39 @@ impl Inner {
                 )
             })?
             .map_err(|e| e.to_string())?;
-        if let Err(e) = self.trust.learn(listing.key) {
-            tracing::error!("{e}");
-        }
         // Only a list the trusted key signed says what is public: a forged one could list
-        // the address of a guessed private message.
-        let key = self.trust.key().map_err(|e| e.to_string())?;
+        // the address of a guessed private message. On first contact the shown key is pinned
+        // only once its own list verified.
+        let learn = |shown| {
+            self.trust.learn(shown).map_err(|e| {
+                tracing::error!("{e}");
+                e.to_string()
+            })
+        };
+        let pinned = self.trust.known();
+        if pinned {
+            // A changed key is refused naming both keys.
+            learn(listing.key)?;
+        }
+        let key = self
+            .trust
+            .list_key(listing.key)
+            .map_err(|e| e.to_string())?;
         let prompts = listing
             .signed_by(key.as_ref(), &self.model.fingerprint)
             .map_err(|e| e.to_string())?;
+        if !pinned {
+            learn(listing.key)?;
+        }
+        // A cloud could publish the address of a guessed private message and watch who asks:
+        // an edge told which prompts it serves takes no others.
+        let prompts: Vec<Listed> = prompts
+            .iter()
+            .filter(|p| self.allow.as_ref().is_none_or(|a| a.contains(&p.id)))
+            .cloned()
+            .collect();
         if let Ok(mut l) = self.last.write() {
-            *l = Some(Arc::new(Published::new(prompts.to_vec())));
+            *l = Some(Arc::new(Published::new(prompts)));
         }
         Ok(())
     }

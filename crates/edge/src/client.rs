@@ -76,6 +76,9 @@ pub struct CloudClient {
     header_timeout: std::time::Duration,
 }
 
+/// Longest wait for a connection (TCP, TLS and HTTP/2 handshakes together).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a cloud may take to answer a request with a header or a list, by default.
 pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -157,7 +160,12 @@ impl CloudClient {
             }
             ep = ep.tls_config(tls).map_err(|e| err(e.to_string()))?;
         }
-        let ch = ep.connect().await.map_err(|e| err(format!("{e:?}")))?;
+        // The TCP connect has its own timeout; a peer that accepts and then stalls the TLS or
+        // HTTP/2 handshake is bounded here.
+        let ch = tokio::time::timeout(CONNECT_TIMEOUT, ep.connect())
+            .await
+            .map_err(|_| err(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| err(format!("{e:?}")))?;
         Ok(Self {
             url: url.to_string(),
             inner: CloudKvClient::new(ch),

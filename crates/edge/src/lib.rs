@@ -44,6 +44,9 @@ pub enum EdgeError {
     /// This edge has no room for the prompt now (retry later).
     #[error("{0}")]
     Busy(String),
+    /// The prompt is larger than this edge's prompt cache could ever hold.
+    #[error("{0}")]
+    TooLong(String),
 }
 
 pub type Result<T> = std::result::Result<T, EdgeError>;

@@ -100,6 +100,22 @@ impl Trust {
         self.mode == CloudTrust::AllowUnsigned || lock(&self.pinned).is_some()
     }
 
+    /// The key a list from a cloud showing `shown` must be signed by, pinning nothing: the
+    /// configured or pinned key, or on first contact the shown one (pinned by `learn` only
+    /// once its list verified). With unsigned KV allowed, the shown key if any.
+    pub fn list_key(&self, shown: Option<TrustKey>) -> Result<Option<TrustKey>, TrustError> {
+        match &self.mode {
+            CloudTrust::AllowUnsigned => Ok(shown),
+            CloudTrust::Key(k) => Ok(Some(*k)),
+            CloudTrust::FirstUse(_) => match *lock(&self.pinned) {
+                Some(p) => Ok(Some(p)),
+                None => shown
+                    .map(Some)
+                    .ok_or_else(|| TrustError::Unsigned(self.cloud.clone())),
+            },
+        }
+    }
+
     /// The cloud showed `shown` (from its list): pinned on first contact; a different key
     /// from the pinned one is refused from now on, naming both.
     pub fn learn(&self, shown: Option<TrustKey>) -> Result<(), TrustError> {
@@ -161,12 +177,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `host:port` of a URL (the URL itself if it has none): what a pin names.
+/// `host:port` of a URL, the host in lower case and the scheme's port made explicit (the URL
+/// itself if it has no host): what a pin names.
 fn authority(url: &str) -> String {
-    url.parse::<tonic::codegen::http::Uri>()
-        .ok()
-        .and_then(|u| u.authority().map(|a| a.to_string()))
-        .unwrap_or_else(|| url.to_string())
+    let Ok(u) = url.parse::<tonic::codegen::http::Uri>() else {
+        return url.to_string();
+    };
+    let Some(host) = u.host() else {
+        return url.to_string();
+    };
+    let port = u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    });
+    format!("{}:{port}", host.to_ascii_lowercase())
 }
 
 /// The pins of a known clouds file (none if it does not exist). Opened as a regular file,
@@ -196,7 +221,10 @@ fn read_known(file: &Path) -> Result<Vec<(String, TrustKey)>, TrustError> {
     Ok(out)
 }
 
+/// One line added, written at once (edges sharing the file do not interleave), to a regular
+/// file only (never through a symlink, never blocking on a FIFO).
 fn append_known(file: &Path, cloud: &str, key: &TrustKey) -> Result<(), TrustError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let err = |e: std::io::Error| TrustError::File(format!("{}: {e}", file.display()));
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(err)?;
@@ -204,9 +232,14 @@ fn append_known(file: &Path, cloud: &str, key: &TrustKey) -> Result<(), TrustErr
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(file)
         .map_err(err)?;
-    writeln!(f, "{cloud} {}", key.to_hex()).map_err(err)
+    if !f.metadata().map_err(err)?.file_type().is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    f.write_all(format!("{cloud} {}\n", key.to_hex()).as_bytes())
+        .map_err(err)
 }
 
 #[cfg(test)]
@@ -239,10 +272,17 @@ mod tests {
         assert!(again.key().is_err(), "refused until the pin is fixed");
         // Another cloud gets its own pin.
         let other = Trust::new(
-            CloudTrust::FirstUse(Some(file)),
+            CloudTrust::FirstUse(Some(file.clone())),
             Some("http://10.0.0.8:50051"),
         );
         assert!(matches!(other.unwrap().key(), Err(TrustError::Unknown(_))));
+        // The same cloud however its URL is spelt.
+        let same = Trust::new(
+            CloudTrust::FirstUse(Some(file)),
+            Some("HTTP://10.0.0.7:50051/"),
+        );
+        assert_eq!(same.unwrap().key(), Ok(Some(key(1))));
+        assert_eq!(authority("https://Cloud.Example"), "cloud.example:443");
     }
 
     #[test]

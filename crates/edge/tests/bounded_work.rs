@@ -180,3 +180,91 @@ fn peers_over_tls_with_their_token_relay_only_signed_kv() {
         assert_eq!(got.source, Source::Cloud);
     });
 }
+
+/// A request that goes away does not free the slot of the prefill it started: the prompt's
+/// computation holds its reservation until it ends (else closing connections in a loop would
+/// run prefills without bound).
+#[test]
+fn a_cancelled_request_keeps_its_prefill_counted_until_the_prefill_ends() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // About 4000 tokens: seconds of prefill, against microseconds between the cancel and the
+    // check below.
+    let long = SUPPORT.repeat(60);
+    let (long_ids, _) = edge_ids(&m, &long, "hi");
+    let (short_ids, _) = edge_ids(&m, CODING, "hi");
+    rt.block_on(async {
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                max_local_prefills: 1,
+                ..Default::default()
+            },
+        );
+        let started = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            p.for_system_streaming(&long_ids),
+        )
+        .await;
+        assert!(
+            started.is_err(),
+            "the request went away before its prompt was computed"
+        );
+        assert!(p.in_flight_bytes() > 0, "the prefill still holds its bytes");
+        match p.for_system(&short_ids).await {
+            Err(LookupError::Busy(_)) => {}
+            other => panic!("expected busy, got {:?}", other.map(|r| r.source)),
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while p.in_flight_bytes() > 0 {
+            assert!(std::time::Instant::now() < until, "the prefill never ended");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            p.for_system(&short_ids).await.unwrap().source,
+            Source::Local
+        );
+    });
+}
+
+/// An id a client names that the cloud does not list is asked of no one (the id is the
+/// client's text), and an edge told which published prompts it serves asks for no others.
+#[test]
+fn unlisted_ids_and_prompts_outside_the_allow_list_are_asked_of_no_one() {
+    let m = model();
+    let (support_ids, _) = edge_ids(&m, SUPPORT, "hi");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cloud = common::start_cloud(m.clone()).await;
+        let tap = common::Tap::start(&cloud).await;
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cloud_url: Some(tap.url.clone()),
+                cloud_prompts: Some(vec!["coding".into()]),
+                ..Default::default()
+            },
+        );
+        let secret = "dana-whitfield-4417";
+        assert!(matches!(
+            p.for_id(secret).await,
+            Err(LookupError::UnknownId(_))
+        ));
+        // "support" is published, but not one this edge takes: unknown by id, and its
+        // system message computed here.
+        assert!(matches!(
+            p.for_id("support").await,
+            Err(LookupError::UnknownId(_))
+        ));
+        assert_eq!(
+            p.for_system(&support_ids).await.unwrap().source,
+            Source::Local
+        );
+        // "coding" is fetched.
+        assert_eq!(p.for_id("coding").await.unwrap().source, Source::Cloud);
+        let up = tap.up.lock().unwrap().clone();
+        let seen = |s: &str| up.windows(s.len()).any(|w| w == s.as_bytes());
+        assert!(seen("coding"), "the capture sees the fetch");
+        assert!(!seen(secret) && !seen("support"), "nothing else was asked");
+    });
+}

@@ -134,6 +134,12 @@ impl Cluster {
                         format!("127.0.0.1:{edge_port}"),
                         s("--cache-dir"),
                         cache.display().to_string(),
+                        // The clouds' key pinned for this run, kept across the edge's restarts.
+                        s("--known-clouds"),
+                        c.dir
+                            .join(format!("edge{i}-known-clouds"))
+                            .display()
+                            .to_string(),
                         s("--peer"),
                         format!("http://127.0.0.1:{}", peer_ports[1 - i]),
                         s("--peer-listen"),

@@ -162,6 +162,8 @@ async fn chat_inner(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    // A large body is parsed and tokenized two at a time (its memory given back after).
+    let gate = s.gate(body.len()).await?;
     let mut req: ChatRequest = parse(body)?;
     let chat = chat_checks(&s.model, &s.cfg.model_id, &req)?;
     let format = format_spec(&req.common)?;
@@ -226,6 +228,7 @@ async fn chat_inner(
         tool_calls: plan.parse,
     };
     let origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
+    drop(gate);
     run(s, Kind::Chat, id, req.common, origin, prompt, None, shape).await
 }
 
@@ -330,6 +333,7 @@ async fn completions_inner(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let gate = s.gate(body.len()).await?;
     let req: CompletionRequest = parse(body)?;
     check_sampling(&s.cfg.model_id, &req.common)?;
     logprobs_asked(Kind::Completion, &req.common)?;
@@ -387,6 +391,7 @@ async fn completions_inner(
         tool_calls: None,
     };
     let origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
+    drop(gate);
     run(
         s,
         Kind::Completion,

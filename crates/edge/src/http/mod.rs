@@ -50,8 +50,8 @@ pub struct EdgeServer {
     /// The grammar compiler over this model's vocabulary, built at the first constrained
     /// request.
     grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
-    /// Requests with large bodies handled at once (see `large_requests`).
-    large: tokio::sync::Semaphore,
+    /// Large bodies parsed and tokenized at once (see `gate`).
+    large: Arc<tokio::sync::Semaphore>,
 }
 
 impl EdgeServer {
@@ -75,7 +75,7 @@ impl EdgeServer {
             draining: AtomicBool::new(false),
             in_flight: Default::default(),
             grammars: Default::default(),
-            large: tokio::sync::Semaphore::new(2),
+            large: Arc::new(tokio::sync::Semaphore::new(2)),
         }))
     }
 
@@ -129,10 +129,6 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         .route("/tokenizer_info", get(tokens::tokenizer_info))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            large_requests,
-        ))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
             lifecycle::refuse_when_draining,
         ))
         .route_layer(middleware::from_fn_with_state(keys, access::require_key));
@@ -166,31 +162,40 @@ impl BodyLimits {
     }
 }
 
-/// A body this large takes its handler through a narrow door: tokenizing it costs about a
-/// hundred times its size in memory, so two at a time at most, and the allocator gives the
+/// A body this large is parsed and tokenized through a narrow door: tokenizing it costs about
+/// a hundred times its size in memory, so two at a time at most, and the allocator gives the
 /// memory back to the system afterwards (a flood does not leave the process swollen).
 const LARGE_BODY: usize = 64 << 10;
 
-async fn large_requests(
-    axum::extract::State(s): axum::extract::State<Arc<EdgeServer>>,
-    req: axum::extract::Request,
-    next: middleware::Next,
-) -> Response {
-    let len = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .unwrap_or(0);
-    if len < LARGE_BODY {
-        return next.run(req).await;
+/// How long a large body waits for the door before it is refused (429).
+const LARGE_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Held while a large body is parsed and tokenized (`EdgeServer::gate`).
+pub struct Gate(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        give_back_memory();
     }
-    let Ok(permit) = s.large.acquire().await else {
-        return next.run(req).await;
-    };
-    let r = next.run(req).await;
-    drop(permit);
-    give_back_memory();
-    r
+}
+
+impl EdgeServer {
+    /// The door for a body of `len` bytes: none for a small one.
+    pub async fn gate(self: &Arc<Self>, len: usize) -> Result<Option<Gate>, ApiError> {
+        if len < LARGE_BODY {
+            return Ok(None);
+        }
+        match tokio::time::timeout(LARGE_BODY_WAIT, self.large.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(Some(Gate(p))),
+            _ => Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many large requests are being read; retry later",
+                )
+            }),
+        }
+    }
 }
 
 /// Return the allocator's free memory to the system (glibc keeps it otherwise).

@@ -37,8 +37,16 @@ pub struct DetokenizeRequest {
 }
 
 pub async fn tokenize(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body_of(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let _gate = match s.gate(body.len()).await {
+        Ok(g) => g,
+        Err(e) => return e.into_response(),
+    };
     let run = || -> Result<Response, ApiError> {
-        let r: TokenizeRequest = parse(&body_of(body)?)?;
+        let r: TokenizeRequest = parse(&body)?;
         let text = r
             .content
             .or(r.prompt)

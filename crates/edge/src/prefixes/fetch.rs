@@ -46,6 +46,21 @@ impl Prefixes {
             .key()
             .await
             .map_err(|e| EdgeError::Refused(e.to_string()))?;
+        // The prompt's bytes held against the cache's budget before anything is asked, when
+        // its length is known (its tokens, or the cloud's list): a refusal then sends nothing,
+        // so whether a fetch goes out never depends on what is being computed here.
+        let per_token = self.model.cfg.kv_bytes_per_token();
+        let listed = ids.map(<[u32]>::len).or_else(|| {
+            let p = self.catalog.current();
+            match &prompt {
+                PromptRef::Id(id) => p.named(id).map(|l| l.tokens),
+                PromptRef::ContentAddress(a) => p.at(&hex::encode(a)).map(|l| l.tokens),
+            }
+        });
+        let mut held = match listed {
+            Some(n) => Some(self.hold(n * per_token, false).map_err(busy)?),
+            None => None,
+        };
         let asked = Instant::now();
         // The cloud's token goes to the cloud only; peers get the peer token.
         let security = match to_cloud {
@@ -115,10 +130,13 @@ impl Prefixes {
         }
         // What arrives counts against the prompt cache's budget while it arrives, like a
         // prompt computed here: a flood of fetches is refused, not held in memory unbounded.
-        let bytes = header.token_ids.len() * self.model.cfg.kv_bytes_per_token();
-        let _held = self
-            .hold(bytes, false)
-            .map_err(|e| EdgeError::Busy(e.to_string()))?;
+        let bytes = header.token_ids.len() * per_token;
+        if held.as_ref().is_none_or(|h| h.bytes < bytes) {
+            held = Some(self.hold(bytes, false).map_err(busy)?);
+        }
+        // Shared with the shallow layers computed here: given back when both are done,
+        // however the fetch ends.
+        let held = Arc::new(held);
         // However the sender paces it, the whole fetch ends in time: the floor, or four times
         // what the measured link needs for this many bytes.
         let whole = deadlines.whole.max(link.map_or(Duration::ZERO, |l| {
@@ -136,9 +154,11 @@ impl Prefixes {
         });
         // CE-LSLM: the shallow layers computed here while the deep ones arrive.
         let (model, ids) = (self.model.clone(), header.token_ids.clone());
-        let to = stream.clone();
-        let shallow =
-            tokio::task::spawn_blocking(move || shallow_layers(&model, &ids, first, to.as_deref()));
+        let (to, computing) = (stream.clone(), held.clone());
+        let shallow = tokio::task::spawn_blocking(move || {
+            let _held = computing;
+            shallow_layers(&model, &ids, first, to.as_deref())
+        });
         let mut deep = Vec::with_capacity(header.n_layers);
         let mut signatures = Vec::with_capacity(header.n_layers);
         for l in first..header.n_layers {
@@ -228,8 +248,15 @@ impl Prefixes {
 
     /// Reserve `bytes` of the prompt cache's budget for a prompt arriving or being computed
     /// (`local`: computed here, which is also bounded in number); given back when the guard
-    /// drops, however the work ends.
-    fn hold(&self, bytes: usize, local: bool) -> Result<Held<'_>, LookupError> {
+    /// drops, however the work ends (the guard goes with the work, not the request).
+    fn hold(&self, bytes: usize, local: bool) -> Result<Held, LookupError> {
+        if bytes > self.cfg.cache_bytes {
+            return Err(LookupError::TooLong(format!(
+                "the cloud prompt's KV ({} MB) is larger than this edge's prompt cache ({} MB)",
+                bytes >> 20,
+                self.cfg.cache_bytes >> 20
+            )));
+        }
         let mut l = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if local && l.1 >= self.cfg.max_local_prefills.max(1) {
             return Err(LookupError::Busy(format!(
@@ -245,7 +272,7 @@ impl Prefixes {
         }
         *l = (l.0 + bytes, l.1 + local as usize);
         Ok(Held {
-            pending: &self.pending,
+            pending: self.pending.clone(),
             bytes,
             local,
         })
@@ -264,13 +291,12 @@ impl Prefixes {
                 self.cfg.cache_bytes >> 20
             )));
         }
-        let _held = self.hold(bytes, true)?;
-        self.compute_now(ids).await
-    }
-
-    async fn compute_now(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
+        let held = self.hold(bytes, true)?;
         let (model, ids) = (self.model.clone(), ids.to_vec());
         tokio::task::spawn_blocking(move || {
+            // Held by the computation itself: a request that goes away does not free the
+            // slot while the prefill still runs.
+            let _held = held;
             let mut seq = Sequence::new(&model);
             seq.prefill_chunked(&model, &ids, 256)?;
             // Kept as the cloud would send it: sliding-window layers cut.
@@ -284,15 +310,22 @@ impl Prefixes {
     }
 }
 
-/// Prompt-cache bytes reserved for work in flight, given back on drop (a dropped request
-/// included).
-struct Held<'a> {
-    pending: &'a Mutex<(usize, usize)>,
+/// A refused reservation as a fetch error (a prompt too large for the cache stays that).
+fn busy(e: LookupError) -> EdgeError {
+    match e {
+        LookupError::TooLong(m) => EdgeError::TooLong(m),
+        e => EdgeError::Busy(e.to_string()),
+    }
+}
+
+/// Prompt-cache bytes reserved for work in flight, given back on drop.
+pub(super) struct Held {
+    pending: Arc<Mutex<(usize, usize)>>,
     bytes: usize,
     local: bool,
 }
 
-impl Drop for Held<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
         let mut l = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         *l = (l.0 - self.bytes, l.1 - self.local as usize);

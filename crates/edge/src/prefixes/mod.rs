@@ -86,6 +86,8 @@ pub struct PrefixConfig {
     pub trust: CloudTrust,
     /// When a fetch is given up (and the prompt computed here).
     pub deadlines: Deadlines,
+    /// The cloud's published prompts this edge takes at all (none: every one it publishes).
+    pub cloud_prompts: Option<Vec<String>>,
     /// Bytes the disk tier may hold (least recently used files go first).
     pub disk_max_bytes: u64,
     /// System prompts computed here at once (beyond it: busy, retry later).
@@ -118,6 +120,7 @@ impl Default for PrefixConfig {
             peer_security: ClientSecurity::default(),
             trust: CloudTrust::default(),
             deadlines: Deadlines::default(),
+            cloud_prompts: None,
             disk_max_bytes: u64::MAX,
             max_local_prefills: 4,
             cloud_layers_from: 0,
@@ -189,28 +192,29 @@ impl Drop for Interest {
     }
 }
 
-/// Settles a lookup's stream however its task ends: a task stopped because no request held
-/// it any more fails the stream and leaves no entry, so nothing waits on it.
-struct Settling<'a> {
-    prefixes: &'a Prefixes,
-    key: &'a str,
-    slot: &'a Arc<Slot>,
+/// Settles a lookup's stream however its task ends, even one stopped before it first ran: a
+/// task stopped because no request held it any more fails the stream and leaves no entry, so
+/// nothing waits on it.
+struct Settling {
+    prefixes: Arc<Prefixes>,
+    key: String,
+    slot: Arc<Slot>,
     done: bool,
 }
 
-impl Settling<'_> {
+impl Settling {
     fn settle(&mut self, got: &Result<Resolved, LookupError>) {
-        self.prefixes.settle(self.key, self.slot, got);
+        self.prefixes.settle(&self.key, &self.slot, got);
         self.done = true;
     }
 }
 
-impl Drop for Settling<'_> {
+impl Drop for Settling {
     fn drop(&mut self) {
         if !self.done {
             let why = LookupError::Failed("no request holds this fetch any more".into());
-            self.prefixes.settle(self.key, self.slot, &Err(why));
-            self.prefixes.forget_unfilled(self.key, None);
+            self.prefixes.settle(&self.key, &self.slot, &Err(why));
+            self.prefixes.forget_unfilled(&self.key, None);
         }
     }
 }
@@ -298,7 +302,7 @@ pub struct Prefixes {
     unknown_ids: Mutex<LruCache<String, Instant>>,
     /// Prompt bytes arriving or being computed now (bounded by the memory budget), and how
     /// many prompts are being computed here.
-    pending: Mutex<(usize, usize)>,
+    pending: Arc<Mutex<(usize, usize)>>,
 }
 
 impl Prefixes {
@@ -317,6 +321,7 @@ impl Prefixes {
             cfg.security.clone(),
             cfg.trust.clone(),
             cfg.deadlines.header,
+            cfg.cloud_prompts.clone(),
         )
         .map_err(|e| LookupError::Failed(e.to_string()))?;
         Ok(Self {
@@ -335,7 +340,7 @@ impl Prefixes {
             unknown_ids: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(UNKNOWN_IDS_KEPT).expect("nonzero"),
             )),
-            pending: Mutex::new((0, 0)),
+            pending: Arc::new(Mutex::new((0, 0))),
         })
     }
 
@@ -563,20 +568,25 @@ impl Prefixes {
         (self.key(&address), PromptRef::ContentAddress(bytes), public)
     }
 
-    /// Where a cloud prompt named by id is kept: under its address once the cloud's list or
-    /// a header told it.
+    /// Where a cloud prompt named by id is kept: under the address the cloud's list gives
+    /// it. An id the list does not name is asked of no one (a client's id is the client's
+    /// text): it is served only if this edge holds it already, else it is unknown.
     async fn id_key(&self, id: &str) -> Result<String, LookupError> {
         if !edgeprompt_protocol::valid_prompt_id(id) {
             return Err(LookupError::UnknownId(id.into()));
         }
-        let listed = self
-            .catalog
-            .refresh()
-            .await
-            .ok()
-            .and_then(|p| p.named(id).map(|l| self.key(&l.address)));
+        let listed = self.catalog.refresh().await;
+        if let Some(l) = listed.as_ref().ok().and_then(|p| p.named(id)) {
+            return Ok(self.key(&l.address));
+        }
         let known = self.ids.lock().ok().and_then(|m| m.get(id).cloned());
-        Ok(listed.or(known).unwrap_or_else(|| format!("id:{id}")))
+        match (known, listed) {
+            (Some(key), _) if self.held(&key) => Ok(key),
+            (_, Ok(_)) => Err(LookupError::UnknownId(id.into())),
+            (_, Err(e)) => Err(LookupError::Failed(format!(
+                "the cloud's list of prompts is not at hand ({e}), so {id:?} cannot be asked for"
+            ))),
+        }
     }
 
     /// The KV of a rendered system turn (`ids`), by content address.
@@ -640,7 +650,7 @@ impl Prefixes {
             wire: r.wire,
             _interest: None,
         };
-        if self.cell(&key).initialized() {
+        if self.held(&key) {
             let r = self
                 .lookup(&key, prompt, ids.as_deref(), public, None)
                 .await?;
@@ -648,14 +658,18 @@ impl Prefixes {
         }
         let (slot, interest) = self.join(&key);
         let mut watch = slot.subscribe();
-        let me = self.clone();
+        let mut settling = Settling {
+            prefixes: self.clone(),
+            key,
+            slot,
+            done: false,
+        };
         let task = tokio::spawn(async move {
-            let mut settling = Settling {
-                prefixes: &me,
-                key: &key,
-                slot: &slot,
-                done: false,
-            };
+            let (me, key, slot) = (
+                settling.prefixes.clone(),
+                settling.key.clone(),
+                settling.slot.clone(),
+            );
             let got = me
                 .lookup(&key, prompt, ids.as_deref(), public, Some(&slot))
                 .await;
@@ -684,6 +698,13 @@ impl Prefixes {
                 Ok(ready(r))
             }
         }
+    }
+
+    /// Whether `key`'s prompt is in memory (without making an entry for it).
+    fn held(&self, key: &str) -> bool {
+        self.entries
+            .lock()
+            .is_ok_and(|e| e.get(key).is_some_and(|x| x.cell.initialized()))
     }
 
     /// The flight of `key`: its stream's slot and the interest its requests hold (a new one
@@ -1033,6 +1054,7 @@ impl Prefixes {
             }),
             (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
             (Some(Err(EdgeError::Busy(m))), None, _) => Err(LookupError::Busy(m)),
+            (Some(Err(EdgeError::TooLong(m))), _, _) => Err(LookupError::TooLong(m)),
             (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
             (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
                 if self.cfg.unknown_system == UnknownSystem::Refuse =>
