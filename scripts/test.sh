@@ -17,6 +17,9 @@ fi
 # The real openai client for the HTTP API tests.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt
+# The model families' synthetic GGUFs (random weights, written the same on every machine) that
+# llama.cpp's reference logits in tests/fixtures/synth/ were taken on.
+step .venv-test/bin/python scripts/ref/synth.py
 cargo fmt --all -- --check
 step cargo clippy -j2 --release --workspace --all-targets -- -D warnings
 step cargo test -j2 --release --workspace -- --include-ignored

@@ -275,6 +275,11 @@ impl CandleModel {
                 &mut f,
                 &Device::Cpu,
             )?),
+            other => {
+                return Err(BenchError::Data(format!(
+                    "candle-transformers has no {other:?} model to compare with"
+                )))
+            }
         })
     }
 
@@ -615,6 +620,7 @@ mod tests {
             window,
             sliding,
             rope_base_local: 1e4,
+            features: edgeprompt_engine::config::Features::plain(16),
         }
     }
 

@@ -2,14 +2,9 @@
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
+use crate::arch::Meta;
+pub use crate::arch::{Arch, Features, Moe};
 use crate::{EngineError, Result};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Gemma3,
-}
 
 /// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
 /// adjacent pairs rotate; qwen2 keeps the NEOX layout (dimension i pairs with i + d/2).
@@ -41,6 +36,8 @@ pub struct ModelConfig {
     pub sliding: Vec<bool>,
     /// RoPE base of the sliding layers (Gemma 3: 10 000; the global layers use `rope_base`).
     pub rope_base_local: f32,
+    /// What the family's layers do beyond the plain transformer (`arch/`).
+    pub features: Features,
 }
 
 /// First position of a `prompt_len`-token prefix a later token still sees through `window`
@@ -49,52 +46,49 @@ pub fn window_start(window: Option<usize>, prompt_len: usize) -> usize {
     window.map_or(0, |w| prompt_len.saturating_sub(w.saturating_sub(1)))
 }
 
-/// Gemma 3's layer pattern: every sixth layer attends globally.
-const GEMMA3_PATTERN: usize = 6;
-
 impl ModelConfig {
     pub fn from_gguf(content: &Content) -> Result<Self> {
         let arch_name = meta_str(content, "general.architecture")?;
-        let (arch, rope_style) = match arch_name.as_str() {
-            "llama" => (Arch::Llama, RopeStyle::Adjacent),
-            "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
-            "gemma3" => (Arch::Gemma3, RopeStyle::Neox),
-            other => {
-                return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: llama, qwen2, gemma3)"
-                )))
-            }
+        let arch = Arch::from_name(&arch_name)?;
+        let m = Meta {
+            content,
+            arch: &arch_name,
         };
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let n_embd = meta_usize(content, &key("embedding_length"))?;
-        let n_head = meta_usize(content, &key("attention.head_count"))?;
-        let n_kv_head = meta_usize(content, &key("attention.head_count_kv")).unwrap_or(n_head);
-        // Gemma's heads are wider than n_embd / n_head; the key length says so.
-        let head_dim =
-            meta_usize(content, &key("attention.key_length")).unwrap_or(n_embd / n_head.max(1));
+        let n_embd = m.usize("embedding_length")?;
+        let n_head = m.usize("attention.head_count")?;
+        let n_kv_head = m.usize("attention.head_count_kv").unwrap_or(n_head);
+        // Heads may be wider than n_embd / n_head (Gemma, Qwen3); the key length says so.
+        let head_dim = m
+            .usize("attention.key_length")
+            .unwrap_or(n_embd / n_head.max(1));
+        let value_dim = m.usize("attention.value_length").unwrap_or(head_dim);
         if n_head == 0
             || n_kv_head == 0
             || n_head % n_kv_head != 0
-            || (arch != Arch::Gemma3 && head_dim * n_head != n_embd)
             || head_dim == 0
+            || value_dim != head_dim
             || !head_dim.is_multiple_of(2)
             || head_dim > crate::attention::MAX_HEAD_DIM
         {
             return Err(EngineError::Unsupported(format!(
-                "head layout {n_head} heads / {n_kv_head} kv heads / width {n_embd}"
+                "head layout {n_head} heads / {n_kv_head} kv heads of {head_dim} (values {value_dim}) / width {n_embd}"
             )));
         }
         let vocab_size = match content.metadata.get("tokenizer.ggml.tokens") {
             Some(Value::Array(tokens)) => tokens.len(),
             _ => return Err(EngineError::Gguf("missing tokenizer.ggml.tokens".into())),
         };
-        let n_layer = meta_usize(content, &key("block_count"))?;
-        let window = meta_usize(content, &key("attention.sliding_window"))
+        let n_layer = m.usize("block_count")?;
+        let features = crate::arch::features(arch, &m, head_dim, n_embd)?;
+        let rope_base = m.f32("rope.freq_base").unwrap_or(10_000.0);
+        let window = m
+            .usize("attention.sliding_window")
             .ok()
-            .filter(|&w| w > 0 && arch == Arch::Gemma3);
-        // Gemma 3: five sliding layers, then one global, repeated (llama.cpp's pattern 6).
+            .filter(|&w| w > 0 && features.window_pattern > 0);
+        // Sliding layers, then a global one, repeated (llama.cpp's swa pattern).
+        let pattern = features.window_pattern.max(1);
         let sliding = (0..n_layer)
-            .map(|l| window.is_some() && l % GEMMA3_PATTERN < GEMMA3_PATTERN - 1)
+            .map(|l| window.is_some() && l % pattern < pattern - 1)
             .collect();
         Ok(Self {
             arch,
@@ -104,15 +98,24 @@ impl ModelConfig {
             n_head,
             n_kv_head,
             head_dim,
-            n_ff: meta_usize(content, &key("feed_forward_length"))?,
+            n_ff: m
+                .usize("feed_forward_length")
+                .or_else(|e| match features.moe {
+                    Some(moe) => Ok(moe.n_ff),
+                    None => Err(e),
+                })?,
             vocab_size,
-            context_length: meta_usize(content, &key("context_length")).unwrap_or(4096),
-            rope_base: meta_f32(content, &key("rope.freq_base")).unwrap_or(10_000.0),
-            rope_style,
-            rms_eps: meta_f32(content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            context_length: m.usize("context_length").unwrap_or(4096),
+            rope_base,
+            rope_style: features.rope_style,
+            rms_eps: m.f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             window,
             sliding,
-            rope_base_local: meta_f32(content, &key("rope.freq_base_swa")).unwrap_or(10_000.0),
+            rope_base_local: m
+                .f32("rope.freq_base_swa")
+                .or(features.window_rope_base)
+                .unwrap_or(rope_base),
+            features,
         })
     }
 

@@ -2,6 +2,7 @@
 //! exportable per-layer KV, and attention split into a read-only shared prefix and a private
 //! causal part (docs/design.md §2).
 
+pub mod arch;
 pub mod attention;
 pub mod catalog;
 pub mod chat;
@@ -13,6 +14,7 @@ pub mod kernels;
 pub mod kv;
 pub mod machine;
 pub mod model;
+mod moe;
 mod par;
 mod pool;
 pub mod rope;

@@ -7,15 +7,15 @@ use std::time::Instant;
 use candle_core::quantized::gguf_file::Content;
 use sha2::{Digest, Sha256};
 
-use crate::attention::{attend_batch, KvView};
+use crate::attention::{attend_batch_scaled, KvView, Scores};
 use crate::chat::ChatTemplate;
-use crate::config::{meta_str, Arch, ModelConfig};
+use crate::config::{meta_str, ModelConfig};
 use crate::kv::{LayerKv, PrefixKv};
 use crate::rope::Rope;
 use crate::sample::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{Linear, Weights};
+use crate::weights::{Ffn, Linear, Weights};
 use crate::{EngineError, Result};
 
 /// Longest context the RoPE table is built for, whatever the GGUF claims.
@@ -138,10 +138,21 @@ impl Model {
             .context_length
             .min(MAX_POSITIONS)
             .min(ROPE_TABLE_ENTRIES / (cfg.head_dim / 2));
-        let rope = Rope::new(cfg.head_dim, cfg.rope_base, cfg.rope_style, positions);
-        let rope_local = cfg
-            .window
-            .map(|_| Rope::new(cfg.head_dim, cfg.rope_base_local, cfg.rope_style, positions));
+        let f = &cfg.features;
+        let factors = weights.rope_factors.as_deref();
+        let rope_at = |base| {
+            Rope::partial(
+                cfg.head_dim,
+                f.rope_dims,
+                base,
+                cfg.rope_style,
+                positions,
+                factors,
+                f.rope_attn_factor,
+            )
+        };
+        let rope = rope_at(cfg.rope_base);
+        let rope_local = cfg.window.map(|_| rope_at(cfg.rope_base_local));
         let info = ModelInfo {
             path: path.to_path_buf(),
             file_bytes,
@@ -168,12 +179,15 @@ impl Model {
         Ok(())
     }
 
-    /// The RoPE of layer `l`.
-    fn rope(&self, l: usize) -> &Rope {
-        match &self.rope_local {
+    /// The RoPE of layer `l` (none on a layer without: SmolLM3's every fourth).
+    fn rope(&self, l: usize) -> Option<&Rope> {
+        if !self.cfg.features.ropes(l) {
+            return None;
+        }
+        Some(match &self.rope_local {
             Some(r) if self.cfg.window_of(l).is_some() => r,
             _ => &self.rope,
-        }
+        })
     }
 
     pub fn max_positions(&self) -> usize {
@@ -218,7 +232,9 @@ impl Model {
         if let Some(n) = &w.q_norm {
             q = rms_norm(&q, n, c.rms_eps);
         }
-        self.rope(l).apply_rows(&mut q, c.q_dim(), pos0);
+        if let Some(r) = self.rope(l) {
+            r.apply_rows(&mut q, c.q_dim(), pos0);
+        }
         Ok(q)
     }
 
@@ -236,9 +252,9 @@ impl Model {
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
         let mut x = self.weights.embed(ids, self.cfg.vocab_size)?;
-        if self.cfg.arch == Arch::Gemma3 {
-            // Gemma scales its embeddings by sqrt(width).
-            let s = (self.cfg.n_embd as f32).sqrt();
+        // Gemma scales its embeddings by sqrt(width), Granite by its multiplier.
+        let s = self.cfg.features.embed_scale;
+        if s != 1.0 {
             x.iter_mut().for_each(|a| *a *= s);
         }
         Ok(x)
@@ -369,8 +385,10 @@ impl Model {
         }
         crate::par::each(&mut jobs, 4, &|_, (part, q, k, v)| {
             let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
-            rope.apply_rows(q, qw, pos0);
-            rope.apply_rows(k, kvw, pos0);
+            if let Some(rope) = rope {
+                rope.apply_rows(q, qw, pos0);
+                rope.apply_rows(k, kvw, pos0);
+            }
             part.private.append(k, v, part.rows);
         });
         drop(jobs);
@@ -384,20 +402,36 @@ impl Model {
             .collect();
         // Every value is written by `attend_batch`.
         attn.resize(rows * qw, 0.0);
-        attend_batch(q, &views, c.n_head, hd, c.window_of(l), attn);
+        let f = &c.features;
+        let scores = Scores {
+            scale: f.attn_scale,
+            cap: f.attn_softcap,
+        };
+        attend_batch_scaled(q, &views, c.n_head, hd, c.window_of(l), scores, attn);
         Linear::forward_many_into(&[&w.wo], attn, rows, std::slice::from_mut(o))?;
         if let Some(n) = &w.post_attn_norm {
             rms_norm_in_place(o, n, c.rms_eps);
         }
+        scale_in_place(o, f.residual_scale);
         add_in_place(x, o, c.n_embd);
         rms_norm_into(x, &w.ffn_norm, c.rms_eps, h);
-        Linear::forward_many_into(&[&w.w_gate, &w.w_up], h, rows, gate_up)?;
-        let [gate, up] = gate_up;
-        gated_par(gate, up, c.n_ff, c.arch == Arch::Gemma3);
-        Linear::forward_many_into(&[&w.w_down], gate, rows, std::slice::from_mut(down))?;
+        match &w.ffn {
+            Ffn::Dense {
+                gate,
+                up,
+                down: w_down,
+            } => {
+                Linear::forward_many_into(&[gate, up], h, rows, gate_up)?;
+                let [g, u] = gate_up;
+                gated_par(g, u, c.n_ff, f.gelu);
+                Linear::forward_many_into(&[w_down], g, rows, std::slice::from_mut(down))?;
+            }
+            Ffn::Experts(experts) => crate::moe::forward(experts, h, rows, f.gelu, down)?,
+        }
         if let Some(n) = &w.post_ffn_norm {
             rms_norm_in_place(down, n, c.rms_eps);
         }
+        scale_in_place(down, f.residual_scale);
         add_in_place(x, down, c.n_embd);
         Ok(())
     }
@@ -413,7 +447,13 @@ impl Model {
     fn logits_into(&self, x: &[f32], h: &mut Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let rows = x.len() / self.cfg.n_embd;
         rms_norm_into(x, &self.weights.output_norm, self.cfg.rms_eps, h);
-        Linear::forward_many_into(&[&self.weights.output], h, rows, std::slice::from_mut(out))
+        Linear::forward_many_into(&[&self.weights.output], h, rows, std::slice::from_mut(out))?;
+        let f = &self.cfg.features;
+        scale_in_place(out, f.logit_scale);
+        if let Some(cap) = f.final_softcap {
+            crate::kernels::softcap(out, cap);
+        }
+        Ok(())
     }
 
     /// Run new tokens through the whole model for a batch of sequences; returns each
@@ -662,6 +702,13 @@ fn gated_par(g: &mut [f32], u: &[f32], width: usize, gelu: bool) {
 }
 
 /// `x += y`, `width`-wide rows at a time over the pool.
+/// `x *= s` (nothing when `s` is 1: the families without multipliers keep their bits).
+fn scale_in_place(x: &mut [f32], s: f32) {
+    if s != 1.0 {
+        x.iter_mut().for_each(|a| *a *= s);
+    }
+}
+
 fn add_in_place(x: &mut [f32], y: &[f32], width: usize) {
     crate::par::rows2(x, y, width, &|x, y| {
         for (a, b) in x.iter_mut().zip(y) {

@@ -10,24 +10,49 @@ const GROW: usize = 2048;
 
 pub struct Rope {
     style: RopeStyle,
+    /// Pairs rotated per head (`rope_dims / 2`); dimensions past `rope_dims` pass through.
     half: usize,
+    head_dim: usize,
     max_pos: usize,
     inv_freq: Vec<f32>,
+    /// cos and sin are scaled by it (LongRoPE's attention factor; 1 otherwise).
+    mscale: f32,
     /// cos and sin of positions `0..cos.len() / half`.
     table: RwLock<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Rope {
     pub fn new(head_dim: usize, base: f32, style: RopeStyle, max_pos: usize) -> Self {
-        let half = head_dim / 2;
+        Self::partial(head_dim, head_dim, base, style, max_pos, None, 1.0)
+    }
+
+    /// RoPE on the first `rope_dims` dimensions of each `head_dim`-wide head, frequency `i`
+    /// divided by `factors[i]` when given (Llama 3's `rope_freqs`, LongRoPE's factors), the
+    /// rotated values scaled by `mscale`.
+    pub fn partial(
+        head_dim: usize,
+        rope_dims: usize,
+        base: f32,
+        style: RopeStyle,
+        max_pos: usize,
+        factors: Option<&[f32]>,
+        mscale: f32,
+    ) -> Self {
+        let half = rope_dims.min(head_dim) / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| (base as f64).powf(-(2.0 * i as f64) / head_dim as f64) as f32)
+            .map(|i| {
+                let f = (base as f64).powf(-(2.0 * i as f64) / (2 * half) as f64);
+                let d = factors.and_then(|f| f.get(i)).map_or(1.0, |&x| x as f64);
+                (f / d) as f32
+            })
             .collect();
         Self {
             style,
             half,
+            head_dim,
             max_pos,
             inv_freq,
+            mscale,
             table: RwLock::new((Vec::new(), Vec::new())),
         }
     }
@@ -66,8 +91,8 @@ impl Rope {
         for p in built..upto {
             for f in &self.inv_freq {
                 let theta = (p as f32 * f) as f64;
-                t.0.push(theta.cos() as f32);
-                t.1.push(theta.sin() as f32);
+                t.0.push(theta.cos() as f32 * self.mscale);
+                t.1.push(theta.sin() as f32 * self.mscale);
             }
         }
     }
@@ -101,7 +126,7 @@ impl Rope {
     fn rotate_with(&self, cos: &[f32], sin: &[f32], row: &mut [f32], pos: usize, sign: f32) {
         let h = self.half;
         let (cos, sin) = (&cos[pos * h..(pos + 1) * h], &sin[pos * h..(pos + 1) * h]);
-        for head in row.chunks_exact_mut(2 * h) {
+        for head in row.chunks_exact_mut(self.head_dim.max(1)) {
             for i in 0..h {
                 let (a, b) = match self.style {
                     RopeStyle::Adjacent => (2 * i, 2 * i + 1),
@@ -171,6 +196,32 @@ mod tests {
         a.apply(&mut za, 9_000);
         assert_eq!(za, yb);
         assert!(a.bytes() <= 2 * 10_240 * 4 * 4 + 4096, "{}", a.bytes());
+    }
+
+    #[test]
+    fn partial_rotation_leaves_the_last_dimensions_and_factors_slow_the_frequencies() {
+        for style in [RopeStyle::Adjacent, RopeStyle::Neox] {
+            // Two heads of 8, rotating 4 dimensions each.
+            let rope = Rope::partial(8, 4, 10_000.0, style, 64, None, 1.0);
+            let x: Vec<f32> = (0..16).map(|i| i as f32 + 1.0).collect();
+            let mut y = x.clone();
+            rope.apply(&mut y, 5);
+            for head in 0..2 {
+                let (a, b) = (&x[head * 8..head * 8 + 8], &y[head * 8..head * 8 + 8]);
+                assert_eq!(a[4..], b[4..], "{style:?}: the unrotated tail");
+                assert_ne!(a[..4], b[..4], "{style:?}: the rotated part");
+            }
+        }
+        // A divisor of 2 at position 2p is position p without it.
+        let full = Rope::new(4, 100.0, RopeStyle::Neox, 64);
+        let slow = Rope::partial(4, 4, 100.0, RopeStyle::Neox, 64, Some(&[2.0, 2.0]), 1.0);
+        let (mut a, mut b) = (vec![1.0, 2.0, 3.0, 4.0], vec![1.0, 2.0, 3.0, 4.0]);
+        full.apply(&mut a, 3);
+        slow.apply(&mut b, 6);
+        assert!(
+            a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-5),
+            "{a:?} {b:?}"
+        );
     }
 
     #[test]

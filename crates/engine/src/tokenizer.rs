@@ -39,6 +39,8 @@ const GPT2_PATTERN: &str =
 /// Qwen2's split pattern (single digits, case-insensitive contractions).
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's split pattern (digits in groups of up to three).
+/// GPT-4o's (Phi-4-mini, Llama 4): case runs split, digits in threes, `/` kept with the line end.
+const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
@@ -317,16 +319,26 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         "llama3" | "llama-bpe" | "smaug-bpe" => {
             Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]).into()
         }
-        "smollm" => Sequence::new(vec![
+        "gpt-4o" | "llama4" => Sequence::new(vec![split(GPT4O_PATTERN)?, byte_level(false)]).into(),
+        // Granite 3 names its StarCoder-style pre-tokenizer "refact": SmolLM's.
+        "smollm" | "refact" => Sequence::new(vec![
             Digits::new(true).into(),
             split(GPT2_PATTERN)?,
             byte_level(false),
         ])
         .into(),
-        "gpt2" | "default" => Sequence::new(vec![split(GPT2_PATTERN)?, byte_level(false)]).into(),
+        // llama.cpp's own default: four splits in turn.
+        "default" => Sequence::new(vec![
+            split(r"[\p{P}\$\+<=>\^~\|]+")?,
+            split(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)")?,
+            split(r"\p{N}+")?,
+            split(r"[0-9][0-9][0-9]")?,
+            byte_level(false),
+        ])
+        .into(),
         other => {
             return Err(EngineError::Unsupported(format!(
-                "pre-tokenizer {other:?} (supported: qwen2, llama3, smollm, gpt2)"
+                "pre-tokenizer {other:?} (supported: qwen2, llama-bpe/llama3/smaug-bpe, smollm, refact, gpt-4o/llama4, default)"
             )))
         }
     })

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::quantized::{gguf_file::Content, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::kernels::{Carver, Format, QMatrix, Slab};
 use crate::{EngineError, Result};
 
@@ -31,16 +31,21 @@ fn own_format(dtype: GgmlDType) -> Option<Format> {
     }
 }
 
-/// Repacked bytes and number of the file's matrices our kernels run.
+/// Repacked bytes and number of the file's matrices our kernels run (a stack of experts
+/// counts each expert).
 fn own_matrices(content: &Content) -> (usize, usize) {
     content
         .tensor_infos
         .values()
         .filter_map(|i| {
-            let (n, k) = i.shape.dims2().ok()?;
-            QMatrix::packed_bytes(own_format(i.ggml_dtype)?, n, k)
+            let f = own_format(i.ggml_dtype)?;
+            match i.shape.dims() {
+                [n, k] => Some((QMatrix::packed_bytes(f, *n, *k)?, 1)),
+                [e, n, k] => Some((e * QMatrix::packed_bytes(f, *n, *k)?, *e)),
+                _ => None,
+            }
         })
-        .fold((0, 0), |(b, c), p| (b + p, c + 1))
+        .fold((0, 0), |(b, c), (p, n)| (b + p, c + n))
 }
 
 impl Matrix {
@@ -164,17 +169,52 @@ pub(crate) struct LayerWeights {
     pub wv: Linear,
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
-    /// Gemma 3's per-head norms of Q and K, and its norms of the attention and FFN outputs.
+    pub ffn: Ffn,
+    /// Per-head norms of Q and K (Qwen3, Gemma 3), and norms of the attention and FFN
+    /// outputs (Gemma).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// A layer's feed-forward block: the gated MLP, or a mixture of experts in its place.
+pub(crate) enum Ffn {
+    Dense {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
+    Experts(Experts),
+}
+
+impl Ffn {
+    /// Every matrix it holds.
+    fn matrices(&self) -> Vec<&Linear> {
+        match self {
+            Ffn::Dense { gate, up, down } => vec![gate, up, down],
+            Ffn::Experts(x) => std::iter::once(&x.router)
+                .chain(&x.gate)
+                .chain(&x.up)
+                .chain(&x.down)
+                .collect(),
+        }
+    }
+}
+
+/// One layer's experts: the router, and each expert's gate, up and down.
+pub(crate) struct Experts {
+    /// Experts each row runs.
+    pub used: usize,
+    pub router: Linear,
+    pub gate: Vec<Linear>,
+    pub up: Vec<Linear>,
+    pub down: Vec<Linear>,
+}
+
 pub(crate) struct Weights {
+    /// Per-frequency RoPE divisors (Llama 3's `rope_freqs`, Phi's short LongRoPE factors).
+    pub rope_factors: Option<Vec<f32>>,
     pub token_embd: Arc<Matrix>,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
@@ -240,6 +280,81 @@ impl Loader<'_> {
         Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
     }
 
+    /// Rows `first..first + n` of matrix `e` of the stack `name` (its `k` columns), read
+    /// alone: one of fused Q/K/V, gate/up, or one expert of a stack. Rows of a quantized
+    /// matrix are whole blocks, so the cut is exact.
+    fn rows(&mut self, name: &str, e: usize, first: usize, n: usize) -> Result<Matrix> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
+        let bad = || {
+            EngineError::Gguf(format!(
+                "tensor {name}: rows {first}..{} of matrix {e}",
+                first + n
+            ))
+        };
+        let (stack, rows, k) = match info.shape.dims() {
+            [rows, k] => (1, *rows, *k),
+            [stack, rows, k] => (*stack, *rows, *k),
+            _ => return Err(bad()),
+        };
+        if e >= stack || first + n > rows {
+            return Err(bad());
+        }
+        let Some(f) = own_format(info.ggml_dtype) else {
+            return Err(EngineError::Unsupported(format!(
+                "tensor {name} in {:?}: fused and expert tensors run in our kernels' formats only",
+                info.ggml_dtype
+            )));
+        };
+        let row_bytes = QMatrix::gguf_bytes(f, 1, k).ok_or_else(bad)?;
+        let bytes = n * row_bytes;
+        let packed = QMatrix::packed_bytes(f, n, k).ok_or_else(bad)?;
+        let start =
+            self.content.tensor_data_offset + info.offset + ((e * rows + first) * row_bytes) as u64;
+        let mut slab = match self.carver.take(packed) {
+            Some(slab) => slab,
+            None => Slab::alone(packed).map_err(|e| EngineError::Gguf(format!("{name}: {e}")))?,
+        };
+        self.reader
+            .seek(SeekFrom::Start(start))
+            .and_then(|_| self.reader.read_exact(&mut slab[..bytes]))
+            .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
+        *self
+            .type_bytes
+            .entry(format!("{:?}", info.ggml_dtype))
+            .or_default() += bytes;
+        QMatrix::from_gguf(f, n, k, slab)
+            .map(Matrix::Own)
+            .ok_or_else(bad)
+    }
+
+    /// `rows`, as a projection from `in_dim` to `out_dim`.
+    fn linear_rows(
+        &mut self,
+        name: &str,
+        e: usize,
+        first: usize,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Linear> {
+        let w = self.rows(name, e, first, out_dim)?;
+        if w.dims() != (out_dim, in_dim) {
+            return Err(EngineError::Gguf(format!(
+                "{name} has rows of {} values, expected {in_dim}",
+                w.dims().1
+            )));
+        }
+        Ok(Linear {
+            weight: Arc::new(w),
+            bias: None,
+            out_dim,
+            in_dim,
+        })
+    }
+
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -301,35 +416,91 @@ impl Weights {
         let d = cfg.n_embd;
         let kv = cfg.n_kv_head * cfg.head_dim;
         let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
-        let qkv_bias = cfg.arch == Arch::Qwen2;
-        let gemma = cfg.arch == Arch::Gemma3;
+        let f = &cfg.features;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
             let p = format!("blk.{l}");
-            let mut extra = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                gemma
-                    .then(|| ld.vector(&format!("{p}.{name}.weight"), len))
+            let mut norm = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                on.then(|| ld.vector(&format!("{p}.{name}.weight"), len))
                     .transpose()
             };
-            let (q_norm, k_norm) = (extra("attn_q_norm", hd)?, extra("attn_k_norm", hd)?);
-            let post_attn_norm = extra("post_attention_norm", d)?;
-            let post_ffn_norm = extra("post_ffw_norm", d)?;
+            let (q_norm, k_norm) = (
+                norm(f.qk_norm, "attn_q_norm", hd)?,
+                norm(f.qk_norm, "attn_k_norm", hd)?,
+            );
+            let post_attn_norm = norm(f.post_norms, "post_attention_norm", d)?;
+            let post_ffn_norm = norm(f.post_norms, "post_ffw_norm", d)?;
+            let (wq, wk, wv) = if f.fused {
+                let qkv = format!("{p}.attn_qkv.weight");
+                (
+                    ld.linear_rows(&qkv, 0, 0, qd, d)?,
+                    ld.linear_rows(&qkv, 0, qd, kv, d)?,
+                    ld.linear_rows(&qkv, 0, qd + kv, kv, d)?,
+                )
+            } else {
+                (
+                    ld.linear(&format!("{p}.attn_q"), f.qkv_bias, d, qd)?,
+                    ld.linear(&format!("{p}.attn_k"), f.qkv_bias, d, kv)?,
+                    ld.linear(&format!("{p}.attn_v"), f.qkv_bias, d, kv)?,
+                )
+            };
+            let ffn = match &f.moe {
+                Some(moe) => Ffn::Experts(Experts {
+                    used: moe.used,
+                    router: ld.linear(&format!("{p}.ffn_gate_inp"), false, d, moe.count)?,
+                    gate: (0..moe.count)
+                        .map(|e| {
+                            ld.linear_rows(&format!("{p}.ffn_gate_exps.weight"), e, 0, moe.n_ff, d)
+                        })
+                        .collect::<Result<_>>()?,
+                    up: (0..moe.count)
+                        .map(|e| {
+                            ld.linear_rows(&format!("{p}.ffn_up_exps.weight"), e, 0, moe.n_ff, d)
+                        })
+                        .collect::<Result<_>>()?,
+                    down: (0..moe.count)
+                        .map(|e| {
+                            ld.linear_rows(&format!("{p}.ffn_down_exps.weight"), e, 0, d, moe.n_ff)
+                        })
+                        .collect::<Result<_>>()?,
+                }),
+                // Phi's gate and up in one matrix: gate the first half of its rows.
+                None if f.fused => {
+                    let up = format!("{p}.ffn_up.weight");
+                    Ffn::Dense {
+                        gate: ld.linear_rows(&up, 0, 0, cfg.n_ff, d)?,
+                        up: ld.linear_rows(&up, 0, cfg.n_ff, cfg.n_ff, d)?,
+                        down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                    }
+                }
+                None => Ffn::Dense {
+                    gate: ld.linear(&format!("{p}.ffn_gate"), false, d, cfg.n_ff)?,
+                    up: ld.linear(&format!("{p}.ffn_up"), false, d, cfg.n_ff)?,
+                    down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                },
+            };
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), d)?,
-                wq: ld.linear(&format!("{p}.attn_q"), qkv_bias, d, qd)?,
-                wk: ld.linear(&format!("{p}.attn_k"), qkv_bias, d, kv)?,
-                wv: ld.linear(&format!("{p}.attn_v"), qkv_bias, d, kv)?,
+                wq,
+                wk,
+                wv,
                 wo: ld.linear(&format!("{p}.attn_output"), false, qd, d)?,
                 ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), d)?,
-                w_gate: ld.linear(&format!("{p}.ffn_gate"), false, d, cfg.n_ff)?,
-                w_up: ld.linear(&format!("{p}.ffn_up"), false, d, cfg.n_ff)?,
-                w_down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                ffn,
                 q_norm,
                 k_norm,
                 post_attn_norm,
                 post_ffn_norm,
             });
         }
+        // Llama 3's divisors, or Phi's short LongRoPE factors (contexts here stay within the
+        // original length, where llama.cpp takes the short ones too).
+        let half = f.rope_dims / 2;
+        let rope_factors = ["rope_freqs.weight", "rope_factors_short.weight"]
+            .into_iter()
+            .find(|n| ld.has(n))
+            .map(|n| ld.vector(n, half))
+            .transpose()?;
         let output_norm = ld.vector("output_norm.weight", d)?;
         let token_embd = Arc::new(ld.matrix("token_embd.weight")?);
         let tied_output = !ld.has("output.weight");
@@ -345,6 +516,7 @@ impl Weights {
             ld.linear("output", false, d, cfg.vocab_size)?
         };
         Ok(Self {
+            rope_factors,
             token_embd,
             layers,
             output_norm,
@@ -354,16 +526,31 @@ impl Weights {
         })
     }
 
-    /// Weight bytes one decode step reads (every layer matrix and the output head) and the
+    /// Weight bytes one token's decode step reads (every layer matrix, of a layer with
+    /// experts the router and as many experts as a token uses, and the output head) and the
     /// multiply-adds of one token through the layers (the head runs once per prompt).
     pub fn traffic(&self) -> (usize, usize) {
         let size = |l: &Linear| l.weight.bytes();
         let mut bytes = size(&self.output);
         let mut macs = 0;
         for w in &self.layers {
-            for l in [&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down] {
-                bytes += size(l);
-                macs += l.in_dim * l.out_dim;
+            let mut run = |l: &Linear, times: usize| {
+                bytes += size(l) * times;
+                macs += l.in_dim * l.out_dim * times;
+            };
+            for l in [&w.wq, &w.wk, &w.wv, &w.wo] {
+                run(l, 1);
+            }
+            match &w.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    [gate, up, down].into_iter().for_each(|l| run(l, 1))
+                }
+                Ffn::Experts(x) => {
+                    run(&x.router, 1);
+                    for l in [&x.gate[0], &x.up[0], &x.down[0]] {
+                        run(l, x.used);
+                    }
+                }
             }
         }
         (bytes, macs)
@@ -372,12 +559,23 @@ impl Weights {
     /// Bytes every weight matrix holds in memory as the kernels read it (repacked), the
     /// embedding counted once when the head shares it.
     pub fn resident_bytes(&self) -> usize {
+        let size = |l: &Linear| l.weight.bytes();
         let embd = if self.tied_output {
             0
         } else {
             self.token_embd.bytes()
         };
-        self.traffic().0 + embd
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|w| {
+                [&w.wq, &w.wk, &w.wv, &w.wo]
+                    .into_iter()
+                    .chain(w.ffn.matrices())
+            })
+            .map(size)
+            .sum();
+        size(&self.output) + embd + layers
     }
 
     /// Embedding rows for `ids`, dequantized.

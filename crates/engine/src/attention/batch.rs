@@ -49,6 +49,36 @@ pub fn attend_batch(
     window: Option<usize>,
     out: &mut [f32],
 ) {
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    attend_batch_scaled(
+        q,
+        views,
+        n_head,
+        head_dim,
+        window,
+        Scores { scale, cap: None },
+        out,
+    )
+}
+
+/// How a family scores a query against a key: `q.k * scale`, soft-capped to `cap * tanh(s /
+/// cap)` when `cap` is given (Gemma 2; the scalar path then runs on every ISA).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scores {
+    pub scale: f32,
+    pub cap: Option<f32>,
+}
+
+/// `attend_batch` with a family's own `Scores`.
+pub fn attend_batch_scaled(
+    q: &[f32],
+    views: &[KvView],
+    n_head: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    scores: Scores,
+    out: &mut [f32],
+) {
     // Group queries by (what prefix they read, KV head): a group reads the same keys. A view
     // takes a block of consecutive group ids, one per KV head, shared with the views before it
     // on the same prefix; each group's queries lie together in `flat`, in the order they came.
@@ -173,7 +203,7 @@ pub fn attend_batch(
     let dst = Outputs(out.as_mut_ptr(), out.len());
     crate::pool::run(tasks.len(), &|i| {
         let (g, qs) = tasks[i];
-        attend_task(q, views, g, qs, n_head, head_dim, window, &dst);
+        attend_task(q, views, g, qs, n_head, head_dim, window, scores, &dst);
     });
 }
 
@@ -207,9 +237,10 @@ fn attend_task(
     n_head: usize,
     head_dim: usize,
     window: Option<usize>,
+    scores: Scores,
     out: &Outputs,
 ) {
-    let scale = 1.0 / (head_dim as f32).sqrt();
+    let scale = scores.scale;
     let width = n_head * head_dim;
     let mut rows = ROWS.with(|c| c.take());
     rows.clear();
@@ -237,7 +268,14 @@ fn attend_task(
             .iter()
             .map(|x| (first(x).saturating_sub(p.start()).min(p.len()), p.len()))
             .collect();
-        attend_shared(&mut states, &rows, p.keys(g), p.values(g), &ranges);
+        attend_keys(
+            &mut states,
+            &rows,
+            p.keys(g),
+            p.values(g),
+            &ranges,
+            scores.cap,
+        );
     }
     // Queries are in row order, so each view's queries are one run; they share its keys, each
     // up to its causal limit.
@@ -257,12 +295,13 @@ fn attend_task(
                 (first(x).saturating_sub(base).min(hi), hi)
             })
             .collect();
-        attend_shared(
+        attend_keys(
             &mut states[at..end],
             &rows[at * head_dim..end * head_dim],
             view.private.keys(g),
             view.private.values(g),
             &ranges,
+            scores.cap,
         );
         at = end;
     }
@@ -279,6 +318,29 @@ thread_local! {
     static STATES: std::cell::Cell<Vec<State>> = const { std::cell::Cell::new(Vec::new()) };
     /// The task's scaled queries, kept likewise.
     static ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `attend_shared`, or with capped scores the scalar path query by query.
+fn attend_keys(
+    states: &mut [State],
+    rows: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    ranges: &[(usize, usize)],
+    cap: Option<f32>,
+) {
+    let Some(cap) = cap else {
+        return attend_shared(states, rows, keys, values, ranges);
+    };
+    let Some(d) = states.first().map(|s| s.dim) else {
+        return;
+    };
+    for ((st, r), &(lo, hi)) in states.iter_mut().zip(rows.chunks_exact(d)).zip(ranges) {
+        if hi > lo {
+            let (k, v) = (&keys[lo * d..hi * d], &values[lo * d..hi * d]);
+            super::scalar::attend_capped(st, r, k, v, hi - lo, Some(cap));
+        }
+    }
 }
 
 /// Each query `i` (state `states[i]`, row `i` of `rows`) consumes keys `ranges[i]` (`lo..hi`):

@@ -42,6 +42,20 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// The scalar reference: keys converted a block at a time, then consumed one by one.
 pub(super) fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16], n: usize) {
+    attend_capped(st, q, keys, values, n, None)
+}
+
+/// `attend_impl` with each score soft-capped (`cap * tanh(s / cap)`, Gemma 2) when `cap` is
+/// given: the path every capped attention takes, on every ISA, so the bits are one.
+#[inline(always)]
+pub(super) fn attend_capped(
+    st: &mut State,
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    n: usize,
+    cap: Option<f32>,
+) {
     let d = st.dim;
     let mut kbuf = [0f32; BLOCK * MAX_HEAD_DIM];
     let mut vbuf = [0f32; BLOCK * MAX_HEAD_DIM];
@@ -52,7 +66,7 @@ pub(super) fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16
         keys[j0 * d..(j0 + nb) * d].convert_to_f32_slice(kb);
         let vb = &mut vbuf[..nb * d];
         values[j0 * d..(j0 + nb) * d].convert_to_f32_slice(vb);
-        fold_scalar(st, q, kb, vb, nb);
+        fold(st, q, kb, vb, nb, cap);
         j0 += nb;
     }
 }
@@ -60,6 +74,12 @@ pub(super) fn attend_impl(st: &mut State, q: &[f32], keys: &[f16], values: &[f16
 /// `n` f32 keys and values consumed one by one, scalar.
 #[inline(always)]
 pub(super) fn fold_scalar(st: &mut State, q: &[f32], kb: &[f32], vb: &[f32], n: usize) {
+    fold(st, q, kb, vb, n, None)
+}
+
+/// `fold_scalar`, the scores soft-capped when `cap` is given.
+#[inline(always)]
+fn fold(st: &mut State, q: &[f32], kb: &[f32], vb: &[f32], n: usize, cap: Option<f32>) {
     let d = st.dim;
     let mut scores = [0f32; BLOCK];
     let mut j0 = 0;
@@ -68,6 +88,11 @@ pub(super) fn fold_scalar(st: &mut State, q: &[f32], kb: &[f32], vb: &[f32], n: 
         let (kb, vb) = (&kb[j0 * d..(j0 + nb) * d], &vb[j0 * d..(j0 + nb) * d]);
         for (s, k) in scores.iter_mut().zip(kb.chunks_exact(d)) {
             *s = dot(q, k);
+        }
+        if let Some(cap) = cap {
+            for s in &mut scores[..nb] {
+                *s = crate::kernels::softcap1(*s, cap);
+            }
         }
         let acc = &mut st.acc[..d];
         for (&s, v) in scores[..nb].iter().zip(vb.chunks_exact(d)) {

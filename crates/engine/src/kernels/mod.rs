@@ -339,6 +339,22 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     gated_mul::<false>(g, u)
 }
 
+/// `x = cap * tanh(x / cap)` in place (Gemma 2's soft-capping of logits and scores): the
+/// tanh from `exp_neg`, scalar, so the same bits on every path.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = softcap1(*v, cap);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn softcap1(v: f32, cap: f32) -> f32 {
+    let y = v / cap;
+    let t = exp::exp_neg(-2.0 * y.abs());
+    let th = (1.0 - t) / (1.0 + t);
+    cap * if y < 0.0 { -th } else { th }
+}
+
 /// `g = gelu_tanh(g) * u` in place (Gemma's gated FFN): the same bits on every path.
 pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     gated_mul::<true>(g, u)

@@ -58,3 +58,15 @@ pub fn read_json(name: &str) -> serde_json::Value {
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()));
     serde_json::from_str(&text).expect("fixture is JSON")
 }
+
+/// A fixture of float16 rows of `width` values each.
+pub fn read_f16_rows(name: &str, width: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+    bytes
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect::<Vec<f32>>()
+        .chunks_exact(width)
+        .map(<[f32]>::to_vec)
+        .collect()
+}

@@ -1,0 +1,148 @@
+//! The cloud/edge split for every model family the engine loads, through the real server: for
+//! each synthetic GGUF of `scripts/ref/synth.py` (random weights in the family's own tensors and
+//! metadata), a signing cloud node streams a plain-text cloud prompt, an edge server takes the
+//! cloud's layers from several split points (computing the ones below itself) and answers a
+//! completion; the answer is the single-node answer on the concatenated ids, token for token.
+//! Gemma 2's sliding-window layers arrive cut to the window, as Gemma 3's do.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeprompt_cloud::{CloudNode, PromptSpec};
+use edgeprompt_edge::http::access::ApiKeys;
+use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_engine::sample::argmax;
+use edgeprompt_engine::{Model, Sequence};
+
+mod common;
+use common::post_json;
+
+const FAMILIES: [&str; 7] = [
+    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe",
+];
+
+const CLOUD: &str = "Acme Rail handbook. Tickets are refundable in full up to 24 hours before \
+departure; after that a 20% fee applies. Seat changes are free. Pets travel free in carriers.";
+const PRIVATE: &str = " My booking 7781-XK leaves in six hours. What do I get back?";
+
+fn synth(name: &str) -> Arc<Model> {
+    let p: PathBuf = common::models_dir()
+        .join("synth")
+        .join(format!("{name}.gguf"));
+    assert!(
+        p.exists(),
+        "{} missing: run python3 scripts/ref/synth.py (scripts/test.sh does)",
+        p.display()
+    );
+    Arc::new(Model::load(p).unwrap())
+}
+
+/// The greedy answer (8 tokens at most) after the cloud prompt and the private text, on one
+/// node, as text.
+fn single_node(m: &Model) -> String {
+    let mut ids = m.tokenizer.encode_prompt(CLOUD).unwrap();
+    ids.extend(m.tokenizer.encode(PRIVATE).unwrap());
+    let mut seq = Sequence::new(m);
+    let mut logits = seq.prefill(m, &ids).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..8 {
+        let id = argmax(&logits);
+        if m.tokenizer.stop_ids.contains(&id) {
+            break;
+        }
+        out.push(id);
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    m.tokenizer.decode(&out).unwrap()
+}
+
+async fn edge(m: &Arc<Model>, cloud: &str, split: usize) -> std::net::SocketAddr {
+    let state = EdgeServer::start(
+        m.clone(),
+        ServerConfig {
+            model_id: "synth".into(),
+            default_max_tokens: 8,
+            api_keys: ApiKeys::default(),
+        },
+        SchedulerConfig {
+            request_timeout: Duration::from_secs(120),
+            ..Default::default()
+        },
+        PrefixConfig {
+            cloud_layers_from: split,
+            ..common::prefix_config(cloud)
+        },
+    )
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, state));
+    addr
+}
+
+#[test]
+fn every_family_splits_exactly_through_the_server_at_several_layers() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for name in FAMILIES {
+        let m = synth(name);
+        let want = single_node(&m);
+        assert!(!want.is_empty(), "{name}: an answer to compare");
+        let n = m.cfg.n_layer;
+        rt.block_on(async {
+            let specs = vec![PromptSpec {
+                id: "doc".into(),
+                system: String::new(),
+                text: Some(CLOUD.into()),
+            }];
+            let node = Arc::new(CloudNode::new(m.clone(), &specs, 64 << 20).unwrap());
+            let cloud = common::serve_cloud(node).await;
+            for split in [0, n / 2, n - 1] {
+                let addr = edge(&m, &cloud, split).await;
+                let body = serde_json::json!({
+                    "model": "synth", "cloud_prompt": "doc", "prompt": PRIVATE,
+                    "max_tokens": 8, "temperature": 0,
+                })
+                .to_string();
+                let (status, v) =
+                    tokio::task::spawn_blocking(move || post_json(addr, "/v1/completions", &body))
+                        .await
+                        .unwrap();
+                assert_eq!(status, 200, "{name} split {split}: {v}");
+                assert_eq!(v["edgeprompt"]["cloud_prompt"]["source"], "cloud", "{name}");
+                let got = v["choices"][0]["text"].as_str().unwrap();
+                assert_eq!(got, want, "{name}: split at layer {split} of {n}");
+            }
+            if name == "gemma2" {
+                // The sliding layers came cut to the window (16): a later token sees no more.
+                let p = Arc::new(
+                    Prefixes::new(
+                        m.clone(),
+                        common::prefix_config(&cloud),
+                        Arc::new(Metrics::new()),
+                    )
+                    .unwrap(),
+                );
+                let got = p.for_id("doc").await.unwrap();
+                let w = m.cfg.window.unwrap();
+                for (l, layer) in got.prefix.layers.iter().enumerate() {
+                    let cut = m.cfg.window_of(l).is_some();
+                    assert_eq!(
+                        layer.len() == w - 1,
+                        cut,
+                        "gemma2 layer {l}: {}",
+                        layer.len()
+                    );
+                }
+            }
+        });
+        println!(
+            "{name}: the split answer equals single-node's at layers 0, {}, {}",
+            n / 2,
+            n - 1
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The model families the engine runs, one small file each: how a family reads its GGUF
+//! metadata and what its layers do differently. The forward pass (`model.rs`), the split
+//! attention, the KV layout and streaming are one and the same for all of them; a family only
+//! sets the knobs below (`Features`), which is why the cloud/edge split, the exact merge, the
+//! sliding-window cut and CE-LSLM work for every one.
+
+mod gemma;
+mod granite;
+mod llama;
+mod phi3;
+mod qwen;
+mod smollm3;
+
+use candle_core::quantized::gguf_file::Content;
+
+use crate::config::{meta_f32, meta_usize, RopeStyle};
+use crate::{EngineError, Result};
+
+/// The families, by the name GGUF gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Phi3,
+    SmolLm3,
+    Gemma2,
+    Gemma3,
+    Granite,
+}
+
+/// Every architecture name this engine loads, for the error that names the rest.
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, granite";
+
+impl Arch {
+    pub fn from_name(name: &str) -> Result<Self> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
+            "phi3" => Arch::Phi3,
+            "smollm3" => Arch::SmolLm3,
+            "gemma2" => Arch::Gemma2,
+            "gemma3" => Arch::Gemma3,
+            "granite" => Arch::Granite,
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "architecture {other:?} (supported: {SUPPORTED})"
+                )))
+            }
+        })
+    }
+}
+
+/// A mixture of experts in place of the dense FFN (Qwen3-MoE): each row's `used` experts of
+/// `count`, chosen by a softmax router, their weights renormalised to sum to one.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Moe {
+    pub count: usize,
+    pub used: usize,
+    /// Hidden width of one expert.
+    pub n_ff: usize,
+}
+
+/// What a family's layers do beyond the plain pre-norm transformer with SiLU-gated FFN and
+/// RoPE on every dimension of every layer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Features {
+    pub rope_style: RopeStyle,
+    /// Biases on Q, K and V (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMS norms of Q and K (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Norms of the attention and FFN outputs before the residual add (Gemma).
+    pub post_norms: bool,
+    /// GELU (tanh) instead of SiLU in the gated FFN (Gemma).
+    pub gelu: bool,
+    /// Q, K and V in one matrix, gate and up in one (Phi-3).
+    pub fused: bool,
+    /// Embeddings times this (Gemma: sqrt(width); Granite: its embedding multiplier).
+    pub embed_scale: f32,
+    /// Each layer's attention and FFN output times this before the residual add (Granite).
+    pub residual_scale: f32,
+    /// Scores are `q.k * attn_scale` (default 1/sqrt(head_dim); Granite sets its own).
+    pub attn_scale: f32,
+    /// Logits times this (Granite divides by its logit scale).
+    pub logit_scale: f32,
+    /// Scores soft-capped: `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits soft-capped likewise (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Dimensions of each head RoPE rotates (Phi-4-mini: 3/4 of them); the rest pass through.
+    pub rope_dims: usize,
+    /// The rotated values times this (LongRoPE's attention factor).
+    pub rope_attn_factor: f32,
+    /// Every this many layers, one without RoPE (SmolLM3: layers 3, 7, 11, ...).
+    pub no_rope_every: Option<usize>,
+    /// Every this many layers, one global; the others attend through the sliding window
+    /// (Gemma 3: 6, Gemma 2: 2).
+    pub window_pattern: usize,
+    /// The sliding layers' RoPE base when the GGUF names none (Gemma 3: 10 000; otherwise
+    /// the global base).
+    pub window_rope_base: Option<f32>,
+    pub moe: Option<Moe>,
+}
+
+impl Features {
+    /// The plain transformer: Llama's.
+    pub fn plain(head_dim: usize) -> Self {
+        Self {
+            rope_style: RopeStyle::Adjacent,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            gelu: false,
+            fused: false,
+            embed_scale: 1.0,
+            residual_scale: 1.0,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            logit_scale: 1.0,
+            attn_softcap: None,
+            final_softcap: None,
+            rope_dims: head_dim,
+            rope_attn_factor: 1.0,
+            no_rope_every: None,
+            window_pattern: 0,
+            window_rope_base: None,
+            moe: None,
+        }
+    }
+
+    /// Whether layer `l` rotates its queries and keys.
+    pub fn ropes(&self, l: usize) -> bool {
+        self.no_rope_every
+            .is_none_or(|n| !(l + 1).is_multiple_of(n))
+    }
+}
+
+/// A GGUF's metadata under its architecture's prefix.
+pub struct Meta<'a> {
+    pub content: &'a Content,
+    pub arch: &'a str,
+}
+
+impl Meta<'_> {
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    pub fn usize(&self, k: &str) -> Result<usize> {
+        meta_usize(self.content, &self.key(k))
+    }
+
+    pub fn f32(&self, k: &str) -> Option<f32> {
+        meta_f32(self.content, &self.key(k)).ok()
+    }
+
+    /// Whether the file holds a tensor of this name.
+    pub fn has(&self, tensor: &str) -> bool {
+        self.content.tensor_infos.contains_key(tensor)
+    }
+}
+
+/// The features of `arch` for a model whose heads are `head_dim` wide.
+pub fn features(arch: Arch, m: &Meta, head_dim: usize, n_embd: usize) -> Result<Features> {
+    let plain = Features::plain(head_dim);
+    Ok(match arch {
+        Arch::Llama => llama::features(plain),
+        Arch::Qwen2 => qwen::qwen2(plain),
+        Arch::Qwen3 => qwen::qwen3(plain),
+        Arch::Qwen3Moe => qwen::qwen3moe(plain, m)?,
+        Arch::Phi3 => phi3::features(plain, m, head_dim)?,
+        Arch::SmolLm3 => smollm3::features(plain),
+        Arch::Gemma2 => gemma::gemma2(plain, m, n_embd),
+        Arch::Gemma3 => gemma::gemma3(plain, n_embd),
+        Arch::Granite => granite::features(plain, m),
+    })
+}

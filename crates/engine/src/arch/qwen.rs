@@ -1,0 +1,41 @@
+//! Qwen2 (`qwen2`: biases on Q, K, V), Qwen3 (`qwen3`: per-head RMS norms of Q and K, no
+//! biases) and Qwen3-MoE (`qwen3moe`: Qwen3's attention, a routed mixture of experts for FFN).
+//! All rotate in the NEOX layout (dimension i with i + d/2).
+
+use super::{Features, Meta, Moe};
+use crate::config::RopeStyle;
+use crate::{EngineError, Result};
+
+pub fn qwen2(plain: Features) -> Features {
+    Features {
+        rope_style: RopeStyle::Neox,
+        qkv_bias: true,
+        ..plain
+    }
+}
+
+pub fn qwen3(plain: Features) -> Features {
+    Features {
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        ..plain
+    }
+}
+
+pub fn qwen3moe(plain: Features, m: &Meta) -> Result<Features> {
+    let moe = Moe {
+        count: m.usize("expert_count")?,
+        used: m.usize("expert_used_count")?,
+        n_ff: m.usize("expert_feed_forward_length")?,
+    };
+    if moe.used == 0 || moe.used > moe.count || moe.count > 1024 {
+        return Err(EngineError::Unsupported(format!(
+            "{} of {} experts per token",
+            moe.used, moe.count
+        )));
+    }
+    Ok(Features {
+        moe: Some(moe),
+        ..qwen3(plain)
+    })
+}

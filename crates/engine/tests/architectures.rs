@@ -1,0 +1,141 @@
+//! The architectures users bring, held to llama.cpp on synthetic weights: for each family's
+//! GGUF written by `scripts/ref/synth.py` (the very file llama.cpp ran: its SHA-256 is in the
+//! fixture), our logits at the positions the fixture keeps (the middle and the end of three
+//! prompts, run as a prefill, a second chunk, then greedy decode steps one token at a time)
+//! against llama.cpp's: cosine >= 0.999 at every position, and the same top token wherever
+//! llama.cpp's top two differ by more than 1e-3 relative. Our tokenizer on the strings fixture
+//! gives llama.cpp's ids under each family's pre-tokenizer.
+
+use std::path::PathBuf;
+
+use edgeprompt_engine::{Model, Sequence};
+
+mod common;
+
+const ARCHS: [&str; 7] = [
+    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe",
+];
+
+/// Tokenizer-only files: the pre-tokenizer names the engine accepts beyond the families'.
+const TOKENIZERS: [&str; 4] = ["tok_default", "tok_llama3", "tok_smaug_bpe", "tok_llama4"];
+
+fn synth(name: &str) -> PathBuf {
+    let dir = std::env::var_os("EDGEPROMPT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::root().join("models"));
+    let p = dir.join("synth").join(format!("{name}.gguf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `python3 scripts/ref/synth.py` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+fn sha256(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(path).unwrap();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64, y as f64);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    ab / (aa.sqrt() * bb.sqrt())
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |x| x.0)
+}
+
+/// One architecture against its fixture; returns (worst cosine, positions compared).
+fn check(name: &str) -> (f64, usize) {
+    let fixture = common::read_json(&format!("synth/{name}.json"));
+    let path = synth(name);
+    assert_eq!(
+        sha256(&path),
+        fixture["sha256"].as_str().unwrap(),
+        "{name}: the GGUF is not the one llama.cpp ran (regenerate both with scripts/ref/)"
+    );
+    let m = Model::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vocab = fixture["vocab"].as_u64().unwrap() as usize;
+    let records = fixture["logits"].as_array().unwrap();
+    let rows = match records.is_empty() {
+        true => Vec::new(),
+        false => common::read_f16_rows(&format!("synth/{name}.f16"), vocab),
+    };
+    assert_eq!(rows.len(), records.len());
+    // Each prompt in one sequence: the first kept position by a prefill, the next by a second
+    // chunk, each decode step by one token.
+    let (mut seq, mut fed): (Option<Sequence>, Vec<u32>) = (None, Vec::new());
+    let mut worst = 1.0f64;
+    for (r, want) in records.iter().zip(&rows) {
+        let ids: Vec<u32> = r["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        if !ids.starts_with(&fed) || seq.is_none() {
+            seq = Some(Sequence::new(&m));
+            fed.clear();
+        }
+        let s = seq.as_mut().unwrap();
+        let logits = s.prefill(&m, &ids[fed.len()..]).unwrap();
+        fed = ids;
+        let c = cosine(&logits[..vocab], want);
+        let at = format!("{name}: prompt {} position {}", r["prompt"], r["position"]);
+        assert!(c >= 0.999, "{at}: cosine {c}");
+        worst = worst.min(c);
+        let top1 = r["top1"].as_u64().unwrap() as usize;
+        let gap = r["top2_gap"].as_f64().unwrap();
+        if gap > 1e-3 * (want[top1] as f64).abs() {
+            assert_eq!(
+                argmax(&logits[..vocab]),
+                top1,
+                "{at}: top token (gap {gap})"
+            );
+        }
+    }
+    // The tokenizer under this family's pre-tokenizer.
+    for case in fixture["tokenizer"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(m.tokenizer.encode(text).unwrap(), want, "{name}: {text:?}");
+    }
+    (worst, records.len())
+}
+
+#[test]
+fn every_family_matches_llama_cpp_on_synthetic_weights() {
+    let mut rows = Vec::new();
+    for name in ARCHS.into_iter().chain(TOKENIZERS) {
+        if !common::root()
+            .join(format!("tests/fixtures/synth/{name}.json"))
+            .exists()
+        {
+            panic!("{name}: no fixture (scripts/ref/synth_logits.py writes it)");
+        }
+        let (worst, n) = check(name);
+        rows.push(format!("{name}: {n} positions, worst cosine {worst:.6}"));
+    }
+    for r in rows {
+        println!("{r}");
+    }
+}

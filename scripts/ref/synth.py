@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Synthetic GGUFs of the architectures users bring, with random weights, written reproducibly.
+
+No GGUF of Qwen3, Llama 3.x, Phi-3/4, SmolLM3, Gemma 2, Granite or Qwen3-MoE can be fetched
+here, so each is written with the `gguf` package: the tensor names, metadata keys and shapes
+llama.cpp's converter writes, small but real shapes (several layers, GQA, head dims of 64 and
+128), weights from a seeded generator, matrices in Q8_0 (quantized by `gguf` itself, so the
+bytes are the same on every machine), norms in F32, and the tokenizer of a model we have that
+the family shares (Qwen's for Qwen3, SmolLM2's GPT-2-style vocabulary under each family's
+pre-tokenizer, Gemma's SentencePiece for Gemma 2 and Phi).
+
+    python3 scripts/ref/synth.py [ARCH ...] [--out models/synth]     (default: every one)
+
+Writes models/synth/<arch>.gguf and prints each file's SHA-256 (the reference fixtures of
+scripts/ref/synth_logits.py name them, so a test knows it runs the file llama.cpp ran).
+Needs numpy and gguf (scripts/test-requirements.txt) and the source models (scripts/models.py).
+"""
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "qwen05": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+}
+
+# Each architecture: its GGUF name, the tokenizer it borrows (and the pre-tokenizer it names),
+# its shape, and what is particular to it.
+ARCHS = {
+    "qwen3": dict(
+        arch="qwen3", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=128,
+        n_ff=512, qk_norm=True, tied=True,
+    ),
+    "llama3": dict(
+        arch="llama", tok="smollm2", pre="llama-bpe", n_embd=256, n_layer=4, n_head=8, n_kv=2,
+        head_dim=32 * 2, n_ff=640, rope_freqs=True, tied=True, rope_base=500000.0,
+    ),
+    "granite": dict(
+        arch="granite", tok="smollm2", pre="refact", n_embd=256, n_layer=4, n_head=4, n_kv=2,
+        head_dim=64, n_ff=512, tied=True, embedding_scale=12.0, residual_scale=0.22,
+        attention_scale=0.0078125, logit_scale=8.0,
+    ),
+    "smollm3": dict(
+        arch="smollm3", tok="smollm2", pre="llama-bpe", n_embd=256, n_layer=8, n_head=4, n_kv=1,
+        head_dim=64, n_ff=512, tied=True, rope_base=5000000.0,
+    ),
+    "phi3": dict(
+        arch="phi3", tok="smollm2", pre="gpt-4o", n_embd=256, n_layer=4, n_head=2, n_kv=1,
+        head_dim=128, n_ff=512, fused=True, rope_dims=96, rope_factors=True, tied=False,
+        context=4096,
+    ),
+    "gemma2": dict(
+        arch="gemma2", tok="gemma3", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
+        n_ff=512, gemma=True, window=16, attn_softcap=4.0, final_softcap=5.0, tied=True,
+    ),
+    # Tokenizer checks only: every pre-tokenizer name the engine accepts, on SmolLM2's vocabulary.
+    **{
+        f"tok_{pre.replace('-', '_')}": dict(
+            arch="llama", tok="smollm2", pre=pre, n_embd=64, n_layer=1, n_head=2, n_kv=1,
+            head_dim=32, n_ff=128, tied=True, tokenizer_only=True,
+        )
+        for pre in ("default", "llama3", "smaug-bpe", "llama4")
+    },
+    "qwen3moe": dict(
+        arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
+        n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
+    ),
+}
+
+
+def sources_dir():
+    import os
+    return Path(os.environ.get("EDGEPROMPT_MODELS", ROOT / "models"))
+
+
+def tokenizer_fields(src: Path):
+    """The tokenizer.* fields of a GGUF we have, as (key, value, type)."""
+    r = gguf.GGUFReader(src)
+    out = []
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            if sub == gguf.GGUFValueType.STRING:
+                val = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
+            else:
+                val = [f.parts[i].tolist()[0] for i in f.data]
+            out.append((key, val, t, sub))
+        elif t == gguf.GGUFValueType.STRING:
+            out.append((key, bytes(f.parts[f.data[0]]).decode("utf-8"), t, None))
+        else:
+            out.append((key, f.parts[f.data[0]].tolist()[0], t, None))
+    return out
+
+
+def write_tokenizer(w: gguf.GGUFWriter, fields, pre):
+    for key, val, t, sub in fields:
+        if key == "tokenizer.ggml.pre" and pre is not None:
+            val = pre
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, val) if sub != gguf.GGUFValueType.STRING else w.add_array(key, val)
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(key, val)
+        elif t == gguf.GGUFValueType.BOOL:
+            w.add_bool(key, bool(val))
+        elif t in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.INT32):
+            w.add_uint32(key, int(val))
+        elif t == gguf.GGUFValueType.FLOAT32:
+            w.add_float32(key, float(val))
+        else:
+            w.add_key_value(key, val, t)
+    if pre is not None and not any(k == "tokenizer.ggml.pre" for k, *_ in fields):
+        w.add_tokenizer_pre(pre)
+
+
+class Weights:
+    """Seeded weights: matrices scaled so activations stay near unit size."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def matrix(self, rows, cols, scale=None):
+        s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        return (self.rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def norm(self, n, around=1.0):
+        return (around + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
+
+
+def add_matrix(w: gguf.GGUFWriter, name, m):
+    q = gguf.quants.quantize(m, Q.Q8_0)
+    w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=Q.Q8_0)
+
+
+def write(name: str, spec: dict, out: Path) -> Path:
+    s = dict(spec)
+    src = sources_dir() / SOURCES[s["tok"]]
+    if not src.exists():
+        sys.exit(f"{src} missing: python3 scripts/models.py {s['tok']}")
+    fields = tokenizer_fields(src)
+    vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    arch = s["arch"]
+    d, hd, nh, nkv, ff, nl = (s[k] for k in ("n_embd", "head_dim", "n_head", "n_kv", "n_ff", "n_layer"))
+    path = out / f"{name}.gguf"
+    w = gguf.GGUFWriter(path, arch)
+    # A plain name: llama.cpp sets token attributes by names it knows ("phi3", ...).
+    w.add_name("synthetic")
+    w.add_context_length(s.get("context", 8192))
+    w.add_embedding_length(d)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(s.get("rope_base", 1000000.0))
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    if "rope_dims" in s:
+        w.add_rope_dimension_count(s["rope_dims"])
+    if "window" in s:
+        w.add_sliding_window(s["window"])
+    if "attn_softcap" in s:
+        w.add_attn_logit_softcapping(s["attn_softcap"])
+        w.add_final_logit_softcapping(s["final_softcap"])
+    for key in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
+        if key in s:
+            getattr(w, f"add_{key}")(s[key])
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["experts_used"])
+        w.add_expert_feed_forward_length(s["n_ff_exp"])
+    write_tokenizer(w, fields, s.get("pre"))
+
+    g = Weights(seed=sum(map(ord, name)))
+    # Embeddings of unit rows (Gemma scales them by sqrt(width) itself).
+    embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") else 1.0
+    add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale))
+    w.add_tensor("output_norm.weight", g.norm(d))
+    if not s.get("tied"):
+        add_matrix(w, "output.weight", g.matrix(vocab, d))
+    rot = s.get("rope_dims", hd)
+    if s.get("rope_freqs"):
+        # Llama 3's long-context scaling: per-frequency divisors (steeper than Llama's own, so
+        # short prompts feel them).
+        f = np.linspace(1.0, 32.0, rot // 2, dtype=np.float32)
+        w.add_tensor("rope_freqs.weight", f)
+    if s.get("rope_factors"):
+        w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * g.rng.random(rot // 2)).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", (1.0 + 4.0 * g.rng.random(rot // 2)).astype(np.float32))
+    qd, kvd = nh * hd, nkv * hd
+    for l in range(nl):
+        p = f"blk.{l}"
+        w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
+        if s.get("fused"):
+            add_matrix(w, f"{p}.attn_qkv.weight", g.matrix(qd + 2 * kvd, d))
+        else:
+            add_matrix(w, f"{p}.attn_q.weight", g.matrix(qd, d))
+            add_matrix(w, f"{p}.attn_k.weight", g.matrix(kvd, d))
+            add_matrix(w, f"{p}.attn_v.weight", g.matrix(kvd, d))
+        add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, qd))
+        if s.get("qk_norm"):
+            w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(hd))
+            w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(hd))
+        if s.get("gemma"):
+            w.add_tensor(f"{p}.post_attention_norm.weight", g.norm(d))
+            w.add_tensor(f"{p}.post_ffw_norm.weight", g.norm(d))
+        w.add_tensor(f"{p}.ffn_norm.weight", g.norm(d))
+        if "experts" in s:
+            e, fe = s["experts"], s["n_ff_exp"]
+            # The router stays F32, as llama.cpp's converter and quantizer keep it.
+            w.add_tensor(f"{p}.ffn_gate_inp.weight", g.matrix(e, d))
+            for part, rows, cols in (("gate", fe, d), ("up", fe, d), ("down", d, fe)):
+                m = np.stack([g.matrix(rows, cols) for _ in range(e)])
+                add_matrix(w, f"{p}.ffn_{part}_exps.weight", m)
+        elif s.get("fused"):
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(2 * ff, d))
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff))
+        else:
+            add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d))
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d))
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("archs", nargs="*", default=list(ARCHS))
+    ap.add_argument("--out", default=str(ROOT / "models" / "synth"))
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in a.archs:
+        path = write(name, ARCHS[name], out)
+        print(f"{name}: {path} sha256 {sha256(path)}")
+
+
+if __name__ == "__main__":
+    main()
