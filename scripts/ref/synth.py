@@ -75,6 +75,26 @@ ARCHS = {
 }
 
 
+# Real shapes, for speed against llama.cpp only (scripts/bench_families.sh quantizes them to
+# Q4_K_M with llama.cpp's quantizer); never written by default. Qwen3-0.6B's own shape; Llama
+# 3.2 1B's with Qwen's 152k vocabulary for its 128k one; Qwen3-30B-A3B's experts (128, 8 used,
+# 768 wide, in a 2048-wide model) in 4 of its 48 layers.
+BENCH = {
+    "qwen3-0.6b": dict(
+        arch="qwen3", tok="qwen05", n_embd=1024, n_layer=28, n_head=16, n_kv=8, head_dim=128,
+        n_ff=3072, qk_norm=True, tied=True,
+    ),
+    "llama3.2-1b": dict(
+        arch="llama", tok="qwen05", pre="llama-bpe", n_embd=2048, n_layer=16, n_head=32, n_kv=8,
+        head_dim=64, n_ff=8192, rope_freqs=True, tied=True, rope_base=500000.0,
+    ),
+    "qwen3moe-a3b": dict(
+        arch="qwen3moe", tok="qwen05", n_embd=2048, n_layer=4, n_head=32, n_kv=4, head_dim=128,
+        n_ff=6144, qk_norm=True, experts=128, experts_used=8, n_ff_exp=768, tied=False,
+    ),
+}
+
+
 def sources_dir():
     import os
     return Path(os.environ.get("EDGEPROMPT_MODELS", ROOT / "models"))
@@ -123,13 +143,19 @@ def write_tokenizer(w: gguf.GGUFWriter, fields, pre):
 
 
 class Weights:
-    """Seeded weights: matrices scaled so activations stay near unit size."""
+    """Seeded weights: matrices scaled so activations stay near unit size (`single`: drawn in
+    float32 directly, for the large bench shapes)."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, single=False):
         self.rng = np.random.default_rng(seed)
+        self.single = single
 
     def matrix(self, rows, cols, scale=None):
         s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        if self.single:
+            m = self.rng.standard_normal((rows, cols), dtype=np.float32)
+            m *= np.float32(s)
+            return m
         return (self.rng.standard_normal((rows, cols)) * s).astype(np.float32)
 
     def norm(self, n, around=1.0):
@@ -181,7 +207,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_expert_feed_forward_length(s["n_ff_exp"])
     write_tokenizer(w, fields, s.get("pre"))
 
-    g = Weights(seed=sum(map(ord, name)))
+    g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
     # Embeddings of unit rows (Gemma scales them by sqrt(width) itself).
     embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") else 1.0
     add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale))
@@ -252,7 +278,7 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in a.archs:
-        path = write(name, ARCHS[name], out)
+        path = write(name, ARCHS.get(name) or BENCH[name], out)
         print(f"{name}: {path} sha256 {sha256(path)}")
 
 

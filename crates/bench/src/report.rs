@@ -124,7 +124,17 @@ fn engine_section(dir: &Path, md: &mut String) {
     // AVX2 and a llama.cpp built without AVX-512; `avx512-long/`: prompts of 2048 and 4096
     // tokens and decode after 4096; `avx512-as-avx2-long/`: both), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
     // (`xeon-emr/`, Emerald Rapids), where there are such runs.
-    let models = ["smollm2", "qwen05", "qwen15", "gemma3"];
+    // The four models we have, then the synthetic real-shape GGUFs of the families we have no
+    // weights for (scripts/bench_families.sh).
+    let models = [
+        "smollm2",
+        "qwen05",
+        "qwen15",
+        "gemma3",
+        "synth-qwen3-0.6b",
+        "synth-llama3.2-1b",
+        "synth-qwen3moe-a3b",
+    ];
     let names = models.iter().flat_map(|m| {
         [
             "",

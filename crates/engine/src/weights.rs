@@ -13,9 +13,17 @@ use crate::config::ModelConfig;
 use crate::kernels::{Carver, Format, QMatrix, Slab};
 use crate::{EngineError, Result};
 
-/// A weight matrix: our kernels for the simple block formats, candle's for the rest.
+/// A weight matrix: our kernels for the simple block formats, plain floats for F32 (a
+/// router), candle's for the rest.
 pub(crate) enum Matrix {
     Own(QMatrix),
+    /// `[n, k]` row-major f32, as stored: each output a dot in a fixed order, so a row's
+    /// result never depends on the rows beside it.
+    F32 {
+        w: Vec<f32>,
+        n: usize,
+        k: usize,
+    },
     Candle(QMatMul, Arc<QTensor>),
 }
 
@@ -53,6 +61,7 @@ impl Matrix {
     fn bytes(&self) -> usize {
         match self {
             Matrix::Own(m) => m.bytes(),
+            Matrix::F32 { w, .. } => w.len() * 4,
             Matrix::Candle(_, t) => t.storage_size_in_bytes(),
         }
     }
@@ -60,6 +69,7 @@ impl Matrix {
     fn dims(&self) -> (usize, usize) {
         match self {
             Matrix::Own(m) => (m.out_dim(), m.in_dim()),
+            Matrix::F32 { n, k, .. } => (*n, *k),
             Matrix::Candle(_, t) => t.shape().dims2().unwrap_or((0, 0)),
         }
     }
@@ -67,6 +77,21 @@ impl Matrix {
     fn matmul(&self, x: &[f32], rows: usize, in_dim: usize) -> Result<Vec<f32>> {
         match self {
             Matrix::Own(m) => Ok(m.matmul(x, rows)),
+            Matrix::F32 { w, n, k } => {
+                let mut out = vec![0f32; rows * n];
+                // A few rows a task; every value of a row is its own fixed-order dot.
+                let mut jobs: Vec<(&mut [f32], &[f32])> =
+                    out.chunks_mut(*n * 4).zip(x.chunks(*k * 4)).collect();
+                crate::par::each(&mut jobs, 2, &|_, (o, xs)| {
+                    for (o, xr) in o.chunks_exact_mut(*n).zip(xs.chunks_exact(*k)) {
+                        for (j, y) in o.iter_mut().enumerate() {
+                            *y = dot_f32(xr, &w[j * k..(j + 1) * k]);
+                        }
+                    }
+                });
+                debug_assert_eq!(in_dim, *k);
+                Ok(out)
+            }
             Matrix::Candle(mm, _) => {
                 let t = Tensor::from_slice(x, (rows, in_dim), &Device::Cpu)?;
                 Ok(candle_core::Module::forward(mm, &t)?
@@ -83,12 +108,40 @@ impl Matrix {
                 .iter()
                 .flat_map(|&i| m.dequantize_row(i as usize))
                 .collect()),
+            Matrix::F32 { w, k, .. } => Ok(ids
+                .iter()
+                .flat_map(|&i| w[i as usize * k..(i as usize + 1) * k].iter().copied())
+                .collect()),
             Matrix::Candle(_, t) => {
                 let ids_t = Tensor::new(ids, &Device::Cpu)?;
                 Ok(t.embedding(&ids_t)?.flatten_all()?.to_vec1()?)
             }
         }
     }
+}
+
+/// `a . b` in a fixed order: sixteen lane sums, added by a fixed tree (the same bits on every
+/// machine and in any batch).
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    for (i, (x, y)) in ta.iter().zip(tb).enumerate() {
+        lanes[i] += x * y;
+    }
+    let mut w = 8;
+    while w > 0 {
+        for i in 0..w {
+            lanes[i] += lanes[i + w];
+        }
+        w /= 2;
+    }
+    lanes[0]
 }
 
 pub(crate) struct Linear {
@@ -277,6 +330,12 @@ impl Loader<'_> {
                 .ok_or_else(bad);
         }
         let t = Arc::new(self.qtensor(name)?);
+        if info.ggml_dtype == GgmlDType::F32 {
+            if let Ok((n, k)) = t.shape().dims2() {
+                let w: Vec<f32> = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?;
+                return Ok(Matrix::F32 { w, n, k });
+            }
+        }
         Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
     }
 

@@ -139,3 +139,53 @@ fn every_family_matches_llama_cpp_on_synthetic_weights() {
         println!("{r}");
     }
 }
+
+/// The contract every family keeps (Qwen3-MoE's experts included): a sequence's logits are the
+/// same bits alone or in a batch with others, and whether its prompt ran whole or in chunks.
+#[test]
+fn every_family_is_batch_invariant_and_chunking_exact() {
+    for name in ARCHS {
+        let m = Model::load(synth(name)).unwrap();
+        let prompts = [
+            "Tickets are refundable up to a day before departure.",
+            "fn main() { println!(\"hello\"); }",
+            "A much longer third prompt, so that the rows of the batch differ in number and the \
+             experts each row picks differ too.",
+        ];
+        let ids: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| m.tokenizer.encode_prompt(p).unwrap())
+            .collect();
+        let alone: Vec<Vec<f32>> = ids
+            .iter()
+            .map(|i| Sequence::new(&m).prefill(&m, i).unwrap())
+            .collect();
+        let mut seqs: Vec<Sequence> = ids.iter().map(|_| Sequence::new(&m)).collect();
+        let mut batch: Vec<(&mut Sequence, &[u32])> = seqs
+            .iter_mut()
+            .zip(&ids)
+            .map(|(s, i)| (s, i.as_slice()))
+            .collect();
+        let together = m.forward(&mut batch).unwrap();
+        for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name}: prompt {i} alone and batched differ"
+            );
+        }
+        let mut chunked = Sequence::new(&m);
+        let last = ids[2].len();
+        let mut logits = Vec::new();
+        for piece in ids[2].chunks(5) {
+            logits = chunked.prefill(&m, piece).unwrap();
+        }
+        assert_eq!(chunked.len(), last);
+        assert!(
+            logits
+                .iter()
+                .zip(&alone[2])
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: chunked and whole differ"
+        );
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Engine speed on the model families we have no weights for: synthetic GGUFs of real shapes
+# (scripts/ref/synth.py: Qwen3-0.6B, Llama 3.2 1B, Qwen3-30B-A3B's experts), quantized to Q4_K_M
+# by llama.cpp's own quantizer, against llama.cpp on the same file, threads and token ids in the
+# same run. llama.cpp comes from scripts/llama_venv.sh (.venv-bench/). Not part of CI.
+# Usage: bash scripts/bench_families.sh [SHAPE ...]   (default: all three) -> bench-out/engine-synth-*.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHAPES=("${@:-qwen3-0.6b llama3.2-1b qwen3moe-a3b}")
+# shellcheck disable=SC2206
+SHAPES=(${SHAPES[*]})
+# shellcheck source=scripts/llama_venv.sh
+source scripts/llama_venv.sh
+.venv-bench/bin/pip install -q --disable-pip-version-check numpy==2.4.6 gguf==0.19.0
+python3 scripts/models.py qwen05 sharegpt
+cargo build -j2 --release --bin edgeprompt-bench
+dir=models/synth/bench
+mkdir -p "$dir" bench-out
+for s in "${SHAPES[@]}"; do
+  q="$dir/$s.q4_k_m.gguf"
+  if [ ! -f "$q" ]; then
+    .venv-bench/bin/python scripts/ref/synth.py "$s" --out "$dir"
+    .venv-bench/bin/python - "$dir/$s.gguf" "$q.part" <<'PY'
+import sys, llama_cpp
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+p.nthread = 2
+p.allow_requantize = True  # from the Q8_0 the generator writes
+if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) != 0:
+    sys.exit("llama.cpp could not quantize " + sys.argv[1])
+PY
+    mv "$q.part" "$q"
+    rm -f "$dir/$s.gguf"
+  fi
+  ./target/release/edgeprompt-bench engine --model "$q" --threads 2 --skip-candle \
+    --llama-python .venv-bench/bin/python
+  mv "bench-out/engine-${q//\//_}.json" "bench-out/engine-synth-$s.json"
+done
