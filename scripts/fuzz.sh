@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20000}
-targets=${TARGETS:-"wire header tokenizer chat http"}
+targets=${TARGETS:-"wire header tokenizer chat http gguf"}
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --jobs 2
 python3 scripts/models.py smollm2 qwen05 gemma3 >/dev/null

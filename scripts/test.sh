@@ -3,13 +3,21 @@
 # client; check formatting and lints; run every test including the slow ones, optimised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each step's time, so a slow one shows in CI's log.
+# Each step's time, so a slow one shows in CI's log. A failed step does not stop the others;
+# every failure is listed at the end and the script fails if any did.
+failed=()
 step() {
-  local t=$SECONDS
-  "$@"
-  echo "[test.sh] $(( SECONDS - t )) s: $*" >&2
+  local t=$SECONDS rc=0
+  "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    failed+=("$* (exit $rc)")
+    echo "[test.sh] FAILED after $(( SECONDS - t )) s (exit $rc): $*" >&2
+  else
+    echo "[test.sh] $(( SECONDS - t )) s: $*" >&2
+  fi
 }
-step python3 scripts/models.py smollm2 qwen05 qwen15 gemma3 sharegpt
+# What the other steps need: without it nothing else can run.
+python3 scripts/models.py smollm2 qwen05 qwen15 gemma3 sharegpt
 # A real redis-server for the shared-tier test (Debian's package; the test starts its own).
 if ! command -v redis-server >/dev/null; then
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
@@ -20,12 +28,21 @@ fi
 # The model families' synthetic GGUFs (random weights, written the same on every machine) that
 # llama.cpp's reference logits in tests/fixtures/synth/ were taken on.
 step .venv-test/bin/python scripts/ref/synth.py
-cargo fmt --all -- --check
+step cargo fmt --all -- --check
 step cargo clippy -j2 --release --workspace --all-targets -- -D warnings
-step cargo test -j2 --release --workspace -- --include-ignored
+step cargo test -j2 --release --workspace --no-fail-fast -- --include-ignored
 # The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
 # every path must give the portable bits.
-step env EDGEPROMPT_AVX2=1 cargo test -j2 --release -p edgeprompt-engine --lib
+# The binary the workspace run built (asking cargo for `-p edgeprompt-engine` alone would
+# unify features differently and rebuild it).
+engine_units() {
+  local exe
+  exe=$(cargo test -j2 --release --workspace --no-run 2>&1 |
+    sed -nE 's/^ *Executable unittests src\/lib.rs \((.*edgeprompt_engine-[^)]*)\)$/\1/p')
+  [ -n "$exe" ] || { echo "the engine's unit-test binary was not found" >&2; return 1; }
+  EDGEPROMPT_AVX2=1 "$exe" -q
+}
+step engine_units
 # The aarch64 kernels under qemu emulation: the engine's unit tests on a CPU model for each
 # path (neon, dotprod, i8mm) and a real model's logits on every path against the fixture.
 step bash scripts/aarch64.sh
@@ -41,3 +58,9 @@ step bash scripts/browser_check.sh target/browser/chat.png
 # `gguf` clients on tasks made from local data; the few-shot preamble as a cloud prompt must
 # change no sample.
 step bash scripts/lm_eval.sh --small
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "[test.sh] ${#failed[@]} step(s) failed:" >&2
+  printf '  %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "[test.sh] every step passed in $SECONDS s" >&2

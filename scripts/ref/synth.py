@@ -72,6 +72,16 @@ ARCHS = {
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
     ),
+    # The formats our packed kernels do not run, every matrix (the embedding and tied head
+    # too) in one of them: F16, BF16 and Q5_1 quantized by `gguf`; the K- and i-quants (which
+    # `gguf` cannot quantize) as seeded random blocks scaled like the float weights.
+    **{
+        f"fmt_{f.lower()}": dict(
+            arch="llama", tok="smollm2", n_embd=256, n_layer=2, n_head=4, n_kv=2, head_dim=64,
+            n_ff=512, tied=True, fmt=f,
+        )
+        for f in ("F16", "BF16", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS")
+    },
 }
 
 
@@ -162,9 +172,52 @@ class Weights:
         return (around + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
 
 
-def add_matrix(w: gguf.GGUFWriter, name, m):
-    q = gguf.quants.quantize(m, Q.Q8_0)
-    w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=Q.Q8_0)
+# Where a block keeps its scale (and its min) as float16, for the formats written as random
+# blocks.
+SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108, None), Q.Q5_K: (0, 2), Q.IQ4_NL: (0, None), Q.IQ4_XS: (0, None)}
+
+
+def random_blocks(m, qt, rng):
+    """Random blocks of `qt` whose values have `m`'s spread: each block's scale (and min, which
+    centres it) set from what its quants expand to."""
+    rows, cols = m.shape
+    per, size = gguf.GGML_QUANT_SIZES[qt]
+    nb = rows * cols // per
+    raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
+    dpos, mpos = SCALES[qt]
+
+    def put(pos, v):
+        raw[:, pos:pos + 2] = np.asarray(v, dtype=np.float16).reshape(nb, 1).view(np.uint8)
+
+    def expand():
+        return gguf.quants.dequantize(raw.reshape(rows, -1), qt).reshape(nb, per).astype(np.float64)
+
+    put(dpos, np.ones(nb))
+    if mpos is not None:
+        put(mpos, np.zeros(nb))
+    a = expand()
+    d = m.std() / np.maximum(a.std(axis=1), 1e-6)
+    if mpos is not None:
+        put(dpos, np.zeros(nb))
+        put(mpos, np.ones(nb))
+        b = -expand()
+        put(dpos, d)
+        put(mpos, d * a.mean(axis=1) / np.maximum(b.mean(axis=1), 1e-6))
+    else:
+        put(dpos, d)
+    return raw.reshape(rows, -1)
+
+
+def add_matrix(w: gguf.GGUFWriter, name, m, fmt="Q8_0", rng=None):
+    qt = Q[fmt]
+    if qt in SCALES:
+        q = random_blocks(m.reshape(-1, m.shape[-1]), qt, rng).reshape(*m.shape[:-1], -1)
+    elif qt == Q.F16:
+        w.add_tensor(name, m.astype(np.float16))
+        return
+    else:
+        q = gguf.quants.quantize(m, qt)
+    w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
 
 
 def write(name: str, spec: dict, out: Path) -> Path:
@@ -208,12 +261,13 @@ def write(name: str, spec: dict, out: Path) -> Path:
     write_tokenizer(w, fields, s.get("pre"))
 
     g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
+    fmt = s.get("fmt", "Q8_0")
     # Embeddings of unit rows (Gemma scales them by sqrt(width) itself).
     embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") else 1.0
-    add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale))
+    add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale), fmt, g.rng)
     w.add_tensor("output_norm.weight", g.norm(d))
     if not s.get("tied"):
-        add_matrix(w, "output.weight", g.matrix(vocab, d))
+        add_matrix(w, "output.weight", g.matrix(vocab, d), fmt, g.rng)
     rot = s.get("rope_dims", hd)
     if s.get("rope_freqs"):
         # Llama 3's long-context scaling: per-frequency divisors (steeper than Llama's own, so
@@ -228,12 +282,12 @@ def write(name: str, spec: dict, out: Path) -> Path:
         p = f"blk.{l}"
         w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
         if s.get("fused"):
-            add_matrix(w, f"{p}.attn_qkv.weight", g.matrix(qd + 2 * kvd, d))
+            add_matrix(w, f"{p}.attn_qkv.weight", g.matrix(qd + 2 * kvd, d), fmt, g.rng)
         else:
-            add_matrix(w, f"{p}.attn_q.weight", g.matrix(qd, d))
-            add_matrix(w, f"{p}.attn_k.weight", g.matrix(kvd, d))
-            add_matrix(w, f"{p}.attn_v.weight", g.matrix(kvd, d))
-        add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, qd))
+            add_matrix(w, f"{p}.attn_q.weight", g.matrix(qd, d), fmt, g.rng)
+            add_matrix(w, f"{p}.attn_k.weight", g.matrix(kvd, d), fmt, g.rng)
+            add_matrix(w, f"{p}.attn_v.weight", g.matrix(kvd, d), fmt, g.rng)
+        add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, qd), fmt, g.rng)
         if s.get("qk_norm"):
             w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(hd))
             w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(hd))
@@ -247,14 +301,14 @@ def write(name: str, spec: dict, out: Path) -> Path:
             w.add_tensor(f"{p}.ffn_gate_inp.weight", g.matrix(e, d))
             for part, rows, cols in (("gate", fe, d), ("up", fe, d), ("down", d, fe)):
                 m = np.stack([g.matrix(rows, cols) for _ in range(e)])
-                add_matrix(w, f"{p}.ffn_{part}_exps.weight", m)
+                add_matrix(w, f"{p}.ffn_{part}_exps.weight", m, fmt, g.rng)
         elif s.get("fused"):
-            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(2 * ff, d))
-            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff))
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(2 * ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
         else:
-            add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d))
-            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d))
-            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff))
+            add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

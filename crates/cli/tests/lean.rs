@@ -49,3 +49,21 @@ fn the_product_depends_on_no_benchmark_crate() {
         );
     }
 }
+
+/// An edge device downloads and stores the binary: as built by the README's commands (release,
+/// no debug info) it stays small. Debug builds carry their debug info and are not measured.
+#[test]
+fn the_release_binary_is_small() {
+    const MAX_MB: u64 = 25;
+    if cfg!(debug_assertions) {
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_edgeprompt");
+    let bytes = std::fs::metadata(bin).expect("the binary was built").len();
+    println!("{bin}: {:.1} MB", bytes as f64 / 1e6);
+    assert!(
+        bytes <= MAX_MB * 1_000_000,
+        "{bin} is {:.1} MB, more than {MAX_MB} MB: debug info or a new dependency?",
+        bytes as f64 / 1e6
+    );
+}

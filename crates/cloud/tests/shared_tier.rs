@@ -45,7 +45,7 @@ fn redis() -> (Redis, String) {
             ),
     );
     let url = format!("redis://127.0.0.1:{port}/");
-    for _ in 0..100 {
+    for _ in 0..2400 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return (redis, url);
         }

@@ -19,6 +19,9 @@ use crate::{ClientSecurity, CloudClient};
 /// whatever the request holds: when it is asked tells nothing of what is asked).
 pub const LIST_TTL: Duration = Duration::from_secs(5);
 
+/// How soon a failed asking is tried again while the cloud has never given a list.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// The cloud's published prompts.
 #[derive(Debug, Default)]
 pub struct Published {
@@ -160,11 +163,17 @@ impl Inner {
         self.last.read().ok().and_then(|l| l.clone())
     }
 
-    /// Whether the last asking is older than `LIST_TTL`.
+    /// Whether the last asking is older than `LIST_TTL` (`RETRY` while the cloud never gave a
+    /// list: an edge started before its cloud finds the cloud soon after it comes up).
     fn stale(&self) -> bool {
+        let ttl = if self.last().is_some() {
+            LIST_TTL
+        } else {
+            RETRY
+        };
         self.asked_at
             .lock()
-            .map_or(true, |a| a.is_none_or(|at| at.elapsed() >= LIST_TTL))
+            .map_or(true, |a| a.is_none_or(|at| at.elapsed() >= ttl))
     }
 
     /// Why the last asking failed (none while an asking runs, or if it did not fail).
@@ -177,7 +186,12 @@ impl Inner {
     /// last asking's error, if it failed.
     async fn ask_if_stale(&self) -> Option<String> {
         let mut asked = self.asked.lock().await;
-        if let Some(a) = asked.as_ref().filter(|a| a.at.elapsed() < LIST_TTL) {
+        let ttl = if self.last().is_some() {
+            LIST_TTL
+        } else {
+            RETRY
+        };
+        if let Some(a) = asked.as_ref().filter(|a| a.at.elapsed() < ttl) {
             return a.error.clone();
         }
         let error = self.ask().await.err();

@@ -55,6 +55,7 @@ pub struct Metrics {
     pub cold_prefills: Counter,
     pub prefix_matches: Counter,
     pub cold_layers_overlapped: Counter,
+    pub cold_layers_run: Counter,
     pub cloud_layers_from: Gauge,
 }
 
@@ -89,6 +90,7 @@ impl Metrics {
             cold_prefills: Counter::default(),
             prefix_matches: Counter::default(),
             cold_layers_overlapped: Counter::default(),
+            cold_layers_run: Counter::default(),
             cloud_layers_from: Gauge::default(),
             registry: Registry::default(),
         };
@@ -106,6 +108,11 @@ impl Metrics {
             "cold_layers_overlapped",
             "Private layers of cold prefills that ran before their cloud prompt's last layer landed",
             m.cold_layers_overlapped.clone(),
+        );
+        registry.register(
+            "cold_layers_run",
+            "Private layers run against a cloud prompt whose layers were still landing",
+            m.cold_layers_run.clone(),
         );
         registry.register(
             "cloud_layers_from",

@@ -584,7 +584,12 @@ impl Batcher {
         for (i, r) in self.active.iter_mut().enumerate() {
             let score = r.scoring().map(|top| (top, &r.job.prompt[..]));
             let Some(c) = r.cold.as_mut() else { continue };
-            match c.run(&self.model, budget, r.admitted, score) {
+            let before = c.timeline.layers.len();
+            let ran = c.run(&self.model, budget, r.admitted, score);
+            self.metrics
+                .cold_layers_run
+                .inc_by((c.timeline.layers.len() - before) as u64);
+            match ran {
                 Ok(None) => {}
                 Ok(Some((seq, logits, scores))) => {
                     self.metrics.cold_prefills.inc();

@@ -42,7 +42,14 @@ fn local_prefills_are_bounded_in_number_and_bytes() {
             let ids = long_ids.clone();
             tokio::spawn(async move { p.for_system(&ids).await.map(|r| r.source) })
         };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // The long prefill holds the one slot (its bytes are reserved) before the next asks.
+        while p.in_flight_bytes() == 0 {
+            assert!(
+                !busy.is_finished(),
+                "the long prefill ended before it was seen"
+            );
+            tokio::task::yield_now().await;
+        }
         match p.for_system(&short_ids).await {
             Err(LookupError::Busy(m)) => assert!(m.contains("retry later"), "{m}"),
             other => panic!("expected busy, got {:?}", other.map(|r| r.source)),

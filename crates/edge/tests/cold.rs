@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use edgeprompt_cloud::{CloudNode, PromptSpec};
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::layer_stream::LayerStream;
 use edgeprompt_edge::metrics::Metrics;
@@ -13,9 +13,13 @@ use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::{Batcher, Event, Extras, SchedulerConfig};
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use edgeprompt_link::{Link, Profile};
+use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
+use edgeprompt_protocol::{
+    fetch_message::Body, FetchMessage, FetchRequest, ListReply, ListRequest,
+};
 
 mod common;
-use common::{done, edge_ids, greedy_text, job, model, serve_cloud, CODING, SUPPORT};
+use common::{done, edge_ids, greedy_text, job, model, CODING, SUPPORT};
 
 const USERS: [&str; 3] = [
     "My train was cancelled. What do I get back?",
@@ -42,6 +46,58 @@ fn single_node(m: &Arc<Model>, system: &str, user: &str, n: usize) -> String {
     greedy_text(m, &mut seq, logits, n)
 }
 
+/// The cloud's service with its stream's last layer held back until `open` says so: the test,
+/// not the clock, decides that the private layers run while the cloud prompt still streams.
+#[derive(Clone)]
+struct Gated {
+    inner: CloudService,
+    last_layer: u32,
+    open: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+type FetchStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<FetchMessage, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CloudKv for Gated {
+    type FetchStream = FetchStream;
+
+    async fn list(
+        &self,
+        req: tonic::Request<ListRequest>,
+    ) -> Result<tonic::Response<ListReply>, tonic::Status> {
+        self.inner.list(req).await
+    }
+
+    async fn fetch(
+        &self,
+        req: tonic::Request<FetchRequest>,
+    ) -> Result<tonic::Response<FetchStream>, tonic::Status> {
+        let mut inner = self.inner.fetch(req).await?.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let (last, mut open) = (self.last_layer, self.open.subscribe());
+        tokio::spawn(async move {
+            use tokio_stream::StreamExt;
+            while let Some(m) = inner.next().await {
+                if let Ok(FetchMessage {
+                    body: Some(Body::Chunk(c)),
+                }) = &m
+                {
+                    if c.layer == last {
+                        let _ = open.wait_for(|o| *o).await;
+                    }
+                }
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name))
@@ -60,8 +116,19 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         text: None,
     }];
     let node = Arc::new(CloudNode::new(m.clone(), &specs, 256 << 20).unwrap());
-    let cloud = serve_cloud(node).await;
-    let upstream = cloud.trim_start_matches("http://").to_string();
+    let open = Arc::new(tokio::sync::watch::Sender::new(false));
+    let gated = Gated {
+        inner: CloudService(node),
+        last_layer: m.cfg.n_layer as u32 - 1,
+        open: open.clone(),
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = l.local_addr().unwrap().to_string();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudKvServer::new(gated))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
     let link = Link::start("127.0.0.1:0", upstream, Profile::named("4g").unwrap())
         .await
         .unwrap();
@@ -92,7 +159,9 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         assert_eq!(status, 200, "{v}");
         v
     };
-    // Three first requests at once on the cold prompt.
+    // Three first requests at once on the cold prompt. The cloud's last layer is held until
+    // each has run every private layer it could (all but the last): then it is let through.
+    let n_layer = m.cfg.n_layer;
     let cold: Vec<serde_json::Value> = {
         let handles: Vec<_> = USERS
             .iter()
@@ -101,6 +170,17 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
                 tokio::task::spawn_blocking(move || ask(s, u))
             })
             .collect();
+        let ran = || async {
+            let m =
+                tokio::task::spawn_blocking(move || common::http(addr, "GET", "/metrics", "").1);
+            metric(&m.await.unwrap(), "edgeprompt_cold_layers_run_total")
+        };
+        let t = std::time::Instant::now();
+        while ran().await < (USERS.len() * (n_layer - 1)) as f64 {
+            assert!(t.elapsed().as_secs() < 600, "the private layers never ran");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        open.send_replace(true);
         let mut out = Vec::new();
         for h in handles {
             out.push(h.await.unwrap());
@@ -114,7 +194,6 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         down >= one && down < one + one / 2,
         "one fetch of {one} bytes expected, {down} came down"
     );
-    let n_layer = m.cfg.n_layer;
     for (v, user) in cold.iter().zip(USERS) {
         let t = v["edgeprompt"]["timeline"]
             .as_array()
@@ -124,9 +203,10 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         let last = t.iter().map(|l| f(l, "arrived")).fold(0.0, f64::max);
         let early = t.iter().filter(|l| f(l, "compute_start") < last).count();
         eprintln!("{user:?}: {early} of {n_layer} private layers ran before the last cloud layer landed ({last:.2} s)");
-        assert!(
-            early >= n_layer / 2,
-            "the private prefill waited for the stream: {early} early layers"
+        assert_eq!(
+            early,
+            n_layer - 1,
+            "every private layer but the last ran while the last cloud layer was held"
         );
         // The block says where the KV came from and what crossed the link for it: the
         // request's few bytes up, the one fetch down.
@@ -168,13 +248,19 @@ async fn cold_prompt_requests_follow_the_stream_share_one_fetch_and_answer_as_wa
         let want = single_node(&m, &system, user, 8);
         assert_eq!(text(&w).as_str(), Some(want.as_str()), "{user:?}");
     }
-    assert_eq!(link.counters.down(), down);
+    // No more KV came down: at most the cloud's list, asked again behind the requests.
+    let more = link.counters.down() - down;
+    assert!(
+        more < 4096,
+        "{more} more bytes came down after the prompt was held"
+    );
     let metrics = tokio::task::spawn_blocking(move || common::http(addr, "GET", "/metrics", "").1)
         .await
         .unwrap();
     assert_eq!(metric(&metrics, "edgeprompt_cold_prefills_total"), 3.0);
-    assert!(
-        metric(&metrics, "edgeprompt_cold_layers_overlapped_total") >= (3 * n_layer / 2) as f64
+    assert_eq!(
+        metric(&metrics, "edgeprompt_cold_layers_overlapped_total"),
+        (3 * (n_layer - 1)) as f64
     );
 }
 

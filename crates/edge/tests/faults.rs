@@ -74,7 +74,7 @@ async fn nothing_held(s: &EdgeServer) {
     let t = Instant::now();
     while s.scheduler.pending() > 0 || s.scheduler.reserved_bytes() > 0 {
         assert!(
-            t.elapsed() < Duration::from_secs(5),
+            t.elapsed() < Duration::from_secs(120),
             "{} requests, {} bytes still held",
             s.scheduler.pending(),
             s.scheduler.reserved_bytes()
@@ -135,7 +135,7 @@ async fn a_panicking_step_fails_its_requests_and_repeated_faults_make_the_edge_d
     let (status, b) = chat(addr, false).await;
     assert_eq!(status, 500, "{b}");
     assert!(b.contains(FAULT), "{b}");
-    let why = tokio::time::timeout(Duration::from_secs(5), s.scheduler.wait_dead())
+    let why = tokio::time::timeout(Duration::from_secs(60), s.scheduler.wait_dead())
         .await
         .expect("the scheduler is dead after three faults");
     assert!(why.starts_with(DEAD), "{why}");

@@ -885,9 +885,9 @@ async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T
         .unwrap_or_else(|_| panic!("{what}: still waiting after {secs} s"))
 }
 
-/// Until `f` holds, or the test fails after 30 s.
+/// Until `f` holds, or the test fails after 120 s.
 async fn until(what: &str, f: impl Fn() -> bool) {
-    within(30, what, async {
+    within(120, what, async {
         while !f() {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }

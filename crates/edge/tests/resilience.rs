@@ -251,7 +251,7 @@ fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
         let fetched = first.for_system(&cloud_ids).await.unwrap();
         assert_eq!(fetched.source, Source::Cloud);
         // The disk copy is written in the background.
-        for _ in 0..200 {
+        for _ in 0..6000 {
             if std::fs::read_dir(dir.path())
                 .unwrap()
                 .flatten()

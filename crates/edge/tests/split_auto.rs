@@ -172,7 +172,7 @@ async fn exact_split_on_a_slow_link(m: Arc<Model>, chars: usize, lslm_floor: usi
                 break p;
             }
             assert!(
-                t.elapsed() < Duration::from_secs(10),
+                t.elapsed() < Duration::from_secs(120),
                 "doc{i} never on disk"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -1,6 +1,6 @@
 //! Hyper-parameters read from GGUF metadata.
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use crate::gguf::{Content, Value};
 
 use crate::arch::Meta;
 pub use crate::arch::{Arch, Features, Moe};
@@ -155,9 +155,9 @@ pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value> {
 
 pub(crate) fn meta_str(content: &Content, key: &str) -> Result<String> {
     meta(content, key)?
-        .to_string()
-        .cloned()
-        .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))
 }
 
 pub(crate) fn meta_usize(content: &Content, key: &str) -> Result<usize> {

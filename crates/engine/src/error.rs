@@ -22,8 +22,6 @@ pub enum EngineError {
     Input(String),
     #[error("KV does not fit this model: {0}")]
     KvMismatch(String),
-    #[error("tensor op: {0}")]
-    Tensor(#[from] candle_core::Error),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

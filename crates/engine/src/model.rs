@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file::Content;
+use crate::gguf::Content;
 use sha2::{Digest, Sha256};
 
 use crate::attention::{attend_batch_scaled, KvView, Scores};
@@ -118,7 +118,7 @@ impl Model {
         let file_bytes = file.metadata().map_err(io)?.len();
         // Buffered: the metadata is read a few bytes at a time (Gemma 3's 262k-token
         // vocabulary took half a load in `read` calls).
-        let mut content = Content::read(&mut std::io::BufReader::new(file))
+        let mut content = Content::read(&mut std::io::BufReader::new(file), file_bytes)
             .map_err(|e| EngineError::Gguf(format!("{}: {e}", path.display())))?;
         let cfg = ModelConfig::from_gguf(&content)?;
         let tokenizer = Tokenizer::from_gguf(&content)?;

@@ -9,7 +9,7 @@ mod pieces;
 mod spm;
 mod vocab;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use crate::gguf::{Content, Value};
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
@@ -115,7 +115,7 @@ impl Tokenizer {
             content
                 .metadata
                 .get(key)
-                .and_then(|v| v.to_u32().ok())
+                .and_then(|v| v.to_u32())
                 .filter(|&i| (i as usize) < tokens.len())
         };
         let bos_id = id("tokenizer.ggml.bos_token_id");
@@ -228,8 +228,8 @@ fn byte_level_bpe(content: &Content, tokens: &[String], pre: &str) -> Result<Inn
         .iter()
         .map(|m| {
             let m = m
-                .to_string()
-                .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))?;
+                .to_str()
+                .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))?;
             m.split_once(' ')
                 .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
         })
@@ -299,7 +299,7 @@ fn spm_byte(piece: &str) -> Option<u8> {
 }
 
 fn content_u32(content: &Content, key: &str) -> Option<u32> {
-    content.metadata.get(key).and_then(|v| v.to_u32().ok())
+    content.metadata.get(key).and_then(|v| v.to_u32())
 }
 
 fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
@@ -349,9 +349,9 @@ fn string_array(content: &Content, key: &str) -> Result<Vec<String>> {
         Some(Value::Array(v)) => v
             .iter()
             .map(|x| {
-                x.to_string()
-                    .cloned()
-                    .map_err(|e| EngineError::Gguf(format!("{key}: {e}")))
+                x.to_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))
             })
             .collect(),
         _ => Err(EngineError::Gguf(format!("missing array {key}"))),

@@ -1,20 +1,19 @@
-//! Model tensors, loaded from GGUF. Matrices stay quantized (candle's `QMatMul`); norms and
-//! biases are plain f32.
+//! Model tensors, loaded from GGUF. Matrices stay quantized (our packed kernels, or rows
+//! expanded as used: `dequant`); norms and biases are plain f32.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file::Content, GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Tensor};
-
 use crate::config::ModelConfig;
+use crate::dequant;
+use crate::gguf::{Content, Dtype};
 use crate::kernels::{Carver, Format, QMatrix, Slab};
 use crate::{EngineError, Result};
 
-/// A weight matrix: our kernels for the simple block formats, plain floats for F32 (a
-/// router), candle's for the rest.
+/// A weight matrix: our packed kernels for their formats, plain floats for F32 (a router),
+/// the file's blocks expanded row by row for the rest.
 pub(crate) enum Matrix {
     Own(QMatrix),
     /// `[n, k]` row-major f32, as stored: each output a dot in a fixed order, so a row's
@@ -24,17 +23,23 @@ pub(crate) enum Matrix {
         n: usize,
         k: usize,
     },
-    Candle(QMatMul, Arc<QTensor>),
+    /// `[n, k]` in `dtype`'s blocks as the file stores them.
+    Blocks {
+        dtype: Dtype,
+        raw: Vec<u8>,
+        n: usize,
+        k: usize,
+    },
 }
 
-fn own_format(dtype: GgmlDType) -> Option<Format> {
+fn own_format(dtype: Dtype) -> Option<Format> {
     match dtype {
-        GgmlDType::Q4_0 => Some(Format::Q4_0),
-        GgmlDType::Q4_1 => Some(Format::Q4_1),
-        GgmlDType::Q5_0 => Some(Format::Q5_0),
-        GgmlDType::Q8_0 => Some(Format::Q8_0),
-        GgmlDType::Q4K => Some(Format::Q4K),
-        GgmlDType::Q6K => Some(Format::Q6K),
+        Dtype::Q4_0 => Some(Format::Q4_0),
+        Dtype::Q4_1 => Some(Format::Q4_1),
+        Dtype::Q5_0 => Some(Format::Q5_0),
+        Dtype::Q8_0 => Some(Format::Q8_0),
+        Dtype::Q4K => Some(Format::Q4K),
+        Dtype::Q6K => Some(Format::Q6K),
         _ => None,
     }
 }
@@ -46,10 +51,10 @@ fn own_matrices(content: &Content) -> (usize, usize) {
         .tensor_infos
         .values()
         .filter_map(|i| {
-            let f = own_format(i.ggml_dtype)?;
-            match i.shape.dims() {
-                [n, k] => Some((QMatrix::packed_bytes(f, *n, *k)?, 1)),
-                [e, n, k] => Some((e * QMatrix::packed_bytes(f, *n, *k)?, *e)),
+            let f = own_format(i.dtype)?;
+            match i.dims[..] {
+                [n, k] => Some((QMatrix::packed_bytes(f, n, k)?, 1)),
+                [e, n, k] => Some((e * QMatrix::packed_bytes(f, n, k)?, e)),
                 _ => None,
             }
         })
@@ -62,7 +67,7 @@ impl Matrix {
         match self {
             Matrix::Own(m) => m.bytes(),
             Matrix::F32 { w, .. } => w.len() * 4,
-            Matrix::Candle(_, t) => t.storage_size_in_bytes(),
+            Matrix::Blocks { raw, .. } => raw.len(),
         }
     }
 
@@ -70,7 +75,7 @@ impl Matrix {
         match self {
             Matrix::Own(m) => (m.out_dim(), m.in_dim()),
             Matrix::F32 { n, k, .. } => (*n, *k),
-            Matrix::Candle(_, t) => t.shape().dims2().unwrap_or((0, 0)),
+            Matrix::Blocks { n, k, .. } => (*n, *k),
         }
     }
 
@@ -92,11 +97,9 @@ impl Matrix {
                 debug_assert_eq!(in_dim, *k);
                 Ok(out)
             }
-            Matrix::Candle(mm, _) => {
-                let t = Tensor::from_slice(x, (rows, in_dim), &Device::Cpu)?;
-                Ok(candle_core::Module::forward(mm, &t)?
-                    .flatten_all()?
-                    .to_vec1()?)
+            Matrix::Blocks { dtype, raw, n, k } => {
+                debug_assert_eq!(in_dim, *k);
+                Ok(blocks_matmul(*dtype, raw, *n, *k, x, rows))
             }
         }
     }
@@ -112,12 +115,47 @@ impl Matrix {
                 .iter()
                 .flat_map(|&i| w[i as usize * k..(i as usize + 1) * k].iter().copied())
                 .collect()),
-            Matrix::Candle(_, t) => {
-                let ids_t = Tensor::new(ids, &Device::Cpu)?;
-                Ok(t.embedding(&ids_t)?.flatten_all()?.to_vec1()?)
+            Matrix::Blocks { dtype, raw, n, k } => {
+                let per = raw.len() / n.max(&1);
+                let mut out = vec![0f32; ids.len() * k];
+                for (&i, y) in ids.iter().zip(out.chunks_exact_mut(*k)) {
+                    let i = i as usize;
+                    dequant::row(*dtype, &raw[i * per..(i + 1) * per], y);
+                }
+                Ok(out)
             }
         }
     }
+}
+
+/// `x [rows, k] . w^T` for a matrix kept in its file's blocks: each weight row expanded once
+/// per call and dotted with every input row in a fixed order.
+fn blocks_matmul(dtype: Dtype, raw: &[u8], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f32> {
+    const COLS: usize = 64;
+    let per = raw.len() / n.max(1);
+    let mut parts: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(COLS))
+        .map(|c| (c * COLS, Vec::new()))
+        .collect();
+    crate::par::each(&mut parts, 2, &|_, (first, part)| {
+        let cols = COLS.min(n - *first);
+        let mut w = vec![0f32; k];
+        *part = vec![0f32; rows * cols];
+        for c in 0..cols {
+            let j = *first + c;
+            dequant::row(dtype, &raw[j * per..(j + 1) * per], &mut w);
+            for (r, xr) in x.chunks_exact(k).enumerate() {
+                part[r * cols + c] = dot_f32(xr, &w);
+            }
+        }
+    });
+    let mut out = vec![0f32; rows * n];
+    for (first, part) in &parts {
+        let cols = COLS.min(n - first);
+        for (r, p) in part.chunks_exact(cols).enumerate() {
+            out[r * n + first..r * n + first + cols].copy_from_slice(p);
+        }
+    }
+    out
 }
 
 /// `a . b` in a fixed order: sixteen lane sums, added by a fixed tree (the same bits on every
@@ -286,27 +324,47 @@ struct Loader<'a> {
 }
 
 impl Loader<'_> {
-    fn qtensor(&mut self, name: &str) -> Result<QTensor> {
-        let t = self
+    /// A tensor's bytes as the file stores them, in a format `dequant` expands.
+    fn raw(&mut self, name: &str) -> Result<(Dtype, Vec<u8>)> {
+        let info = self
             .content
-            .tensor(&mut self.reader, name, &Device::Cpu)
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
+        if !dequant::runs(info.dtype) {
+            return Err(EngineError::Unsupported(format!(
+                "tensor {name} is in {}, a format this engine does not run (it runs F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS)",
+                info.dtype
+            )));
+        }
+        // The header checked that the tensor lies inside the file.
+        let bytes = info
+            .elements()
+            .and_then(|n| info.dtype.bytes(n))
+            .ok_or_else(|| EngineError::Gguf(format!("tensor {name}: bad size")))?;
+        let mut raw = vec![0u8; bytes];
+        self.reader
+            .seek(SeekFrom::Start(
+                self.content.tensor_data_offset + info.offset,
+            ))
+            .and_then(|_| self.reader.read_exact(&mut raw))
             .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
         *self
             .type_bytes
-            .entry(format!("{:?}", t.dtype()))
-            .or_default() += t.storage_size_in_bytes();
-        Ok(t)
+            .entry(format!("{:?}", info.dtype))
+            .or_default() += bytes;
+        Ok((info.dtype, raw))
     }
 
     /// A weight matrix. Formats our kernels run are read straight from the file into their
-    /// final buffer (one copy of the weights in memory); others go through candle.
+    /// final buffer (one copy of the weights in memory); others are kept as stored.
     fn matrix(&mut self, name: &str) -> Result<Matrix> {
         let info = self
             .content
             .tensor_infos
             .get(name)
             .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
-        if let (Some(f), Ok((n, k))) = (own_format(info.ggml_dtype), info.shape.dims2()) {
+        if let (Some(f), Some((n, k))) = (own_format(info.dtype), info.dims2()) {
             let bad = || EngineError::Gguf(format!("tensor {name}: bad size"));
             let bytes = QMatrix::gguf_bytes(f, n, k).ok_or_else(bad)?;
             let packed = QMatrix::packed_bytes(f, n, k).ok_or_else(bad)?;
@@ -323,20 +381,25 @@ impl Loader<'_> {
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
             *self
                 .type_bytes
-                .entry(format!("{:?}", info.ggml_dtype))
+                .entry(format!("{:?}", info.dtype))
                 .or_default() += bytes;
             return QMatrix::from_gguf(f, n, k, slab)
                 .map(Matrix::Own)
                 .ok_or_else(bad);
         }
-        let t = Arc::new(self.qtensor(name)?);
-        if info.ggml_dtype == GgmlDType::F32 {
-            if let Ok((n, k)) = t.shape().dims2() {
-                let w: Vec<f32> = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?;
-                return Ok(Matrix::F32 { w, n, k });
-            }
+        let Some((n, k)) = info.dims2() else {
+            return Err(EngineError::Gguf(format!(
+                "tensor {name}: {:?} is not a matrix",
+                info.dims
+            )));
+        };
+        let (dtype, raw) = self.raw(name)?;
+        if dtype == Dtype::F32 {
+            let mut w = vec![0f32; n * k];
+            dequant::row(dtype, &raw, &mut w);
+            return Ok(Matrix::F32 { w, n, k });
         }
-        Ok(Matrix::Candle(QMatMul::from_arc(t.clone())?, t))
+        Ok(Matrix::Blocks { dtype, raw, n, k })
     }
 
     /// Rows `first..first + n` of matrix `e` of the stack `name` (its `k` columns), read
@@ -354,19 +417,32 @@ impl Loader<'_> {
                 first + n
             ))
         };
-        let (stack, rows, k) = match info.shape.dims() {
-            [rows, k] => (1, *rows, *k),
-            [stack, rows, k] => (*stack, *rows, *k),
+        let (stack, rows, k) = match info.dims[..] {
+            [rows, k] => (1, rows, k),
+            [stack, rows, k] => (stack, rows, k),
             _ => return Err(bad()),
         };
         if e >= stack || first + n > rows {
             return Err(bad());
         }
-        let Some(f) = own_format(info.ggml_dtype) else {
-            return Err(EngineError::Unsupported(format!(
-                "tensor {name} in {:?}: fused and expert tensors run in our kernels' formats only",
-                info.ggml_dtype
-            )));
+        let dtype = info.dtype;
+        let Some(f) = own_format(dtype) else {
+            if !dequant::runs(dtype) {
+                return Err(EngineError::Unsupported(format!(
+                    "tensor {name} is in {dtype}, a format this engine does not run"
+                )));
+            }
+            let row_bytes = dtype.bytes(k).ok_or_else(bad)?;
+            let mut raw = vec![0u8; n * row_bytes];
+            let start = self.content.tensor_data_offset
+                + info.offset
+                + ((e * rows + first) * row_bytes) as u64;
+            self.reader
+                .seek(SeekFrom::Start(start))
+                .and_then(|_| self.reader.read_exact(&mut raw))
+                .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
+            *self.type_bytes.entry(format!("{dtype:?}")).or_default() += raw.len();
+            return Ok(Matrix::Blocks { dtype, raw, n, k });
         };
         let row_bytes = QMatrix::gguf_bytes(f, 1, k).ok_or_else(bad)?;
         let bytes = n * row_bytes;
@@ -383,7 +459,7 @@ impl Loader<'_> {
             .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
         *self
             .type_bytes
-            .entry(format!("{:?}", info.ggml_dtype))
+            .entry(format!("{:?}", info.dtype))
             .or_default() += bytes;
         QMatrix::from_gguf(f, n, k, slab)
             .map(Matrix::Own)
@@ -419,17 +495,16 @@ impl Loader<'_> {
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let v: Vec<f32> = self
-            .qtensor(name)?
-            .dequantize(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1()?;
-        if v.len() != len {
+        let (dtype, raw) = self.raw(name)?;
+        let have =
+            raw.len() / dtype.block().map_or(1, |(_, b)| b) * dtype.block().map_or(1, |(p, _)| p);
+        if have != len {
             return Err(EngineError::Gguf(format!(
-                "{name} has {} values, expected {len}",
-                v.len()
+                "{name} has {have} values, expected {len}"
             )));
         }
+        let mut v = vec![0f32; len];
+        dequant::row(dtype, &raw, &mut v);
         Ok(v)
     }
 

@@ -11,7 +11,7 @@ mod phi3;
 mod qwen;
 mod smollm3;
 
-use candle_core::quantized::gguf_file::Content;
+use crate::gguf::Content;
 
 use crate::config::{meta_f32, meta_usize, RopeStyle};
 use crate::{EngineError, Result};

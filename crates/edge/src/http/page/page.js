@@ -80,8 +80,16 @@ async function loadPrompts() {
   }
   if ([...sel.options].some((o) => o.value === keep)) sel.value = keep;
   else if (list.data.length) sel.value = list.data[0].id;
+  // One status line, and the list asked again while the cloud cannot be reached (an edge
+  // started before its cloud lists the cloud's prompts once it answers).
+  const old = document.getElementById("cloud-status");
+  if (old) old.remove();
+  clearTimeout(loadPrompts.again);
   if (list.cloud === "unreachable") {
-    $("intro").append(el("span", "error", ` The cloud did not answer (${list.cloud_error}); ids held here are listed.`));
+    const s = el("span", "error", ` The cloud did not answer (${list.cloud_error}); ids held here are listed.`);
+    s.id = "cloud-status";
+    $("intro").append(s);
+    loadPrompts.again = setTimeout(() => loadPrompts().catch(() => {}), 3000);
   }
 }
 
