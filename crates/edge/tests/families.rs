@@ -21,8 +21,17 @@ use edgeprompt_engine::{Model, Sequence};
 mod common;
 use common::post_json;
 
-const FAMILIES: [&str; 7] = [
-    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe",
+/// Each family, and a Llama whose every matrix is in a format kept as stored (Q5_K, IQ4_XS).
+const FAMILIES: [&str; 9] = [
+    "qwen3",
+    "llama3",
+    "granite",
+    "smollm3",
+    "phi3",
+    "gemma2",
+    "qwen3moe",
+    "fmt_q5_k",
+    "fmt_iq4_xs",
 ];
 
 const CLOUD: &str = "Acme Rail handbook. Tickets are refundable in full up to 24 hours before \

@@ -248,3 +248,59 @@ fn iq4_xs(b: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every format against the `gguf` package's dequantizer (scripts/ref/dequant_blocks.py):
+    /// random blocks, each value equal to within float32 rounding of the order of operations.
+    #[test]
+    fn every_format_expands_as_the_reference_does() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dequant");
+        let formats = [
+            ("f16", Dtype::F16),
+            ("bf16", Dtype::BF16),
+            ("q4_0", Dtype::Q4_0),
+            ("q4_1", Dtype::Q4_1),
+            ("q5_0", Dtype::Q5_0),
+            ("q5_1", Dtype::Q5_1),
+            ("q8_0", Dtype::Q8_0),
+            ("q2_k", Dtype::Q2K),
+            ("q3_k", Dtype::Q3K),
+            ("q4_k", Dtype::Q4K),
+            ("q5_k", Dtype::Q5K),
+            ("q6_k", Dtype::Q6K),
+            ("iq4_nl", Dtype::IQ4NL),
+            ("iq4_xs", Dtype::IQ4XS),
+        ];
+        for (name, dtype) in formats {
+            assert!(runs(dtype), "{name}");
+            let b = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+            let (per, size) = dtype.block().unwrap();
+            // bytes + 4 bytes a value: n values take n / per blocks.
+            let n = b.len() / (size + 4 * per) * per;
+            let (raw, want) = b.split_at(n / per * size);
+            let want: Vec<f32> = want
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            assert_eq!(want.len(), n, "{name}");
+            let mut got = vec![0f32; n];
+            row(dtype, raw, &mut got);
+            // A value may be a difference of two products (scale and min): rounding is
+            // relative to the block's largest value.
+            for (blk, (g, w)) in got.chunks(per).zip(want.chunks(per)).enumerate() {
+                let top = w.iter().fold(0f32, |a, x| a.max(x.abs()));
+                for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                    let tol = 8.0 * f32::EPSILON * top;
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{name} block {blk} value {i}: {g} != {w}"
+                    );
+                }
+            }
+        }
+    }
+}

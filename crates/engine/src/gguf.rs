@@ -140,7 +140,9 @@ impl Dtype {
     /// Bytes of `values` values (whole blocks only).
     pub fn bytes(self, values: usize) -> Option<usize> {
         let (per, bytes) = self.block()?;
-        values.is_multiple_of(per).then(|| (values / per).checked_mul(bytes))?
+        values
+            .is_multiple_of(per)
+            .then(|| (values / per).checked_mul(bytes))?
     }
 }
 

@@ -35,3 +35,4 @@ pub use model::{Model, ModelInfo};
 pub use sample::{draw, logprobs, sample_each, Draw, Sampler, SamplingParams, TokenLogprobs};
 pub use sequence::Sequence;
 pub use tokenizer::Tokenizer;
+pub use weights::TensorType;

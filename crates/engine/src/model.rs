@@ -28,8 +28,8 @@ const ROPE_TABLE_ENTRIES: usize = 1 << 21;
 pub struct ModelInfo {
     pub path: PathBuf,
     pub file_bytes: u64,
-    /// Quantization type -> bytes of tensors of that type.
-    pub tensor_types: Vec<(String, usize)>,
+    /// Per tensor type: bytes, and the kernels that run it.
+    pub tensor_types: Vec<crate::weights::TensorType>,
     pub load_secs: f64,
     pub tied_output: bool,
 }

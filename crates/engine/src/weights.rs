@@ -182,6 +182,32 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     lanes[0]
 }
 
+/// The bytes of one tensor type in a file, and what runs its matrices.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TensorType {
+    /// llama.cpp's name (`Q4_K`).
+    pub name: String,
+    pub bytes: usize,
+    pub runs_in: String,
+}
+
+fn tensor_types(bytes: std::collections::HashMap<Dtype, usize>) -> Vec<TensorType> {
+    let mut v: Vec<TensorType> = bytes
+        .into_iter()
+        .map(|(t, bytes)| TensorType {
+            name: t.to_string(),
+            bytes,
+            runs_in: match (own_format(t), t) {
+                (Some(_), _) => format!("packed kernels ({})", crate::kernels::LEVEL.name()),
+                (None, Dtype::F32) => "f32 (vectors; matrices as fixed-order dots)".into(),
+                _ => "rows expanded to f32 (dequant.rs)".into(),
+            },
+        })
+        .collect();
+    v.sort_by_key(|t| std::cmp::Reverse(t.bytes));
+    v
+}
+
 pub(crate) struct Linear {
     weight: Arc<Matrix>,
     bias: Option<Vec<f32>>,
@@ -311,8 +337,8 @@ pub(crate) struct Weights {
     pub output_norm: Vec<f32>,
     pub output: Linear,
     pub tied_output: bool,
-    /// Quantization type name -> bytes, for reporting.
-    pub type_bytes: Vec<(String, usize)>,
+    /// Per tensor type: its bytes and what runs it, for reporting.
+    pub type_bytes: Vec<TensorType>,
 }
 
 struct Loader<'a> {
@@ -320,7 +346,7 @@ struct Loader<'a> {
     reader: BufReader<File>,
     /// One mapping for every matrix our kernels run, carved in load order (`kernels::arena`).
     carver: Carver,
-    type_bytes: std::collections::BTreeMap<String, usize>,
+    type_bytes: std::collections::HashMap<Dtype, usize>,
 }
 
 impl Loader<'_> {
@@ -349,10 +375,7 @@ impl Loader<'_> {
             ))
             .and_then(|_| self.reader.read_exact(&mut raw))
             .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-        *self
-            .type_bytes
-            .entry(format!("{:?}", info.dtype))
-            .or_default() += bytes;
+        *self.type_bytes.entry(info.dtype).or_default() += bytes;
         Ok((info.dtype, raw))
     }
 
@@ -379,10 +402,7 @@ impl Loader<'_> {
                 .seek(SeekFrom::Start(start))
                 .and_then(|_| self.reader.read_exact(&mut slab[..bytes]))
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-            *self
-                .type_bytes
-                .entry(format!("{:?}", info.dtype))
-                .or_default() += bytes;
+            *self.type_bytes.entry(info.dtype).or_default() += bytes;
             return QMatrix::from_gguf(f, n, k, slab)
                 .map(Matrix::Own)
                 .ok_or_else(bad);
@@ -441,7 +461,7 @@ impl Loader<'_> {
                 .seek(SeekFrom::Start(start))
                 .and_then(|_| self.reader.read_exact(&mut raw))
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-            *self.type_bytes.entry(format!("{dtype:?}")).or_default() += raw.len();
+            *self.type_bytes.entry(dtype).or_default() += raw.len();
             return Ok(Matrix::Blocks { dtype, raw, n, k });
         };
         let row_bytes = QMatrix::gguf_bytes(f, 1, k).ok_or_else(bad)?;
@@ -457,10 +477,7 @@ impl Loader<'_> {
             .seek(SeekFrom::Start(start))
             .and_then(|_| self.reader.read_exact(&mut slab[..bytes]))
             .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-        *self
-            .type_bytes
-            .entry(format!("{:?}", info.dtype))
-            .or_default() += bytes;
+        *self.type_bytes.entry(info.dtype).or_default() += bytes;
         QMatrix::from_gguf(f, n, k, slab)
             .map(Matrix::Own)
             .ok_or_else(bad)
@@ -656,7 +673,7 @@ impl Weights {
             output_norm,
             output,
             tied_output,
-            type_bytes: ld.type_bytes.into_iter().collect(),
+            type_bytes: tensor_types(ld.type_bytes),
         })
     }
 
