@@ -4,6 +4,7 @@
 # by llama.cpp's own quantizer, against llama.cpp on the same file, threads and token ids in the
 # same run. llama.cpp comes from scripts/llama_venv.sh (.venv-bench/). Not part of CI.
 # Usage: bash scripts/bench_families.sh [SHAPE ...]   (default: all three) -> bench-out/engine-synth-*.json
+#        FTYPE=Q5_K_M bash scripts/bench_families.sh qwen3-0.6b   (another llama.cpp file type)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHAPES=("${@:-qwen3-0.6b llama3.2-1b qwen3moe-a3b}")
@@ -14,25 +15,28 @@ source scripts/llama_venv.sh
 .venv-bench/bin/pip install -q --disable-pip-version-check numpy==2.4.6 gguf==0.19.0
 python3 scripts/models.py qwen05 sharegpt
 cargo build -j2 --release --bin edgeprompt-bench
+ftype=${FTYPE:-Q4_K_M}
+lower=$(tr '[:upper:]' '[:lower:]' <<<"$ftype")
+suffix=""
+[ "$ftype" = Q4_K_M ] || suffix="-$lower"
 dir=models/synth/bench
 mkdir -p "$dir" bench-out
 for s in "${SHAPES[@]}"; do
-  q="$dir/$s.q4_k_m.gguf"
+  q="$dir/$s.$lower.gguf"
   if [ ! -f "$q" ]; then
     .venv-bench/bin/python scripts/ref/synth.py "$s" --out "$dir"
-    .venv-bench/bin/python - "$dir/$s.gguf" "$q.part" <<'PY'
+    .venv-bench/bin/python - "$dir/$s.gguf" "$q.part" "$ftype" <<'PY'
 import sys, llama_cpp
 p = llama_cpp.llama_model_quantize_default_params()
-p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
 p.nthread = 2
 p.allow_requantize = True  # from the Q8_0 the generator writes
 if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) != 0:
     sys.exit("llama.cpp could not quantize " + sys.argv[1])
 PY
     mv "$q.part" "$q"
-    rm -f "$dir/$s.gguf"
   fi
   ./target/release/edgeprompt-bench engine --model "$q" --threads 2 --skip-candle \
     --llama-python .venv-bench/bin/python
-  mv "bench-out/engine-${q//\//_}.json" "bench-out/engine-synth-$s.json"
+  mv "bench-out/engine-${q//\//_}.json" "bench-out/engine-synth-$s$suffix.json"
 done

@@ -73,6 +73,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
          hand. Every number was measured on the machine named with it, baselines in the same run.\n"
     );
     engine_section(dir, &mut md);
+    build_section(dir, &mut md);
     // The AVX2 EPYC's run, then those of the other machines where there are any.
     for sub in ["", "avx512/", "xeon/", "xeon-emr/"] {
         ttft_section(dir, sub, &mut md)?;
@@ -115,6 +116,32 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     }
     std::fs::write(out, &md)?;
     Ok(md)
+}
+
+/// The product's build from an empty target directory (`scripts/build_timings.sh`).
+fn build_section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "build.json") else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Build time and binary size (`scripts/build_timings.sh`, `build.json`)\n\n{}\n\n\
+         `{}`: **{:.0} s**, binary **{:.1} MB**, {} units. The ten slowest:\n\n| unit | s |\n| --- | --- |",
+        machine_of(&v["machine"]),
+        v["command"].as_str().unwrap_or("?"),
+        f(&v["secs"]),
+        f(&v["bytes"]) / 1e6,
+        v["units"],
+    );
+    for u in v["slowest"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} |",
+            u["unit"].as_str().unwrap_or("?"),
+            f(&u["secs"])
+        );
+    }
+    md.push('\n');
 }
 
 fn engine_section(dir: &Path, md: &mut String) {

@@ -132,7 +132,21 @@ impl Catalog {
         }
         if !inner.asked_once.load(Ordering::Acquire) {
             inner.ask_if_stale().await;
-            inner.asked_once.store(true, Ordering::Release);
+            if !inner.asked_once.swap(true, Ordering::AcqRel) && inner.last().is_none() {
+                // The cloud did not answer the edge's first asking (often: started after the
+                // edge). Asked again every `RETRY` until it gives a list, requests or not.
+                let watch = Arc::downgrade(inner);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(RETRY).await;
+                        let Some(inner) = watch.upgrade() else { return };
+                        if inner.last().is_some() {
+                            return;
+                        }
+                        inner.ask_if_stale().await;
+                    }
+                });
+            }
         } else if inner.stale() && !inner.refreshing.swap(true, Ordering::AcqRel) {
             let behind = inner.clone();
             tokio::spawn(async move {

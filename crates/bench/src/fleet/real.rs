@@ -239,6 +239,21 @@ impl Launch<'_> {
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
+            // An edge up before its cloud finds the cloud's list shortly after: wait for it,
+            // so the warm-up fetches the prompts instead of computing them here.
+            let listed = url.to_string() + "/cloud_prompts";
+            let until = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < until {
+                let out = std::process::Command::new("curl")
+                    .args(["-s", &listed])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                if !out.contains("\"unreachable\"") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
         Ok(n)
     }
