@@ -139,7 +139,9 @@ fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
     // The system message is the cloud's: the edge fetches it and keeps it on disk.
     let cloud_dir = tempfile::tempdir().unwrap();
     let (cloud_proc, cloud) = common::cloud(cloud_dir.path(), SYSTEM);
-    let mut server = serve(Some(&cloud), cache.path(), 60);
+    // A drain deadline far beyond the stream: the drain ends when the stream does, however
+    // busy the machine.
+    let mut server = serve(Some(&cloud), cache.path(), 600);
     let addr = server.addr.clone();
 
     // A stream in flight: its first token is out before the signal.
@@ -184,7 +186,7 @@ fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
     assert_eq!(stored.len(), 1, "one cloud prompt on disk");
     // The cloud is gone: the restarted edge checks the disk copy against the key it pinned.
     drop(cloud_proc);
-    let again = serve(Some(&cloud), cache.path(), 60);
+    let again = serve(Some(&cloud), cache.path(), 600);
     let whole = http(
         &again.addr,
         "POST",
