@@ -22,7 +22,7 @@ units.sort(key=lambda u: -u["duration"])
 info = open("/proc/cpuinfo").read()
 cpu = re.search(r"model name\s*:\s*(.*)", info).group(1)
 flags = set(re.search(r"flags\s*:\s*(.*)", info).group(1).split())
-simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni") if f in flags]
+simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni") if f in flags]
 rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 cores = len(re.findall(r"^processor", info, re.M))
 res = {
