@@ -374,10 +374,17 @@ impl Content {
         Ok(content)
     }
 
-    /// Every tensor of a known type lies inside the file.
+    /// Every tensor of a known type lies inside the file, in rows of whole blocks (a row that
+    /// split a block would be read askew).
     fn check_extents(&self, len: u64) -> Result<()> {
         for (name, t) in &self.tensor_infos {
-            let Some(bytes) = t.elements().and_then(|n| t.dtype.bytes(n)) else {
+            let row = t.dims.last().copied().unwrap_or(0);
+            let whole = t.dtype.block().is_none() || t.dtype.bytes(row).is_some();
+            let bytes = t
+                .elements()
+                .and_then(|n| t.dtype.bytes(n))
+                .filter(|_| whole);
+            let Some(bytes) = bytes else {
                 if t.dtype.block().is_some() {
                     return Err(bad(format!("tensor {name}: rows of partial blocks")));
                 }
@@ -453,6 +460,14 @@ mod tests {
         for cut in 0..b.len() - 1 {
             assert!(Content::read(&mut Cursor::new(&b[..cut]), cut as u64).is_err());
         }
+        // Rows of half a Q8_0 block (2 x 16 values: one block in all) are refused.
+        let mut b = file();
+        let dims = b
+            .windows(16)
+            .position(|w| w[..8] == 32u64.to_le_bytes() && w[8..] == 2u64.to_le_bytes());
+        let d = dims.expect("the tensor's dims");
+        b[d..d + 8].copy_from_slice(&16u64.to_le_bytes());
+        assert!(Content::read(&mut Cursor::new(&b), b.len() as u64).is_err());
         // Counts and lengths far beyond the file are refused before anything is allocated.
         for (at, v) in [(8, u64::MAX), (16, 1 << 40), (24, u64::MAX / 2)] {
             let mut b = file();

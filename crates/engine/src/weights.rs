@@ -655,6 +655,16 @@ impl Weights {
         let output_norm = ld.vector("output_norm.weight", d)?;
         let token_embd = Arc::new(ld.matrix("token_embd.weight")?);
         let tied_output = !ld.has("output.weight");
+        // Every token id the tokenizer can produce has its row (exactly one per id when the
+        // embedding is also the head).
+        let (rows, width) = token_embd.dims();
+        if width != d || rows < cfg.vocab_size || (tied_output && rows != cfg.vocab_size) {
+            return Err(EngineError::Gguf(format!(
+                "token_embd.weight has shape {:?}, expected ({}, {d})",
+                token_embd.dims(),
+                cfg.vocab_size
+            )));
+        }
         let output = if tied_output {
             // Tied head: the embedding matrix is the output projection, shared, not copied.
             Linear {
