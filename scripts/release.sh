@@ -16,6 +16,7 @@ command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc
 command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
+command -v file >/dev/null || need+=(file)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -37,8 +38,9 @@ done
 
 # Static: no interpreter, no shared library.
 for arch in x86_64 aarch64; do
-  if file "$dist/edgeprompt-$arch-linux-musl" | grep -q "dynamically linked"; then
-    echo "release: $arch binary is dynamically linked" >&2
+  kind=$(file -b "$dist/edgeprompt-$arch-linux-musl")
+  if ! grep -Eq 'statically linked|static-pie linked' <<<"$kind"; then
+    echo "release: $arch binary is not static: $kind" >&2
     exit 1
   fi
 done
@@ -47,7 +49,8 @@ done
 arm=$dist/edgeprompt-aarch64-linux-musl
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 QEMU_CPU=max qemu-aarch64 "$arm" --version
-facts=$(QEMU_CPU=max qemu-aarch64 "$arm" info --model "$model" 2>/dev/null)
+facts=$(QEMU_CPU=max qemu-aarch64 "$arm" info --model "$model" 2>&1) ||
+  { echo "release: info failed under qemu: $facts" >&2; exit 1; }
 grep -q '"fingerprint"' <<<"$facts"
 answer=$(QEMU_CPU=max qemu-aarch64 "$arm" generate --model "$model" --prompt "Name a colour." \
   --max-tokens 8 2>/dev/null)

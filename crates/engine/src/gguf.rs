@@ -291,7 +291,8 @@ impl<R: Read> Reader<R> {
                     _ => 8,
                 };
                 let n = self.count(min, "an array")?;
-                let mut v = Vec::with_capacity(n);
+                // Grown as read: a value in memory is larger than its bytes in the file.
+                let mut v = Vec::with_capacity(n.min(4096));
                 for _ in 0..n {
                     v.push(self.value(inner, depth + 1)?);
                 }
@@ -319,14 +320,17 @@ impl Content {
         }
         let tensors = rd.count(24, "tensors")?;
         let entries = rd.count(12, "metadata")?;
-        let mut metadata = HashMap::with_capacity(entries);
+        let mut metadata = HashMap::with_capacity(entries.min(4096));
         for _ in 0..entries {
             let key = rd.string()?;
             let kind = rd.u32()?;
             let v = rd.value(kind, 0)?;
+            if metadata.contains_key(&key) {
+                return Err(bad(format!("metadata key {key} appears twice")));
+            }
             metadata.insert(key, v);
         }
-        let mut tensor_infos = HashMap::with_capacity(tensors);
+        let mut tensor_infos = HashMap::with_capacity(tensors.min(4096));
         for _ in 0..tensors {
             let name = rd.string()?;
             let n_dims = rd.u32()? as usize;
@@ -336,7 +340,9 @@ impl Content {
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
                 let d = usize::try_from(rd.u64()?)
-                    .map_err(|_| bad(format!("tensor {name}: a dimension too large")))?;
+                    .ok()
+                    .filter(|&d| d > 0)
+                    .ok_or_else(|| bad(format!("tensor {name}: a dimension of 0 or too large")))?;
                 dims.push(d);
             }
             dims.reverse();
@@ -349,6 +355,9 @@ impl Content {
             };
             if info.elements().is_none() {
                 return Err(bad(format!("tensor {name}: too many values")));
+            }
+            if tensor_infos.contains_key(&name) {
+                return Err(bad(format!("tensor {name} appears twice")));
             }
             tensor_infos.insert(name, info);
         }
@@ -368,7 +377,7 @@ impl Content {
             tensor_infos,
             tensor_data_offset,
         };
-        content.check_extents(len)?;
+        content.check_extents(len, align)?;
         rd.r.seek(SeekFrom::Start(at))
             .map_err(|e| bad(format!("reading the header: {e}")))?;
         Ok(content)
@@ -376,7 +385,10 @@ impl Content {
 
     /// Every tensor of a known type lies inside the file, in rows of whole blocks (a row that
     /// split a block would be read askew).
-    fn check_extents(&self, len: u64) -> Result<()> {
+    /// No two tensors share bytes and each starts aligned, so the weights in memory are
+    /// bounded by the file's length.
+    fn check_extents(&self, len: u64, align: u64) -> Result<()> {
+        let mut spans = Vec::with_capacity(self.tensor_infos.len());
         for (name, t) in &self.tensor_infos {
             let row = t.dims.last().copied().unwrap_or(0);
             let whole = t.dtype.block().is_none() || t.dtype.bytes(row).is_some();
@@ -396,6 +408,18 @@ impl Content {
                 .and_then(|s| s.checked_add(bytes as u64));
             if end.is_none_or(|e| e > len) {
                 return Err(bad(format!("tensor {name} lies past the end of the file")));
+            }
+            if t.offset % align != 0 {
+                return Err(bad(format!(
+                    "tensor {name} is not aligned to {align} bytes"
+                )));
+            }
+            spans.push((t.offset, t.offset + bytes as u64, name));
+        }
+        spans.sort();
+        for w in spans.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(bad(format!("tensors {} and {} overlap", w[0].2, w[1].2)));
             }
         }
         Ok(())
@@ -467,6 +491,10 @@ mod tests {
             .position(|w| w[..8] == 32u64.to_le_bytes() && w[8..] == 2u64.to_le_bytes());
         let d = dims.expect("the tensor's dims");
         b[d..d + 8].copy_from_slice(&16u64.to_le_bytes());
+        assert!(Content::read(&mut Cursor::new(&b), b.len() as u64).is_err());
+        // A dimension of 0 is refused.
+        let mut b = file();
+        b[d + 8..d + 16].copy_from_slice(&0u64.to_le_bytes());
         assert!(Content::read(&mut Cursor::new(&b), b.len() as u64).is_err());
         // Counts and lengths far beyond the file are refused before anything is allocated.
         for (at, v) in [(8, u64::MAX), (16, 1 << 40), (24, u64::MAX / 2)] {
