@@ -1,36 +1,28 @@
-//! The gRPC service is declared in Rust (no .proto, no protoc): messages are prost derives in
-//! src/lib.rs, and tonic's generator writes the client and server for them.
+//! The service and its messages come from `proto/edgeprompt/v1/cloud_kv.proto`, the contract
+//! other languages generate from. protox compiles it in Rust, so a build needs no `protoc`.
+
+use std::path::PathBuf;
+
+use prost::Message;
 
 fn main() {
-    let method = |name: &str, route: &str, input: &str, output: &str| {
-        tonic_build::manual::Method::builder()
-            .name(name)
-            .route_name(route)
-            .input_type(input)
-            .output_type(output)
-            .codec_path("tonic_prost::ProstCodec")
-            .server_streaming()
-            .build()
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let file = "edgeprompt/v1/cloud_kv.proto";
+    let fds = match protox::compile([file], [&root]) {
+        Ok(fds) => fds,
+        Err(e) => panic!("{file}: {e}"),
     };
-    let service = tonic_build::manual::Service::builder()
-        .name("CloudKv")
-        .package("edgeprompt.v1")
-        .method(method(
-            "fetch",
-            "Fetch",
-            "crate::FetchRequest",
-            "crate::FetchMessage",
-        ))
-        .method(
-            tonic_build::manual::Method::builder()
-                .name("list")
-                .route_name("List")
-                .input_type("crate::ListRequest")
-                .output_type("crate::ListReply")
-                .codec_path("tonic_prost::ProstCodec")
-                .build(),
-        )
-        .build();
-    tonic_build::manual::Builder::new().compile(&[service]);
-    println!("cargo:rerun-if-changed=build.rs");
+    // The compiled descriptor, for the contract test and for tools that speak gRPC reflection.
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if let Err(e) = std::fs::write(out.join("cloud_kv.fds"), fds.encode_to_vec()) {
+        panic!("writing the descriptor: {e}");
+    }
+    if let Err(e) = tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+    {
+        panic!("generating {file}: {e}");
+    }
+    println!("cargo:rerun-if-changed={}", root.join(file).display());
 }

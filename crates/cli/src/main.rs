@@ -30,6 +30,9 @@ enum Command {
     Cloud(nodes::CloudArgs),
     /// Edge node, one chat turn: fetch the cloud prompt's KV, compute the private prompt here.
     Edge(nodes::EdgeArgs),
+    /// A cloud prompt's KV as the edge fetches and checks it, written to a file other programs
+    /// read (docs/protocol.md).
+    KvExport(nodes::ExportArgs),
     /// Edge node as an OpenAI-compatible HTTP server with continuous batching.
     Serve(Box<serve::ServeArgs>),
     /// Shaping TCP proxy (bandwidth, RTT) with named profiles.
@@ -61,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Command::Keygen(a) => security::keygen(a),
         Command::Cloud(a) => nodes::cloud(a),
         Command::Edge(a) => nodes::edge(a),
+        Command::KvExport(a) => nodes::kv_export(a),
         Command::Serve(a) => serve::run(*a),
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),

@@ -10,7 +10,7 @@ use edgeprompt_cloud::{CloudNode, CloudService, Limits, PromptSpec, PromptsFile}
 
 use crate::security::{self, ServerSection};
 use edgeprompt_edge::metrics::Metrics;
-use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
 use edgeprompt_edge::{prefill_following, CloudTrust, Timeline};
 use edgeprompt_engine::sample::Sampler;
 use edgeprompt_engine::{Message, Model, SamplingParams, Sequence};
@@ -95,6 +95,27 @@ pub struct EdgeArgs {
     /// a cloud running a larger model with adapters for this one (0 = all from the cloud).
     #[arg(long, default_value_t = 0)]
     cloud_layers_from: usize,
+    #[command(flatten)]
+    security: security::ClientArgs,
+}
+
+/// `edgeprompt kv-export`: a cloud prompt's KV as this edge fetches and checks it, to a file.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    /// Cloud URL, e.g. http://127.0.0.1:50051
+    #[arg(long)]
+    cloud: String,
+    /// The published cloud prompt to fetch.
+    #[arg(long)]
+    prompt_id: String,
+    /// KV codec asked of the cloud; the file holds the values it decodes to.
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    /// Where to write the KV (docs/protocol.md, "Exported KV").
+    #[arg(long)]
+    out: PathBuf,
     #[command(flatten)]
     security: security::ClientArgs,
 }
@@ -453,6 +474,53 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     eprintln!(
         "TTFT {:.3} s (prefill done {:.3} s), {} tokens in {:.2} s; cloud prompt KV from {}: {} bytes up, {} down",
         run.ttft, run.prefill_done, run.tokens, run.total, run.source, run.wire.up, run.wire.down
+    );
+    Ok(())
+}
+
+/// Fetch a published prompt through the edge's own path (every layer checked against the
+/// cloud's key) and write what it reassembled; a prompt the edge had to compute is an error.
+pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::models::load(&a.model)?);
+    let codec =
+        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
+    let security = a.security.load()?;
+    security::check_credentials("--cloud", &a.cloud, &security)?;
+    let cfg = PrefixConfig {
+        cloud_url: Some(a.cloud.clone()),
+        codec,
+        trust: a.security.trust()?,
+        cloud_prompts: a.security.cloud_prompts(),
+        security,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let got = rt.block_on(async {
+        let prefixes = Prefixes::new(model, cfg, Arc::new(Metrics::new()))?;
+        prefixes
+            .for_id(&a.prompt_id)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    })?;
+    if got.source != Source::Cloud {
+        bail!(
+            "the KV of {:?} came from {}, not the cloud (its log says why)",
+            a.prompt_id,
+            got.source.name()
+        );
+    }
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).with_context(|| format!("{}", a.out.display()))?,
+    );
+    edgeprompt_kv::export::write_export(&mut out, &a.prompt_id, codec, &got.prefix)?;
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    eprintln!(
+        "{}: {} layers of {} tokens ({} values), {} bytes down",
+        a.out.display(),
+        got.prefix.layers.len(),
+        got.prefix.n_tokens(),
+        codec.name(),
+        got.wire.down
     );
     Ok(())
 }

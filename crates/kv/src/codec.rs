@@ -7,9 +7,9 @@
 //!   of nibbles (x - min) / scale: asymmetric, since K rows are often far from zero-centred.
 //! - int8ch / int4ch (KIVI's split): keys per channel over the chunk's tokens (a few channels of
 //!   K are much larger than the rest, so a per-row scale spends its levels on them), values per
-//!   token. A key head is `head_dim` pairs (f16 scale, f16 minimum), then its tokens' codes
-//!   (bytes, or nibbles two per byte) in row order. Values: int8ch as int8 rows; int4ch as int4
-//!   rows with one group per 64 values.
+//!   token. A key head is its first row in f16, then groups of up to 64 tokens, each `head_dim`
+//!   pairs (f16 scale, f16 minimum) and the group's codes (bytes, or nibbles two per byte) in
+//!   row order. Values: int8ch as int8 rows; int4ch as int4 rows with one group per 64 values.
 //!
 //! Any of them may be zstd-compressed afterwards.
 

@@ -4,6 +4,7 @@
 pub mod address;
 pub mod chunk;
 pub mod codec;
+pub mod export;
 pub mod redis_store;
 pub mod seal;
 pub mod store;

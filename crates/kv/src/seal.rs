@@ -464,4 +464,69 @@ mod tests {
         assert!(TrustKey::from_hex("zz").is_err());
         assert!(TrustKey::from_hex(&"00".repeat(31)).is_err());
     }
+
+    /// docs/protocol.md's worked example, as the code computes it: the doc must hold this text
+    /// verbatim, so another implementation can check its statement, digest and signature.
+    fn worked_example() -> String {
+        use half::f16;
+        let fingerprint = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        let ids = [1u32, 2, 3];
+        let m = Manifest::new("tiny", fingerprint, &ids, (2, 1, 2), 0, Codec::F16, false);
+        let row = |xs: [f32; 6]| vec![xs.map(f16::from_f32).to_vec()];
+        let layer = LayerKv::from_heads(
+            2,
+            row([1.0, -2.0, 0.5, 0.25, 3.0, -0.125]),
+            row([0.0, 1.5, -1.0, 2.0, 0.75, -4.0]),
+        )
+        .unwrap();
+        let digest = layer_digest(&layer);
+        let statement = m.statement(1, &digest);
+        let key = SealKey::from_seed([7; 32]);
+        let wrap = |b: &[u8]| {
+            hex::encode(b)
+                .as_bytes()
+                .chunks(64)
+                .map(|c| String::from_utf8_lossy(c).into_owned())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "```text\n\
+             prompt_id    tiny\n\
+             fingerprint  {fingerprint}\n\
+             token_ids    1 2 3\n\
+             shape        n_layers 2, n_kv_head 1, head_dim 2; first_layer 0, f16, not mapped\n\
+             layer 1      positions 0..3\n\
+             \x20 keys     1.0 -2.0 | 0.5 0.25 | 3.0 -0.125\n\
+             \x20 values   0.0 1.5 | -1.0 2.0 | 0.75 -4.0\n\
+             seed         07 repeated 32 times\n\
+             \n\
+             content address\n{}\n\
+             layer digest\n{}\n\
+             statement ({} bytes)\n{}\n\
+             public key\n{}\n\
+             signature\n{}\n\
+             ```",
+            m.address,
+            hex::encode(digest),
+            statement.len(),
+            wrap(&statement),
+            key.public().to_hex(),
+            wrap(&key.sign_digest(&m, 1, &digest)),
+        )
+    }
+
+    #[test]
+    fn the_protocol_docs_worked_example_is_what_the_code_signs() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/protocol.md"
+        ))
+        .unwrap();
+        let want = worked_example();
+        assert!(
+            doc.contains(&want),
+            "docs/protocol.md must hold the worked example as computed:\n{want}"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -60,4 +60,19 @@ pub fn cloud(dir: &Path, system: &str) -> (Proc, String) {
         .recv_timeout(Duration::from_secs(60))
         .expect("the cloud did not say where it serves");
     (Proc(child), format!("http://{addr}"))
+}
+
+/// Python with the tests' packages: $EDGEPROMPT_PYTHON, or the venv scripts/test.sh makes.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("EDGEPROMPT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} missing: run `bash scripts/test.sh` (it installs the tests' Python packages) or set EDGEPROMPT_PYTHON",
+        p.display()
+    );
+    p
 }

@@ -1,0 +1,172 @@
+//! The protocol as a contract another language can implement (docs/protocol.md): a client and
+//! a cloud written in Python from the `.proto` and the page alone (`tests/protocol/`).
+//!
+//! - The Python client fetches a cloud prompt from a running `edgeprompt cloud` in every codec,
+//!   zstd off and on, checks every CRC and every layer's Ed25519 seal against `cloud.pub`, and
+//!   finds the values bit for bit equal to what our edge reassembles (`edgeprompt kv-export`);
+//!   forged layers fail its seal check; the page's worked example is recomputed.
+//! - The Python cloud serves that KV, signed with its own key; our edge, given that key, takes
+//!   it and answers as a single node does, and refuses a layer the Python cloud forged.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{bin, cloud, python, Proc};
+
+const USER: &str = "Which desk handles lost luggage?";
+const CODECS: [&str; 5] = ["f16", "int8", "int4", "int8ch", "int4ch"];
+
+/// A system message of ~600 tokens: more than two 256-position chunks a layer.
+fn public() -> String {
+    let rules = (1..=24)
+        .map(|i| format!("Rule {i}: desk {i} at Acme Rail's central station handles case type {i} from 6am to 9pm."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("You are the support assistant of Acme Rail. {rules}")
+}
+
+fn scripts() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/protocol")
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(c: &mut Command) -> (String, String) {
+    let out = c.output().expect("run");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{c:?} failed:\n{so}\n{se}");
+    (so, se)
+}
+
+fn fingerprint() -> String {
+    let (out, _) = run(bin().args(["info", "--model", "smollm2"]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("info prints JSON");
+    v["fingerprint"]
+        .as_str()
+        .expect("a fingerprint")
+        .to_string()
+}
+
+fn edge(url: &str, key: &str, known: &Path, system: &str) -> (String, String) {
+    run(bin()
+        .args([
+            "edge",
+            "--model",
+            "smollm2",
+            "--cloud",
+            url,
+            "--cloud-key",
+            key,
+        ])
+        .args(["--prompt-id", "support", "--max-tokens", "24"])
+        .args(["--system", system, "--prompt", USER, "--known-clouds"])
+        .arg(known))
+}
+
+/// `kv_cloud.py` serving `export` with the key whose seed is in `seed_file`; its port.
+fn python_cloud(dir: &Path, export: &Path, seed_file: &Path, forge: Option<usize>) -> (Proc, u16) {
+    let cfg = dir.join(format!("cloud-{forge:?}.json"));
+    let json = serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "export": export,
+        "seed_hex": std::fs::read_to_string(seed_file).unwrap().trim(),
+        "proto_dir": root().join("proto"),
+        "forge_layer": forge,
+    });
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let mut child = Command::new(python())
+        .arg(scripts().join("kv_cloud.py"))
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start kv_cloud.py");
+    let out = child.stdout.take().unwrap();
+    let mut line = String::new();
+    // The script prints its port once it serves, or exits (and the read ends) if it cannot.
+    BufReader::new(out).read_line(&mut line).unwrap();
+    let port = line
+        .strip_prefix("PORT ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("kv_cloud.py did not say its port: {line:?}"));
+    (Proc(child), port)
+}
+
+#[test]
+#[ignore = "slow: five codecs fetched twice, two Python processes; run in CI with --include-ignored"]
+fn python_speaks_the_protocol_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = public();
+    let (_cloud, url) = cloud(dir.path(), &system);
+    let cloud_pub = dir.path().join("cloud.pub");
+    let known = dir.path().join("known_clouds");
+
+    // What our edge reassembles, codec by codec.
+    let mut exports = serde_json::Map::new();
+    for codec in CODECS {
+        let out = dir.path().join(format!("{codec}.epkv"));
+        let (_, err) = run(bin()
+            .args(["kv-export", "--model", "smollm2", "--cloud", &url])
+            .args(["--prompt-id", "support", "--codec", codec, "--known-clouds"])
+            .arg(&known)
+            .arg("--out")
+            .arg(&out));
+        eprintln!("{err}");
+        exports.insert(codec.into(), out.to_string_lossy().into());
+    }
+
+    // The Python client against our cloud.
+    let cfg = dir.path().join("client.json");
+    let json = serde_json::json!({
+        "cloud": url.trim_start_matches("http://"),
+        "prompt_id": "support",
+        "fingerprint": fingerprint(),
+        "cloud_pub": cloud_pub,
+        "exports": exports,
+        "proto_dir": root().join("proto"),
+        "protocol_doc": root().join("docs/protocol.md"),
+    });
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let (out, _) = run(Command::new(python())
+        .arg(scripts().join("kv_client.py"))
+        .arg(&cfg));
+    eprintln!("{out}");
+    assert!(out.lines().last() == Some("OK"), "{out}");
+    assert!(out.contains("forgery refused"), "{out}");
+
+    // Our edge against the Python cloud, which signs with a key of its own.
+    run(bin()
+        .current_dir(dir.path())
+        .args(["keygen", "--out", "python"]));
+    let (seed, key) = (dir.path().join("python.key"), dir.path().join("python.pub"));
+    let key = std::fs::read_to_string(key).unwrap().trim().to_string();
+    let single = run(bin()
+        .args(["generate", "--model", "smollm2", "--max-tokens", "24"])
+        .args(["--system", &system, "--prompt", USER]))
+    .0;
+    let f16 = dir.path().join("f16.epkv");
+    let (py, port) = python_cloud(dir.path(), &f16, &seed, None);
+    let py_url = format!("http://127.0.0.1:{port}");
+    let (out, err) = edge(&py_url, &key, &dir.path().join("known2"), &system);
+    assert!(err.contains("KV from cloud"), "{err}");
+    assert!(!err.contains("rejected"), "{err}");
+    assert_eq!(
+        out, single,
+        "the Python cloud's KV gives the single-node answer"
+    );
+    drop(py);
+
+    // A layer forged after signing: refused, named, and the answer computed here instead.
+    let (_py, port) = python_cloud(dir.path(), &f16, &seed, Some(7));
+    let py_url = format!("http://127.0.0.1:{port}");
+    let (out, err) = edge(&py_url, &key, &dir.path().join("known3"), &system);
+    assert!(err.contains("layer 7"), "{err}");
+    assert!(err.contains("rejected"), "{err}");
+    assert_eq!(out, single);
+}

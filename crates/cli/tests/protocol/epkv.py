@@ -1,0 +1,414 @@
+"""A second implementation of EdgePrompt's wire protocol (edgeprompt.v1), written from the Rust
+sources, shared by kv_client.py, kv_cloud.py and capture_wire.py.
+
+What lives here, and the Rust it must agree with byte for byte:
+- the codecs' payload layouts and their decoding to f16 (crates/kv/src/codec.rs);
+- the chunk CRC and the layer-major reassembly (crates/kv/src/chunk.rs);
+- the content address (crates/kv/src/address.rs);
+- the layer digest, the seal's statement and the list's statement (crates/kv/src/seal.rs);
+- EPKV files: one prompt's decoded KV as `edgeprompt kv-export` writes it;
+- stubs generated from the .proto at run time (so no generated code is checked in).
+
+Values are numpy float16 arrays; a layer is (keys, values), each of shape
+(n_kv_head, n_positions, head_dim).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib
+import importlib.resources
+import json
+import shutil
+import struct
+import sys
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CODECS = ("f16", "int8", "int4", "int8ch", "int4ch")
+# Values per int4 group: the row codec's, and int4ch's value rows' (codec.rs GROUP, GROUP_CH).
+GROUP = 32
+GROUP_CH = 64
+# Tokens per key group of the per-channel codecs (codec.rs KEY_GROUP).
+KEY_GROUP = 64
+# Most positions one chunk may carry (chunk.rs MAX_CHUNK_TOKENS); the cloud sends 256.
+MAX_CHUNK_TOKENS = 1024
+CHUNK_TOKENS = 256
+
+
+class ProtocolError(Exception):
+    """Anything a stream, a file or a signature gets wrong."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Stubs generated from the .proto, at run time.
+
+
+def load_stubs(proto_dir: str):
+    """Compile edgeprompt/v1/cloud_kv.proto with grpc_tools.protoc into a temporary directory
+    and import it: the tests then exercise the .proto itself, not a checked-in copy of it.
+    Returns (messages module, grpc module)."""
+    from grpc_tools import protoc
+    import grpc_tools
+
+    out = tempfile.mkdtemp(prefix="edgeprompt-stubs-")
+    atexit.register(shutil.rmtree, out, True)
+    # protoc needs the well-known types' include dir too (the .proto imports none today).
+    include = str(importlib.resources.files(grpc_tools) / "_proto")
+    rc = protoc.main([
+        "grpc_tools.protoc",
+        f"-I{proto_dir}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+        "edgeprompt/v1/cloud_kv.proto",
+    ])
+    if rc != 0:
+        raise ProtocolError(f"protoc failed ({rc}) on {proto_dir}/edgeprompt/v1/cloud_kv.proto")
+    sys.path.insert(0, out)
+    pb = importlib.import_module("edgeprompt.v1.cloud_kv_pb2")
+    pb_grpc = importlib.import_module("edgeprompt.v1.cloud_kv_pb2_grpc")
+    return pb, pb_grpc
+
+
+# ---------------------------------------------------------------------------------------------
+# Content address, statements, digests (address.rs, seal.rs).
+
+
+def content_address(fingerprint: str, token_ids) -> str:
+    """SHA-256 of "edgeprompt-kv-v1\\0", the fingerprint's UTF-8, a zero byte, the token count
+    (u64 LE) and each id (u32 LE); hex."""
+    h = hashlib.sha256()
+    h.update(b"edgeprompt-kv-v1\0")
+    h.update(fingerprint.encode())
+    h.update(b"\0")
+    h.update(struct.pack("<Q", len(token_ids)))
+    h.update(np.asarray(token_ids, dtype="<u4").tobytes())
+    return h.hexdigest()
+
+
+def _lp(s: str) -> bytes:
+    """A string as the statements hold it: u32 LE byte length, then the UTF-8 bytes."""
+    b = s.encode()
+    return struct.pack("<I", len(b)) + b
+
+
+def list_statement(fingerprint: str, entries) -> bytes:
+    """What a cloud signs for its list: the asking fingerprint, then every entry's id and
+    address (hex text, not the 32 bytes), all length-prefixed, and only then every entry's
+    token count (u32 LE). `entries`: (id, tokens, address_hex) in the reply's order."""
+    m = b"edgeprompt-list-v1\0" + _lp(fingerprint)
+    for pid, _, addr in entries:
+        m += _lp(pid) + _lp(addr)
+    for _, tokens, _ in entries:
+        m += struct.pack("<I", tokens)
+    return m
+
+
+@dataclass
+class Manifest:
+    """Whose KV a stream is (seal.rs Manifest): everything a layer's signature binds besides
+    the values."""
+
+    prompt_id: str
+    fingerprint: str
+    address: str  # hex, computed from the token ids
+    n_layers: int
+    n_kv_head: int
+    head_dim: int
+    first_layer: int
+    codec: str  # what the values were decoded from (header.values_codec, else header.codec)
+    mapped: bool
+
+    def statement(self, layer: int, digest: bytes) -> bytes:
+        m = b"edgeprompt-kv-seal-v1\0"
+        for s in (self.prompt_id, self.fingerprint, self.address, self.codec):
+            m += _lp(s)
+        for n in (self.n_layers, self.n_kv_head, self.head_dim, self.first_layer,
+                  int(self.mapped), layer):
+            m += struct.pack("<Q", n)
+        return m + digest
+
+
+def layer_digest(start: int, end: int, k: np.ndarray, v: np.ndarray) -> bytes:
+    """SHA-256 of a layer's positions and values: start, end, n_kv_head, head_dim (u64 LE),
+    then per head its keys then its values, f16 bits LE. k, v: (heads, positions, head_dim)."""
+    n_kv_head, n, head_dim = k.shape
+    assert v.shape == k.shape and end - start == n, (k.shape, v.shape, start, end)
+    h = hashlib.sha256()
+    h.update(b"edgeprompt-layer-v1\0")
+    h.update(struct.pack("<4Q", start, end, n_kv_head, head_dim))
+    for head in range(n_kv_head):
+        h.update(k[head].astype("<f2").tobytes())
+        h.update(v[head].astype("<f2").tobytes())
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Codecs (codec.rs). Decoding reproduces Rust's f32 arithmetic (`q as f32 * d + m`, a multiply
+# then an add, never fused), rounded once to f16 (round to nearest, ties to even): numpy float32
+# ops then .astype(float16) do exactly that.
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian f16 from a uint8 array of even length."""
+    return np.ascontiguousarray(b).view("<f2").astype(np.float16)
+
+
+def row_bytes(codec: str, head_dim: int) -> int:
+    """Encoded bytes of one row of head_dim values (a value row, for the channel codecs)."""
+    if codec == "f16":
+        return 2 * head_dim
+    if codec in ("int8", "int8ch"):
+        return 2 + head_dim
+    if codec == "int4":
+        return -(-head_dim // GROUP) * (4 + GROUP // 2)
+    if codec == "int4ch":
+        return -(-head_dim // GROUP_CH) * (4 + GROUP_CH // 2)
+    raise ProtocolError(f"unknown codec {codec!r}")
+
+
+def _channel_bits(codec: str) -> int | None:
+    return {"int8ch": 8, "int4ch": 4}.get(codec)
+
+
+def head_bytes(codec: str, head_dim: int, n: int, key: bool) -> int:
+    """Encoded bytes of one head of n positions, keys or values."""
+    if n == 0:
+        return 0
+    bits = _channel_bits(codec)
+    if key and bits:
+        # First row in f16, then groups of KEY_GROUP rows: per channel (scale, min) as f16, then
+        # the codes, bits each, packed.
+        group = lambda rows: 4 * head_dim + -(-(rows * head_dim * bits) // 8)  # noqa: E731
+        full, last = divmod(n - 1, KEY_GROUP)
+        return 2 * head_dim + full * group(KEY_GROUP) + (group(last) if last else 0)
+    return n * row_bytes(codec, head_dim)
+
+
+def chunk_bytes(codec: str, n_kv_head: int, head_dim: int, n: int) -> int:
+    return n_kv_head * (head_bytes(codec, head_dim, n, True) + head_bytes(codec, head_dim, n, False))
+
+
+def _int8_rows(b: np.ndarray, n: int, head_dim: int) -> np.ndarray:
+    """n rows of (f16 scale, head_dim signed bytes): q * d in f32, then f16."""
+    rows = b.reshape(n, 2 + head_dim)
+    d = _f16(rows[:, :2].reshape(-1)).astype(np.float32)[:, None]
+    q = rows[:, 2:].view(np.int8).astype(np.float32)
+    return (q * d).astype(np.float16)
+
+
+def _int4_rows(b: np.ndarray, n: int, head_dim: int, group: int) -> np.ndarray:
+    """n rows, each ceil(head_dim / group) groups of (f16 scale, f16 min, group/2 bytes of
+    nibbles, low nibble first); the last group's padding is dropped."""
+    n_groups = -(-head_dim // group)
+    g = b.reshape(n, n_groups, 4 + group // 2)
+    d = _f16(g[:, :, 0:2].reshape(-1)).astype(np.float32).reshape(n, n_groups, 1)
+    m = _f16(g[:, :, 2:4].reshape(-1)).astype(np.float32).reshape(n, n_groups, 1)
+    nib = g[:, :, 4:]
+    q = np.stack([nib & 0xF, nib >> 4], axis=-1).reshape(n, n_groups, group).astype(np.float32)
+    x = (q * d + m).astype(np.float16)  # two f32 roundings, as Rust (no FMA), then f16
+    return x.reshape(n, n_groups * group)[:, :head_dim]
+
+
+def _channel_keys(b: np.ndarray, n: int, head_dim: int, bits: int) -> np.ndarray:
+    """A per-channel key head: its first row in f16, then groups of at most KEY_GROUP rows,
+    each head_dim (scale, min) f16 pairs then the codes in row order (8 bits, or 4 bits two
+    per byte, low nibble first, the last byte padded)."""
+    out = [_f16(b[: 2 * head_dim]).reshape(1, head_dim)]
+    pos, left = 2 * head_dim, n - 1
+    while left > 0:
+        rows = min(left, KEY_GROUP)
+        length = 4 * head_dim + -(-(rows * head_dim * bits) // 8)
+        g = b[pos : pos + length]
+        params = g[: 4 * head_dim].reshape(head_dim, 4)
+        d = _f16(params[:, 0:2].reshape(-1)).astype(np.float32)
+        m = _f16(params[:, 2:4].reshape(-1)).astype(np.float32)
+        codes = g[4 * head_dim :]
+        if bits == 4:
+            codes = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(-1)
+        q = codes[: rows * head_dim].reshape(rows, head_dim).astype(np.float32)
+        out.append((q * d + m).astype(np.float16))
+        pos += length
+        left -= rows
+    return np.concatenate(out)
+
+
+def decode_head(codec: str, b: np.ndarray, head_dim: int, n: int, key: bool) -> np.ndarray:
+    """One head of n positions -> (n, head_dim) f16."""
+    if n == 0:
+        return np.zeros((0, head_dim), np.float16)
+    bits = _channel_bits(codec)
+    if key and bits:
+        return _channel_keys(b, n, head_dim, bits)
+    if codec == "f16":
+        return _f16(b).reshape(n, head_dim)
+    if codec in ("int8", "int8ch"):
+        return _int8_rows(b, n, head_dim)
+    if codec == "int4":
+        return _int4_rows(b, n, head_dim, GROUP)
+    if codec == "int4ch":
+        return _int4_rows(b, n, head_dim, GROUP_CH)
+    raise ProtocolError(f"unknown codec {codec!r}")
+
+
+def decode(codec: str, compressed: bool, payload: bytes, n_kv_head: int, head_dim: int, n: int):
+    """A chunk's payload -> (k, v), each (n_kv_head, n, head_dim) f16. The payload is all keys
+    (head by head), then all values; zstd, when on, covers the whole of it."""
+    if codec not in CODECS:
+        raise ProtocolError(f"unknown codec {codec!r}")
+    if n > MAX_CHUNK_TOKENS:
+        raise ProtocolError(f"a chunk of {n} positions (at most {MAX_CHUNK_TOKENS})")
+    expect = chunk_bytes(codec, n_kv_head, head_dim, n)
+    if compressed:
+        import zstandard
+
+        try:
+            payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=expect)
+        except zstandard.ZstdError as e:
+            raise ProtocolError(f"zstd: {e}") from None
+    if len(payload) != expect:
+        raise ProtocolError(f"{len(payload)} payload bytes, expected {expect} for {n} positions "
+                            f"x {n_kv_head} heads x {head_dim} ({codec})")
+    b = np.frombuffer(payload, np.uint8)
+    kb, vb = head_bytes(codec, head_dim, n, True), head_bytes(codec, head_dim, n, False)
+    k = [decode_head(codec, b[h * kb : (h + 1) * kb], head_dim, n, True) for h in range(n_kv_head)]
+    base = n_kv_head * kb
+    v = [decode_head(codec, b[base + h * vb : base + (h + 1) * vb], head_dim, n, False)
+         for h in range(n_kv_head)]
+    shape = (n_kv_head, n, head_dim)
+    return np.stack(k).reshape(shape), np.stack(v).reshape(shape)
+
+
+def encode_f16(k: np.ndarray, v: np.ndarray) -> bytes:
+    """The f16 codec's payload: keys head by head, then values, rows of LE f16."""
+    return k.astype("<f2").tobytes() + v.astype("<f2").tobytes()
+
+
+def chunk_checksum(layer: int, start: int, end: int, codec: str, compressed: bool,
+                   payload: bytes) -> int:
+    """CRC-32 (IEEE, as crc32fast and zlib compute it) of layer, start, end (u32 LE), the codec
+    name, the compressed flag (one byte) and the payload as sent."""
+    head = struct.pack("<3I", layer, start, end) + codec.encode() + bytes([int(compressed)])
+    return zlib.crc32(payload, zlib.crc32(head)) & 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------------------------------------
+# Reassembly (chunk.rs Reassembler): chunks layer-major, each layer's contiguous from its start.
+
+
+@dataclass
+class Reassembler:
+    n_layers: int
+    n_tokens: int
+    n_kv_head: int
+    head_dim: int
+    codec: str
+    first_layer: int = 0
+    starts: list = field(default_factory=list)  # empty: every layer from 0
+    next_layer: int = 0
+    next_start: int = 0
+    _k: list = field(default_factory=list)
+    _v: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.starts:
+            self.starts = [0] * self.n_layers
+        if len(self.starts) != self.n_layers or any(
+            s > self.n_tokens or (s == self.n_tokens and s > 0) for s in self.starts
+        ):
+            raise ProtocolError(f"layer starts {self.starts} for {self.n_layers} layers of "
+                                f"{self.n_tokens} positions")
+        self.next_layer = min(self.first_layer, self.n_layers)
+        self.next_start = self.starts[self.next_layer] if self.next_layer < self.n_layers else 0
+
+    def complete(self) -> bool:
+        return self.next_layer == self.n_layers
+
+    def push(self, c):
+        """Take one WireChunk (already checked: CRC); returns (layer, start, k, v) when it
+        completes a layer, else None."""
+        if self.complete() or c.layer != self.next_layer or c.start != self.next_start:
+            raise ProtocolError(f"chunk out of order: want layer {self.next_layer} from "
+                                f"{self.next_start}, got layer {c.layer} from {c.start}")
+        if c.codec != self.codec:
+            raise ProtocolError(f"a chunk in {c.codec} inside a stream of {self.codec}")
+        if c.end < c.start or c.end > self.n_tokens or c.end - c.start > MAX_CHUNK_TOKENS:
+            raise ProtocolError(f"positions {c.start}..{c.end} in a prompt of {self.n_tokens}")
+        k, v = decode(c.codec, c.compressed, c.payload, self.n_kv_head, self.head_dim,
+                      c.end - c.start)
+        # No model makes infinite or NaN keys or values: Rust refuses such a chunk too.
+        if not (np.isfinite(k).all() and np.isfinite(v).all()):
+            raise ProtocolError(f"layer {c.layer} {c.start}..{c.end}: values not finite")
+        self._k.append(k)
+        self._v.append(v)
+        self.next_start = c.end
+        if self.next_start < self.n_tokens:
+            return None
+        l, start = self.next_layer, self.starts[self.next_layer]
+        k, v = np.concatenate(self._k, axis=1), np.concatenate(self._v, axis=1)
+        self._k, self._v = [], []
+        self.next_layer += 1
+        self.next_start = self.starts[self.next_layer] if self.next_layer < self.n_layers else 0
+        return l, start, k, v
+
+
+# ---------------------------------------------------------------------------------------------
+# EPKV files: b"EPKV", u32 LE version (1), u32 LE length N, N bytes of JSON metadata, then for
+# each layer from first_layer on, for each KV head: its keys of positions layer_starts[l]..n
+# (rows of head_dim f16 LE), then its values likewise (the order layer_digest hashes).
+
+EPKV_MAGIC = b"EPKV"
+EPKV_VERSION = 1
+
+
+@dataclass
+class Epkv:
+    meta: dict
+    layers: dict  # layer -> (k, v), each (n_kv_head, positions, head_dim) f16
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.meta["token_ids"])
+
+
+def read_epkv(path: str) -> Epkv:
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != EPKV_MAGIC:
+        raise ProtocolError(f"{path}: not an EPKV file")
+    version, n = struct.unpack_from("<II", data, 4)
+    if version != EPKV_VERSION:
+        raise ProtocolError(f"{path}: EPKV version {version}, this reader knows {EPKV_VERSION}")
+    meta = json.loads(data[12 : 12 + n].decode())
+    pos = 12 + n
+    n_tokens = len(meta["token_ids"])
+    heads, dim = meta["n_kv_head"], meta["head_dim"]
+    starts = meta.get("layer_starts") or [0] * meta["n_layers"]
+    layers = {}
+    for l in range(meta["first_layer"], meta["n_layers"]):
+        rows = n_tokens - starts[l]
+        # Per head: keys then values, so read (heads, 2, rows, dim) and split.
+        count = heads * 2 * rows * dim
+        arr = np.frombuffer(data, "<f2", count, pos).astype(np.float16)
+        arr = arr.reshape(heads, 2, rows, dim)
+        layers[l] = (np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]))
+        pos += 2 * count
+    if pos != len(data):
+        raise ProtocolError(f"{path}: {len(data) - pos} bytes past the last layer")
+    return Epkv(meta, layers)
+
+
+def write_epkv(path: str, meta: dict, layers: dict) -> None:
+    js = json.dumps(meta).encode()
+    with open(path, "wb") as f:
+        f.write(EPKV_MAGIC + struct.pack("<II", EPKV_VERSION, len(js)) + js)
+        for l in range(meta["first_layer"], meta["n_layers"]):
+            k, v = layers[l]
+            for h in range(k.shape[0]):
+                f.write(k[h].astype("<f2").tobytes())
+                f.write(v[h].astype("<f2").tobytes())

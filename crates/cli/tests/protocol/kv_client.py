@@ -1,0 +1,341 @@
+"""An edge written in Python from the protocol alone: fetches one cloud prompt in every codec,
+with zstd off and on, and checks everything a correct edge must check, then that a forgery
+fails its seal. Exits non-zero on any mismatch.
+
+    python kv_client.py CONFIG.json [--codecs f16,int8] [--allow-missing-exports]
+                                    [--dump-epkv DIR]
+
+CONFIG keys: cloud ("127.0.0.1:PORT"), prompt_id, fingerprint (the model's SHA-256, hex),
+cloud_pub (path of cloud.pub: the cloud's Ed25519 key, hex), exports (codec -> EPKV file our
+Rust edge wrote after fetching that codec), proto_dir (holding edgeprompt/v1/cloud_kv.proto),
+protocol_doc (optional: docs/protocol.md, whose worked example is recomputed here).
+
+--codecs: only these (a cloud that speaks f16 only, like kv_cloud.py).
+--allow-missing-exports: a codec without an export is only compared zstd off against zstd on.
+--dump-epkv DIR: write each codec's decoded KV as DIR/<codec>.epkv (what kv_cloud.py serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from nacl.exceptions import BadSignatureError  # noqa: E402
+from nacl.signing import SigningKey, VerifyKey  # noqa: E402
+
+import epkv  # noqa: E402
+from epkv import ProtocolError  # noqa: E402
+
+
+def fail(msg: str) -> None:
+    raise ProtocolError(msg)
+
+
+def verifies(key: VerifyKey, message: bytes, sig: bytes) -> bool:
+    try:
+        key.verify(message, sig)
+        return True
+    except (BadSignatureError, ValueError):
+        return False
+
+
+def check_list(stub, pb, cfg, key: VerifyKey) -> dict:
+    """List: signed by the cloud's key for this fingerprint; returns the prompt's entry."""
+    reply = stub.List(pb.ListRequest(model_fingerprint=cfg["fingerprint"]), timeout=30)
+    if reply.signing_key != bytes(key):
+        fail(f"the list's key {reply.signing_key.hex()} is not cloud.pub {bytes(key).hex()}")
+    entries = [(p.id, p.tokens, p.content_address.hex()) for p in reply.prompts]
+    if not verifies(key, epkv.list_statement(cfg["fingerprint"], entries), reply.signature):
+        fail("the list's signature does not verify")
+    # The signature covers this fingerprint only: the same list for another model must fail.
+    if verifies(key, epkv.list_statement("0" * 64, entries), reply.signature):
+        fail("the list's signature verifies for another fingerprint")
+    mine = [p for p in reply.prompts if p.id == cfg["prompt_id"]]
+    if len(mine) != 1 or len(mine[0].content_address) != 32:
+        fail(f"prompt {cfg['prompt_id']!r} not listed once with a 32-byte address: {entries}")
+    return {"tokens": mine[0].tokens, "address": mine[0].content_address.hex(),
+            "listed": len(entries)}
+
+
+def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
+    """One stream, checked as the Rust edge checks it (client.rs check_header, chunk.rs
+    Reassembler, seal.rs verify_layer). Returns (header, {layer: (start, k, v)}, seals, stats)."""
+    req = pb.FetchRequest(id=cfg["prompt_id"], model_fingerprint=cfg["fingerprint"],
+                          accept_codecs=[codec], accept_zstd=zstd)
+    stream = stub.Fetch(req, timeout=120)
+    first = next(stream)
+    if first.WhichOneof("body") != "header":
+        fail("the first message is not a header")
+    h = first.header
+    where = f"{codec}{'+zstd' if zstd else ''}"
+    address = epkv.content_address(h.model_fingerprint, list(h.token_ids))
+    if h.model_fingerprint != cfg["fingerprint"] or h.first_layer != 0 or h.mapped:
+        fail(f"{where}: header of another model or layout: {h}")
+    if h.prompt_id != cfg["prompt_id"] or h.content_address.hex() != address:
+        fail(f"{where}: the header's id or address is not the prompt's ({h.prompt_id})")
+    if address != listed["address"] or len(h.token_ids) != listed["tokens"]:
+        fail(f"{where}: the header's ids hash to {address}, the list said {listed['address']}")
+    # The cloud streams the one codec asked for; zstd only if accepted (a cloud may decline).
+    if h.codec != codec or (h.compressed and not zstd):
+        fail(f"{where}: header codec {h.codec!r}, compressed {h.compressed}")
+    manifest = epkv.Manifest(h.prompt_id, h.model_fingerprint, address, h.n_layers, h.n_kv_head,
+                             h.head_dim, 0, h.values_codec or h.codec, h.mapped)
+    re = epkv.Reassembler(h.n_layers, len(h.token_ids), h.n_kv_head, h.head_dim, h.codec,
+                          starts=list(h.layer_starts))
+    layers, seals = {}, {}
+    stats = {"chunks": 0, "wire_bytes": 0, "max_positions": 0}
+    for msg in stream:
+        if msg.WhichOneof("body") != "chunk":
+            fail(f"{where}: a second header")
+        c = msg.chunk
+        stats["chunks"] += 1
+        stats["wire_bytes"] += len(c.payload)
+        stats["max_positions"] = max(stats["max_positions"], c.end - c.start)
+        if c.compressed != h.compressed:
+            fail(f"{where}: chunk compressed={c.compressed} in a stream of {h.compressed}")
+        want = epkv.chunk_checksum(c.layer, c.start, c.end, c.codec, c.compressed, c.payload)
+        if want != c.checksum:
+            fail(f"{where}: layer {c.layer} {c.start}..{c.end}: CRC {c.checksum:08x}, want {want:08x}")
+        done = re.push(c)
+        # The seal rides on a layer's last chunk only.
+        if (done is None) != (len(c.layer_seal) == 0):
+            fail(f"{where}: layer {c.layer} {c.start}..{c.end}: seal of {len(c.layer_seal)} "
+                 f"bytes on a chunk that {'ends' if done else 'does not end'} the layer")
+        if done is None:
+            continue
+        l, start, k, v = done
+        # Checked the moment the layer is complete, before anything would attend to it.
+        digest = epkv.layer_digest(start, len(h.token_ids), k, v)
+        if not verifies(key, manifest.statement(l, digest), c.layer_seal):
+            fail(f"{where}: layer {l}: the seal does not verify")
+        layers[l], seals[l] = (start, k, v), c.layer_seal
+    if not re.complete():
+        fail(f"{where}: the stream ended after {re.next_layer} of {h.n_layers} layers")
+    return h, manifest, layers, seals, stats
+
+
+def compare_export(path: str, h, layers, where: str) -> None:
+    """Bit for bit against what our Rust edge decoded from the same stream."""
+    e = epkv.read_epkv(path)
+    m = e.meta
+    want = {"prompt_id": h.prompt_id, "fingerprint": h.model_fingerprint,
+            "address": h.content_address.hex(), "token_ids": list(h.token_ids),
+            "n_layers": h.n_layers, "n_kv_head": h.n_kv_head, "head_dim": h.head_dim,
+            "first_layer": 0, "codec": h.values_codec or h.codec, "mapped": False}
+    for k, v in want.items():
+        if m.get(k) != v:
+            fail(f"{where}: export {path}: {k} = {m.get(k)!r}, the stream says {v!r}")
+    starts = list(h.layer_starts) or [0] * h.n_layers
+    if m["layer_starts"] != starts:
+        fail(f"{where}: export layer_starts {m['layer_starts']}, the stream's {starts}")
+    for l, (start, k, v) in layers.items():
+        ek, ev = e.layers[l]
+        if ek.view(np.uint16).tobytes() != k.view(np.uint16).tobytes() or \
+                ev.view(np.uint16).tobytes() != v.view(np.uint16).tobytes():
+            diff = np.flatnonzero(np.concatenate([(ek.view(np.uint16) != k.view(np.uint16)).ravel(),
+                                                  (ev.view(np.uint16) != v.view(np.uint16)).ravel()]))
+            fail(f"{where}: layer {l}: {diff.size} values differ from {path} (first at {diff[0]})")
+
+
+def forgeries(key: VerifyKey, h, manifest, layers, seals, pb) -> int:
+    """A correct seal check refuses every one of these; returns how many were refused."""
+    n = len(h.token_ids)
+    l = sorted(layers)[len(layers) // 2]
+    start, k, v = layers[l]
+    tries = {}
+    # One byte of one decoded value (the low byte: one f16 ulp or so).
+    k2 = k.copy()
+    k2.view(np.uint8).reshape(-1)[2 * (k2.size // 2)] ^= 0x01
+    tries["one decoded key byte flipped"] = (l, epkv.layer_digest(start, n, k2, v), seals[l])
+    # The same flip made on the wire: a payload byte changed, its CRC recomputed so the
+    # chunk is accepted, the layer decoded anew: only the seal can tell.
+    payload = bytearray(epkv.encode_f16(k, v))
+    payload[len(payload) - 1] ^= 0x01  # the last value's high byte
+    c = pb.WireChunk(layer=l, start=start, end=n, codec="f16", compressed=False,
+                     payload=bytes(payload))
+    c.checksum = epkv.chunk_checksum(l, start, n, "f16", False, c.payload)
+    fk, fv = epkv.decode("f16", False, c.payload, h.n_kv_head, h.head_dim, n - start)
+    tries["a payload byte changed, CRC recomputed"] = (l, epkv.layer_digest(start, n, fk, fv),
+                                                      seals[l])
+    # The true values under another layer's seal, another codec's or another prompt's.
+    other = sorted(layers)[0] if l != sorted(layers)[0] else sorted(layers)[-1]
+    tries["another layer's seal"] = (l, epkv.layer_digest(start, n, k, v), seals[other])
+    refused = 0
+    for what, (layer, digest, sig) in tries.items():
+        if verifies(key, manifest.statement(layer, digest), sig):
+            fail(f"forgery accepted: {what} (layer {layer})")
+        refused += 1
+    for what, m in {
+        "said to be another codec's values": epkv.Manifest(
+            **{**manifest.__dict__, "codec": "int4" if manifest.codec != "int4" else "int8"}),
+        "said to be another prompt": epkv.Manifest(**{**manifest.__dict__, "prompt_id": "x"}),
+        "said to be mapped": epkv.Manifest(**{**manifest.__dict__, "mapped": True}),
+    }.items():
+        if verifies(key, m.statement(l, epkv.layer_digest(start, n, k, v)), seals[l]):
+            fail(f"forgery accepted: {what}")
+        refused += 1
+    # And the untouched layer still verifies (the forgeries failed for their change alone).
+    if not verifies(key, manifest.statement(l, epkv.layer_digest(start, n, k, v)), seals[l]):
+        fail("the genuine layer does not verify")
+    return refused
+
+
+def check_refusals(stub, pb, cfg) -> list[str]:
+    """Statuses the protocol promises (cloud_kv.proto, service.rs)."""
+    fp, pid = cfg["fingerprint"], cfg["prompt_id"]
+    cases = [
+        ("another fingerprint", pb.FetchRequest(id=pid, model_fingerprint="0" * 64),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("an unknown id", pb.FetchRequest(id="no-such-prompt", model_fingerprint=fp),
+         grpc.StatusCode.NOT_FOUND),
+        ("an unknown address", pb.FetchRequest(content_address=b"\0" * 32, model_fingerprint=fp),
+         grpc.StatusCode.NOT_FOUND),
+        ("no codec it speaks", pb.FetchRequest(id=pid, model_fingerprint=fp,
+                                               accept_codecs=["bf17"]),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    seen = []
+    for what, req, code in cases:
+        try:
+            for _ in stub.Fetch(req, timeout=30):
+                pass
+            fail(f"fetch with {what}: no error")
+        except grpc.RpcError as e:
+            if e.code() != code:
+                fail(f"fetch with {what}: {e.code()}, want {code}")
+        seen.append(f"{what} -> {code.name}")
+    try:
+        stub.List(pb.ListRequest(model_fingerprint="0" * 64), timeout=30)
+        fail("list for another fingerprint: no error")
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            fail(f"list for another fingerprint: {e.code()}")
+    seen.append("list for another fingerprint -> FAILED_PRECONDITION")
+    return seen
+
+
+def check_worked_example(doc_path: str) -> None:
+    """docs/protocol.md's worked example, recomputed here from its inputs: the page alone is
+    enough to build a statement, a digest and a signature a Rust cloud would make."""
+    with open(doc_path) as f:
+        doc = f.read()
+    block = doc.split("## Worked example", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+
+    def after(label: str) -> str:
+        i = lines.index(label)
+        out = []
+        for line in lines[i + 1:]:
+            if not all(c in "0123456789abcdef" for c in line) or not line:
+                break
+            out.append(line)
+        return "".join(out)
+
+    fp = next(x.split()[1] for x in lines if x.startswith("fingerprint"))
+    ids = [1, 2, 3]
+    k = np.array([[[1.0, -2.0], [0.5, 0.25], [3.0, -0.125]]], dtype=np.float16)
+    v = np.array([[[0.0, 1.5], [-1.0, 2.0], [0.75, -4.0]]], dtype=np.float16)
+    address = epkv.content_address(fp, ids)
+    digest = epkv.layer_digest(0, 3, k, v)
+    m = epkv.Manifest("tiny", fp, address, 2, 1, 2, 0, "f16", False)
+    statement = m.statement(1, digest)
+    signing = SigningKey(bytes([7] * 32))
+    want = {
+        "content address": address,
+        "layer digest": digest.hex(),
+        f"statement ({len(statement)} bytes)": statement.hex(),
+        "public key": signing.verify_key.encode().hex(),
+        "signature": signing.sign(statement).signature.hex(),
+    }
+    for label, value in want.items():
+        if label not in lines or after(label) != value:
+            fail(f"docs/protocol.md's worked example: {label} is not {value}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--codecs", default=",".join(epkv.CODECS))
+    ap.add_argument("--allow-missing-exports", action="store_true")
+    ap.add_argument("--dump-epkv", metavar="DIR")
+    a = ap.parse_args()
+    with open(a.config) as f:
+        cfg = json.load(f)
+    pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"])
+    if cfg.get("protocol_doc"):
+        check_worked_example(cfg["protocol_doc"])
+        print("docs/protocol.md's worked example: address, digest, statement and signature "
+              "recomputed here")
+    with open(cfg["cloud_pub"]) as f:
+        key = VerifyKey(bytes.fromhex(f.read().strip()))
+    exports = cfg.get("exports") or {}
+    codecs = a.codecs.split(",")
+    # Large enough for a chunk of MAX_CHUNK_TOKENS f16 positions of a large model.
+    opts = [("grpc.max_receive_message_length", 256 << 20)]
+    target = cfg["cloud"].removeprefix("http://")  # a host:port, or the edge's URL form
+    with grpc.insecure_channel(target, options=opts) as ch:
+        stub = pb_grpc.CloudKvStub(ch)
+        listed = check_list(stub, pb, cfg, key)
+        print(f"list: {listed['listed']} prompt(s), signature checked; {cfg['prompt_id']}: "
+              f"{listed['tokens']} tokens at {listed['address'][:16]}")
+        seals_checked, compared = 0, []
+        forged = None
+        for codec in codecs:
+            got = {}
+            for zstd in (False, True):
+                h, manifest, layers, seals, stats = fetch(stub, pb, cfg, codec, zstd, key, listed)
+                got[zstd] = (layers, seals)
+                seals_checked += len(seals)
+                print(f"{codec:6}{' zstd' if zstd else '     '}: {len(layers)} layers x "
+                      f"{h.n_kv_head} heads x {h.head_dim}, {stats['chunks']} chunks (at most "
+                      f"{stats['max_positions']} positions), {stats['wire_bytes']} payload bytes, "
+                      f"compressed={h.compressed}, every CRC and seal checked")
+                # Forgeries of the f16 stream (of the first codec's when f16 is not fetched).
+                if forged is None and (codec == "f16" or "f16" not in codecs):
+                    forged = forgeries(key, h, manifest, layers, seals, pb)
+            # zstd changes the bytes on the wire, never the values.
+            for l, (s, k, v) in got[False][0].items():
+                s2, k2, v2 = got[True][0][l]
+                if s != s2 or k.tobytes() != k2.tobytes() or v.tobytes() != v2.tobytes():
+                    fail(f"{codec}: layer {l} decodes differently with zstd")
+            if codec in exports:
+                compare_export(exports[codec], h, got[False][0], codec)
+                compared.append(codec)
+            elif not a.allow_missing_exports:
+                fail(f"no export for {codec} in the config")
+            if a.dump_epkv:
+                os.makedirs(a.dump_epkv, exist_ok=True)
+                layers = got[False][0]
+                meta = {"prompt_id": h.prompt_id, "fingerprint": h.model_fingerprint,
+                        "address": h.content_address.hex(), "token_ids": list(h.token_ids),
+                        "n_layers": h.n_layers, "n_kv_head": h.n_kv_head,
+                        "head_dim": h.head_dim, "first_layer": 0,
+                        "layer_starts": list(h.layer_starts) or [0] * h.n_layers,
+                        "codec": h.values_codec or h.codec, "mapped": False}
+                epkv.write_epkv(os.path.join(a.dump_epkv, f"{codec}.epkv"), meta,
+                                {l: (k, v) for l, (_, k, v) in layers.items()})
+        refusals = check_refusals(stub, pb, cfg)
+    print(f"codecs {','.join(codecs)} x zstd off/on: {seals_checked} layer seals verified; "
+          f"values equal with and without zstd; bit-identical to the Rust edge's export for "
+          f"{','.join(compared) or 'no codec'}")
+    print(f"forgery refused: {forged} of {forged} forged layers/statements fail their seal")
+    print("statuses: " + "; ".join(refusals))
+    print("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ProtocolError as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        sys.exit(1)
+    except grpc.RpcError as e:
+        print(f"FAIL: gRPC {e.code()}: {e.details()}", file=sys.stderr)
+        sys.exit(1)

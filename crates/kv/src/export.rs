@@ -1,0 +1,71 @@
+//! A prompt's KV as a file other programs read (docs/protocol.md, "Exported KV"): what an edge
+//! reassembled, for checking another implementation's decoders against ours, or for another
+//! engine's cloud to serve.
+//!
+//! Layout: `EPKV`, u32 LE version (1), u32 LE length of a UTF-8 JSON header, the header, then
+//! for each layer, for each KV head, its keys then its values: rows of `head_dim` f16 (LE)
+//! for positions `layer_starts[l]..token count` (the order a layer's digest hashes).
+
+use std::io::Write;
+
+use edgeprompt_engine::PrefixKv;
+
+use crate::{content_address, Codec, Result};
+
+pub const MAGIC: &[u8; 4] = b"EPKV";
+pub const VERSION: u32 = 1;
+
+#[derive(serde::Serialize)]
+struct Header<'a> {
+    prompt_id: &'a str,
+    fingerprint: &'a str,
+    address: String,
+    token_ids: &'a [u32],
+    n_layers: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    first_layer: usize,
+    layer_starts: Vec<usize>,
+    /// The codec the values were decoded from.
+    codec: &'static str,
+    mapped: bool,
+}
+
+/// Write `prefix` (every layer, the model's own KV decoded from `codec`) as an export.
+pub fn write_export(
+    out: &mut impl Write,
+    prompt_id: &str,
+    codec: Codec,
+    prefix: &PrefixKv,
+) -> Result<()> {
+    let first = prefix.layers.first();
+    let header = Header {
+        prompt_id,
+        fingerprint: &prefix.fingerprint,
+        address: content_address(&prefix.fingerprint, &prefix.token_ids),
+        token_ids: &prefix.token_ids,
+        n_layers: prefix.layers.len(),
+        n_kv_head: first.map_or(0, |l| l.n_kv_head),
+        head_dim: first.map_or(0, |l| l.head_dim),
+        first_layer: 0,
+        layer_starts: prefix.layers.iter().map(|l| l.start()).collect(),
+        codec: codec.name(),
+        mapped: false,
+    };
+    let json = serde_json::to_vec(&header).map_err(|e| crate::KvError::Store(e.to_string()))?;
+    out.write_all(MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&(json.len() as u32).to_le_bytes())?;
+    out.write_all(&json)?;
+    let mut buf = Vec::new();
+    for layer in &prefix.layers {
+        for h in 0..layer.n_kv_head {
+            for part in [layer.keys(h), layer.values(h)] {
+                buf.clear();
+                buf.extend(part.iter().flat_map(|x| x.to_bits().to_le_bytes()));
+                out.write_all(&buf)?;
+            }
+        }
+    }
+    Ok(())
+}
