@@ -5,6 +5,10 @@
 //! threads spin briefly (yielding) between calls and the caller works on its own job, so a
 //! call costs about an atomic round trip. Tasks are claimed from a shared counter; which
 //! thread runs a task never changes its result.
+//!
+//! The caller waits only for helpers that took a seat at its job before it closed the job:
+//! on busy cores a helper may not run for milliseconds, and a caller that has run every task
+//! itself must not wait for it to wake up and find nothing left.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
@@ -33,12 +37,30 @@ impl Job<'_> {
     }
 }
 
+/// `Shared::gate`: set while no job takes helpers; the other bits count the seated helpers.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
 struct Shared {
     epoch: AtomicU64,
     job: AtomicPtr<Job<'static>>,
-    done: AtomicUsize,
+    /// CLOSED, or the number of helpers working on the current job.
+    gate: AtomicUsize,
     sleepers: AtomicUsize,
     panicked: AtomicBool,
+}
+
+impl Shared {
+    /// A seat at the current job, unless it is closed.
+    fn take_seat(&self) -> bool {
+        let mut g = self.gate.load(Acquire);
+        while g & CLOSED == 0 {
+            match self.gate.compare_exchange_weak(g, g + 1, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => g = now,
+            }
+        }
+        false
+    }
 }
 
 struct Pool {
@@ -54,7 +76,7 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
     let shared: &'static Shared = Box::leak(Box::new(Shared {
         epoch: AtomicU64::new(0),
         job: AtomicPtr::new(std::ptr::null_mut()),
-        done: AtomicUsize::new(0),
+        gate: AtomicUsize::new(CLOSED),
         sleepers: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
     }));
@@ -96,12 +118,18 @@ fn helper(s: &'static Shared) {
             s.sleepers.fetch_sub(1, SeqCst);
         }
         seen = s.epoch.load(Acquire);
-        // SAFETY: the caller keeps the job alive until every helper has counted itself done.
+        // Too late (the caller ran every task and closed the job): nothing to wait for us.
+        if !s.take_seat() {
+            continue;
+        }
+        // SAFETY: the job was published before the gate opened, and the caller keeps it alive
+        // until every seated helper has left its seat. A seat may belong to a job newer than
+        // the epoch seen; the pointer read after taking it is that job's.
         let job = unsafe { &*s.job.load(Acquire) };
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work())).is_err() {
             s.panicked.store(true, SeqCst);
         }
-        s.done.fetch_add(1, Release);
+        s.gate.fetch_sub(1, Release);
     }
 }
 
@@ -112,9 +140,8 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         return inline();
     }
     let pool = &*POOL;
-    let Ok(_guard) = pool.busy.lock() else {
-        return inline();
-    };
+    // A task that panicked poisoned nothing: every helper had left the job before the unwind.
+    let _guard = pool.busy.lock().unwrap_or_else(|p| p.into_inner());
     if pool.helpers.is_empty() {
         return inline();
     }
@@ -124,23 +151,25 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         tasks,
         next: AtomicUsize::new(0),
     };
-    s.done.store(0, SeqCst);
-    // The 'static lifetime is a promise kept below: we wait for every helper before returning.
+    // The 'static lifetime is a promise kept below: we close the job and wait for every seated
+    // helper before returning.
     s.job.store(&job as *const Job as *mut Job<'static>, SeqCst);
+    s.gate.store(0, SeqCst);
     s.epoch.fetch_add(1, SeqCst);
     if s.sleepers.load(SeqCst) > 0 {
         for t in &pool.helpers {
             t.unpark();
         }
     }
-    // Waits for the helpers even if a task panics here: they hold a reference to `job`.
+    // Waits for the seated helpers even if a task panics here: they hold a reference to `job`.
     struct Wait<'a>(&'a Pool);
     impl Drop for Wait<'_> {
         fn drop(&mut self) {
             IN_POOL.with(|c| c.set(false));
             let s = self.0.shared;
+            s.gate.fetch_or(CLOSED, AcqRel);
             let mut spins = 0u32;
-            while s.done.load(Acquire) < self.0.helpers.len() {
+            while s.gate.load(Acquire) != CLOSED {
                 spins += 1;
                 if spins < 1 << 12 {
                     std::hint::spin_loop();
@@ -156,5 +185,33 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     drop(wait);
     if s.panicked.swap(false, SeqCst) {
         panic!("a parallel task panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_in_every_call() {
+        for round in 0..5000 {
+            let tasks = 1 + round % 37;
+            let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+            run(tasks, &|t| {
+                hits[t].fetch_add(1, Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_is_reported_and_the_pool_goes_on() {
+        let r = std::panic::catch_unwind(|| run(64, &|t| assert!(t != 40, "task 40")));
+        assert!(r.is_err());
+        let sum = AtomicUsize::new(0);
+        run(64, &|t| {
+            sum.fetch_add(t, Relaxed);
+        });
+        assert_eq!(sum.load(Relaxed), 64 * 63 / 2);
     }
 }
