@@ -1,5 +1,6 @@
 //! Loading models by name (the names and where files are looked for: `engine::catalog`).
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -57,6 +58,10 @@ pub fn info(a: InfoArgs) -> anyhow::Result<()> {
         "eos": m.tokenizer.eos_id,
         "stop_ids": m.tokenizer.stop_ids,
     });
-    println!("{}", serde_json::to_string_pretty(&out)?);
-    Ok(())
+    // A reader that stops early (`| head`, `| grep -q`) is not an error.
+    let text = serde_json::to_string_pretty(&out)?;
+    match writeln!(std::io::stdout().lock(), "{text}") {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }

@@ -21,6 +21,10 @@ pub const LIST_TTL: Duration = Duration::from_secs(5);
 
 /// How soon a failed asking is tried again while the cloud has never given a list.
 const RETRY: Duration = Duration::from_secs(1);
+/// The background asking backs off, doubling, to this (a cloud down for long, or refused for a
+/// changed key, is then asked, and logged, a few times a minute; requests still ask every
+/// `RETRY`).
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The cloud's published prompts.
 #[derive(Debug, Default)]
@@ -134,11 +138,14 @@ impl Catalog {
             inner.ask_if_stale().await;
             if !inner.asked_once.swap(true, Ordering::AcqRel) && inner.last().is_none() {
                 // The cloud did not answer the edge's first asking (often: started after the
-                // edge). Asked again every `RETRY` until it gives a list, requests or not.
+                // edge). Asked again, from every `RETRY` backing off to `RETRY_MAX`, until it
+                // gives a list, requests or not.
                 let watch = Arc::downgrade(inner);
                 tokio::spawn(async move {
+                    let mut wait = RETRY;
                     loop {
-                        tokio::time::sleep(RETRY).await;
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RETRY_MAX);
                         let Some(inner) = watch.upgrade() else { return };
                         if inner.last().is_some() {
                             return;

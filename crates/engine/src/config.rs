@@ -62,7 +62,8 @@ impl ModelConfig {
             .usize("attention.key_length")
             .unwrap_or(n_embd / n_head.max(1));
         let value_dim = m.usize("attention.value_length").unwrap_or(head_dim);
-        if n_head == 0
+        if n_embd == 0
+            || n_head == 0
             || n_kv_head == 0
             || n_head % n_kv_head != 0
             || head_dim == 0
@@ -90,7 +91,7 @@ impl ModelConfig {
         let sliding = (0..n_layer)
             .map(|l| window.is_some() && l % pattern < pattern - 1)
             .collect();
-        Ok(Self {
+        let cfg = Self {
             arch,
             name: meta_str(content, "general.name").unwrap_or_else(|_| arch_name.clone()),
             n_layer,
@@ -116,7 +117,14 @@ impl ModelConfig {
                 .or(features.window_rope_base)
                 .unwrap_or(rope_base),
             features,
-        })
+        };
+        if cfg.n_layer == 0 || cfg.n_ff == 0 || cfg.context_length == 0 || cfg.vocab_size == 0 {
+            return Err(EngineError::Unsupported(format!(
+                "{} layers, feed-forward width {}, context {}, vocabulary {}: none may be 0",
+                cfg.n_layer, cfg.n_ff, cfg.context_length, cfg.vocab_size
+            )));
+        }
+        Ok(cfg)
     }
 
     /// Width of the query rows (`n_head * head_dim`; Gemma's differs from `n_embd`).
@@ -179,5 +187,59 @@ pub(crate) fn meta_f32(content: &Content, key: &str) -> Result<f32> {
         Value::F32(x) => Ok(*x),
         Value::F64(x) => Ok(*x as f32),
         other => Err(EngineError::Gguf(format!("{key}: not a float: {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn content(overrides: &[(&str, u32)]) -> Content {
+        let mut metadata: HashMap<String, Value> = [
+            ("general.architecture", Value::String("llama".into())),
+            (
+                "tokenizer.ggml.tokens",
+                Value::Array(vec![Value::String("a".into()); 8]),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let dims = [
+            ("embedding_length", 64),
+            ("attention.head_count", 4),
+            ("block_count", 2),
+            ("feed_forward_length", 128),
+            ("context_length", 256),
+        ];
+        for (k, v) in dims.into_iter().chain(overrides.iter().copied()) {
+            metadata.insert(format!("llama.{k}"), Value::U32(v));
+        }
+        Content {
+            metadata,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_dimension_of_zero_is_refused() {
+        let ok = ModelConfig::from_gguf(&content(&[])).unwrap();
+        assert_eq!((ok.n_embd, ok.head_dim, ok.n_ff), (64, 16, 128));
+        for key in [
+            "embedding_length",
+            "attention.head_count",
+            "block_count",
+            "feed_forward_length",
+            "context_length",
+        ] {
+            let e = ModelConfig::from_gguf(&content(&[(key, 0)]));
+            assert!(
+                matches!(e, Err(EngineError::Unsupported(_))),
+                "{key} = 0: {:?}",
+                e.map(|c| c.n_layer)
+            );
+        }
     }
 }
