@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Serving under Poisson load (EdgePrompt Figs. 4-5): the edge server (with its cloud node) and
 # llama.cpp's own C++ server (`llama-server`, built from the llama.cpp source the pinned
-# `llama-cpp-python` sdist vendors) on the same GGUF and threads, same run, same requests.
+# `llama-cpp-python` sdist vendors) on the same GGUF and threads, same run, the same cloud
+# prompts and fresh private prompts at every rate and for each server.
 # llama-server runs with 8 parallel slots, continuous batching and its prompt cache: the bar
 # users know. Not part of CI (the first build takes ~15 minutes on 2 cores).
 # Usage: bash scripts/bench_serve.sh [MODEL] [extra `edgeprompt-bench serve` flags]

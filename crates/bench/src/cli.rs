@@ -246,7 +246,7 @@ pub struct ServeArgs {
     /// Distinct cloud prompts.
     #[arg(long, default_value_t = 4)]
     groups: usize,
-    /// Requests per cloud prompt (per rate).
+    /// Requests per cloud prompt (per rate), each with a private prompt no other request has.
     #[arg(long, default_value_t = 6)]
     per_group: usize,
     #[arg(long, default_value_t = 512)]

@@ -647,7 +647,7 @@ fn serve_model_section(dir: &Path, md: &mut String, name: &str) {
     let _ = writeln!(
         md,
         "## Serving under Poisson load (`edgeprompt-bench serve`, `{name}.json`): {}\n\n{}; {} cloud prompts of {} tokens × {} \
-         requests each, private prompts of {} tokens, max_tokens {}, seed {}{}\n\n\
+         requests each, private prompts of {} tokens, max_tokens {}, seed {}{}{}\n\n\
          | server | offered req/s | done req/s | output tok/s | s / token | TTFT p50 s | TTFT p99 s | failed |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |",
         v["model"].as_str().unwrap_or("?"),
@@ -661,7 +661,13 @@ fn serve_model_section(dir: &Path, md: &mut String, name: &str) {
         v["llama_server_args"]
             .as_str()
             .map(|a| format!("; baseline in the same run: `{a}`"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if v["fresh_prompts"].as_bool() == Some(true) {
+            ". Fresh private prompts at every rate and for every server (no request repeats)"
+        } else {
+            ". **Measured with repeated requests**: the same requests at every rate, so a \
+             server's prompt cache could answer later rates' from earlier ones"
+        }
     );
     for p in v["points"].as_array().cloned().unwrap_or_default() {
         let _ = writeln!(

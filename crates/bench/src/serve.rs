@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::machine::Machine;
 use crate::nodes;
 use crate::plot::{line_chart, Series};
-use crate::workload::{Workload, WorkloadSpec};
+use crate::workload::{Request, Workload, WorkloadSpec};
 use crate::BenchError;
 
 pub struct Settings {
@@ -67,6 +67,8 @@ pub struct Report {
     pub threads: usize,
     pub max_tokens: usize,
     pub workload: WorkloadSpec,
+    /// Every server and rate got private prompts of their own (no request repeated).
+    pub fresh_prompts: bool,
     /// How the llama.cpp server was started, when one ran.
     pub llama_server_args: Option<String>,
     pub points: Vec<Point>,
@@ -75,6 +77,12 @@ pub struct Report {
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (machine, model) = crate::setup(s.threads, &s.model)?;
     let w = Workload::build(&model, &s.workload)?;
+    let servers_n = 1 + s.llama_server.is_some() as usize;
+    // Fresh private prompts for every server and rate: a request never repeats, so no
+    // server answers one from a cache its earlier rates filled.
+    let mut rounds = w
+        .fresh_rounds(&model, &s.workload, servers_n * s.rates.len())?
+        .into_iter();
     eprintln!(
         "machine: {}; model {}; threads {}; {} requests per rate over {} cloud prompts of ~{} tokens, private ~{} tokens, max_tokens {}",
         machine, model.cfg.name, s.threads,
@@ -96,7 +104,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 one(&client, url, &s.model_id, sys, "Hello.", 2).await.map_err(BenchError::Data)?;
             }
             for &rate in &s.rates {
-                let p = sweep_point(&client, name, url, &s.model_id, &w, rate, s.max_tokens, s.workload.seed).await;
+                let requests = rounds.next().unwrap_or_default();
+                let p = sweep_point(&client, name, url, &s.model_id, &w.cloud, &requests, rate, s.max_tokens, s.workload.seed).await;
                 eprintln!(
                     "  {name:>10} {rate:5.2} req/s: {:.2} req/s done, {:.1} tok/s, {:.3} s/token, TTFT p50 {:.2} s p99 {:.2} s, {} failed",
                     p.req_s, p.tok_s, p.s_per_token, p.ttft_p50_s, p.ttft_p99_s, p.failed
@@ -112,6 +121,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         threads: s.threads,
         max_tokens: s.max_tokens,
         workload: s.workload.clone(),
+        fresh_prompts: true,
         llama_server_args: s.llama_server_args.clone(),
         points,
     };
@@ -125,7 +135,8 @@ async fn sweep_point(
     name: &str,
     url: &str,
     model_id: &str,
-    w: &Workload,
+    cloud: &[String],
+    requests: &[Request],
     rate: f64,
     max_tokens: usize,
     seed: u64,
@@ -134,14 +145,14 @@ async fn sweep_point(
     let mut rng = StdRng::seed_from_u64(seed ^ rate.to_bits());
     let mut at = 0.0;
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(w.requests.len());
-    for r in &w.requests {
+    let mut tasks = Vec::with_capacity(requests.len());
+    for r in requests {
         tokio::time::sleep_until(tokio::time::Instant::from_std(
             start + Duration::from_secs_f64(at),
         ))
         .await;
         let (client, url, model_id) = (client.clone(), url.to_string(), model_id.to_string());
-        let (sys, user) = (w.cloud[r.cloud].clone(), r.user.clone());
+        let (sys, user) = (cloud[r.cloud].clone(), r.user.clone());
         tasks.push(tokio::spawn(async move {
             one(&client, &url, &model_id, &sys, &user, max_tokens).await
         }));
@@ -167,7 +178,7 @@ async fn sweep_point(
     Point {
         server: name.into(),
         rate,
-        requests: w.requests.len(),
+        requests: requests.len(),
         failed,
         makespan_s: makespan,
         req_s: samples.len() as f64 / makespan,

@@ -65,6 +65,51 @@ impl Workload {
         requests.shuffle(&mut rng);
         Ok(Self { cloud, requests })
     }
+
+    /// `rounds` sets of this workload's requests (same cloud prompts, groups and order), each
+    /// request with a private prompt of its own: no two, in any round, start at the same
+    /// ShareGPT turn, so a server's prompt cache can hold nothing of a request before it comes
+    /// but the cloud prompt.
+    pub fn fresh_rounds(
+        &self,
+        model: &Model,
+        spec: &WorkloadSpec,
+        rounds: usize,
+    ) -> Result<Vec<Vec<Request>>, BenchError> {
+        let turns = crate::sharegpt::turns(&spec.sharegpt, 3000)?;
+        let need = rounds * self.requests.len();
+        if need > turns.len() {
+            return Err(BenchError::Data(format!(
+                "{need} fresh private prompts asked of {} ShareGPT turns",
+                turns.len()
+            )));
+        }
+        let mut starts: Vec<usize> = (0..turns.len()).collect();
+        starts.shuffle(&mut StdRng::seed_from_u64(spec.seed ^ 0xf7e5));
+        let mut starts = starts.into_iter();
+        (0..rounds)
+            .map(|_| {
+                self.requests
+                    .iter()
+                    .map(|r| {
+                        let start = starts.next().unwrap_or_default();
+                        let mut s = String::new();
+                        for t in turns.iter().cycle().skip(start).take(turns.len()) {
+                            s.push_str(t);
+                            s.push('\n');
+                            if s.len() > 6 * spec.edge_len {
+                                break;
+                            }
+                        }
+                        Ok(Request {
+                            cloud: r.cloud,
+                            user: cut(model, &s, spec.edge_len)?,
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 pub use edgeprompt_align::job::cut;

@@ -142,6 +142,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     })
     .unwrap();
     let v = json(&out, "serve.json");
+    assert_eq!(v["fresh_prompts"].as_bool(), Some(true));
     let p = &v["points"][0];
     assert_eq!(p["failed"].as_u64(), Some(0));
     assert!(p["tok_s"].as_f64().unwrap() > 0.0);
@@ -323,4 +324,31 @@ fn ce_lslm_align_and_bench_run_at_toy_scale_and_report() {
         // 28 x 24 cells, 24 matched pairs outlined, the colour bar's steps, background.
         assert!(s.matches("<rect").count() > 28 * 24 + 24 + 1, "{name}");
     }
+}
+
+#[test]
+fn fresh_rounds_keep_the_cloud_prompts_and_never_repeat_a_private_one() {
+    let model = edgeprompt_engine::Model::load(file("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let spec = WorkloadSpec {
+        sharegpt: file("ShareGPT_V3_unfiltered_cleaned_split.json"),
+        groups: 3,
+        per_group: 4,
+        cloud_len: 24,
+        edge_len: 16,
+        seed: 5,
+    };
+    let w = edgeprompt_bench::workload::Workload::build(&model, &spec).unwrap();
+    let rounds = w.fresh_rounds(&model, &spec, 4).unwrap();
+    assert_eq!(rounds.len(), 4);
+    let mut seen = std::collections::HashSet::new();
+    for round in &rounds {
+        let groups: Vec<usize> = round.iter().map(|r| r.cloud).collect();
+        let want: Vec<usize> = w.requests.iter().map(|r| r.cloud).collect();
+        assert_eq!(groups, want, "the same cloud prompts in the same order");
+        for r in round {
+            assert!(!r.user.is_empty());
+            assert!(seen.insert(r.user.clone()), "repeated: {:?}", r.user);
+        }
+    }
+    assert_eq!(seen.len(), 4 * 12);
 }
