@@ -481,6 +481,11 @@ pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
 /// Fetch a published prompt through the edge's own path (every layer checked against the
 /// cloud's key) and write what it reassembled; a prompt the edge had to compute is an error.
 pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
+    if a.security.allows_unsigned() {
+        bail!(
+            "kv-export writes only KV whose every layer the cloud signed: drop --allow-unsigned-kv"
+        );
+    }
     let model = Arc::new(super::models::load(&a.model)?);
     let codec =
         Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
@@ -509,11 +514,15 @@ pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
             got.source.name()
         );
     }
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(&a.out).with_context(|| format!("{}", a.out.display()))?,
-    );
+    // Written beside the target and renamed: no partial file under the name asked for.
+    let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty());
+    let tmp = tempfile::NamedTempFile::new_in(dir.unwrap_or(std::path::Path::new(".")))?;
+    let mut out = std::io::BufWriter::new(tmp);
     edgeprompt_kv::export::write_export(&mut out, &a.prompt_id, codec, &got.prefix)?;
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    let tmp = out.into_inner().map_err(|e| e.into_error())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(&a.out)
+        .with_context(|| format!("{}", a.out.display()))?;
     eprintln!(
         "{}: {} layers of {} tokens ({} values), {} bytes down",
         a.out.display(),

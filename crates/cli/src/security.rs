@@ -50,6 +50,11 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
+    /// Whether unsigned KV was allowed (`--allow-unsigned-kv`).
+    pub fn allows_unsigned(&self) -> bool {
+        self.allow_unsigned_kv
+    }
+
     /// The published prompts this edge takes (none given: every one).
     pub fn cloud_prompts(&self) -> Option<Vec<String>> {
         (!self.cloud_prompts.is_empty()).then(|| self.cloud_prompts.clone())

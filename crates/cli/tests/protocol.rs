@@ -1,5 +1,5 @@
 //! The protocol as a contract another language can implement (docs/protocol.md): a client and
-//! a cloud written in Python from the `.proto` and the page alone (`tests/protocol/`).
+//! a cloud in Python, their stubs generated from the `.proto` (`tests/protocol/`).
 //!
 //! - The Python client fetches a cloud prompt from a running `edgeprompt cloud` in every codec,
 //!   zstd off and on, checks every CRC and every layer's Ed25519 seal against `cloud.pub`, and
@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 mod common;
 use common::{bin, cloud, python, Proc};
@@ -79,6 +80,7 @@ fn python_cloud(dir: &Path, export: &Path, seed_file: &Path, forge: Option<usize
         "seed_hex": std::fs::read_to_string(seed_file).unwrap().trim(),
         "proto_dir": root().join("proto"),
         "forge_layer": forge,
+        "stubs_dir": dir.join("stubs"),
     });
     std::fs::write(&cfg, json.to_string()).unwrap();
     let mut child = Command::new(python())
@@ -88,14 +90,22 @@ fn python_cloud(dir: &Path, export: &Path, seed_file: &Path, forge: Option<usize
         .spawn()
         .expect("start kv_cloud.py");
     let out = child.stdout.take().unwrap();
-    let mut line = String::new();
+    let child = Proc(child);
     // The script prints its port once it serves, or exits (and the read ends) if it cannot.
-    BufReader::new(out).read_line(&mut line).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("kv_cloud.py did not start within 120 s");
     let port = line
         .strip_prefix("PORT ")
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("kv_cloud.py did not say its port: {line:?}"));
-    (Proc(child), port)
+    (child, port)
 }
 
 #[test]
@@ -131,6 +141,7 @@ fn python_speaks_the_protocol_both_ways() {
         "exports": exports,
         "proto_dir": root().join("proto"),
         "protocol_doc": root().join("docs/protocol.md"),
+        "stubs_dir": dir.path().join("stubs"),
     });
     std::fs::write(&cfg, json.to_string()).unwrap();
     let (out, _) = run(Command::new(python())

@@ -151,6 +151,8 @@ pub fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         tasks,
         next: AtomicUsize::new(0),
     };
+    // A flag left by a call whose own task unwound first is that call's, not this one's.
+    s.panicked.store(false, SeqCst);
     // The 'static lifetime is a promise kept below: we close the job and wait for every seated
     // helper before returning.
     s.job.store(&job as *const Job as *mut Job<'static>, SeqCst);
@@ -201,6 +203,36 @@ mod tests {
                 hits[t].fetch_add(1, Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_call_after_one_whose_every_task_panicked_runs_clean() {
+        for _ in 0..20 {
+            let r = std::panic::catch_unwind(|| run(64, &|_| panic!("every task")));
+            assert!(r.is_err());
+            let n = AtomicUsize::new(0);
+            run(64, &|_| {
+                n.fetch_add(1, Relaxed);
+            });
+            assert_eq!(n.load(Relaxed), 64);
+        }
+    }
+
+    #[test]
+    fn no_task_is_running_when_a_call_returns() {
+        let running = AtomicUsize::new(0);
+        for round in 0..300 {
+            run(8, &|t| {
+                running.fetch_add(1, SeqCst);
+                // Tasks of uneven length, so a helper may still be in one as the caller ends.
+                let mut x = 0u64;
+                for i in 0..(t as u64 * 500 + round % 7 * 300) {
+                    x = std::hint::black_box(x.wrapping_add(i));
+                }
+                running.fetch_sub(1, SeqCst);
+            });
+            assert_eq!(running.load(SeqCst), 0, "round {round}");
         }
     }
 

@@ -467,20 +467,20 @@ mod tests {
 
     /// docs/protocol.md's worked example, as the code computes it: the doc must hold this text
     /// verbatim, so another implementation can check its statement, digest and signature.
+    /// Every number differs from the others, so a statement with two fields swapped differs.
     fn worked_example() -> String {
         use half::f16;
         let fingerprint = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
         let ids = [1u32, 2, 3];
-        let m = Manifest::new("tiny", fingerprint, &ids, (2, 1, 2), 0, Codec::F16, false);
-        let row = |xs: [f32; 6]| vec![xs.map(f16::from_f32).to_vec()];
-        let layer = LayerKv::from_heads(
-            2,
-            row([1.0, -2.0, 0.5, 0.25, 3.0, -0.125]),
-            row([0.0, 1.5, -1.0, 2.0, 0.75, -4.0]),
-        )
-        .unwrap();
+        let (keys, values) = ([0.5f32, 0.25, 3.0, -0.125], [-1.0f32, 2.0, 0.75, -4.0]);
+        let m = Manifest::new("tiny", fingerprint, &ids, (4, 1, 2), 1, Codec::F16, false);
+        let head = |xs: [f32; 4]| vec![xs.map(f16::from_f32).to_vec()];
+        // Layer 2 holds positions 1..3, as a sliding-window layer cut after position 0.
+        let layer = LayerKv::from_heads(2, head(keys), head(values))
+            .unwrap()
+            .starting_at(1);
         let digest = layer_digest(&layer);
-        let statement = m.statement(1, &digest);
+        let statement = m.statement(2, &digest);
         let key = SealKey::from_seed([7; 32]);
         let wrap = |b: &[u8]| {
             hex::encode(b)
@@ -490,16 +490,23 @@ mod tests {
                 .collect::<Vec<_>>()
                 .join("\n")
         };
+        let list = |xs: [f32; 4]| xs.map(|x| x.to_string()).join(" ");
         format!(
             "```text\n\
              prompt_id    tiny\n\
              fingerprint  {fingerprint}\n\
              token_ids    1 2 3\n\
-             shape        n_layers 2, n_kv_head 1, head_dim 2; first_layer 0, f16, not mapped\n\
-             layer 1      positions 0..3\n\
-             \x20 keys     1.0 -2.0 | 0.5 0.25 | 3.0 -0.125\n\
-             \x20 values   0.0 1.5 | -1.0 2.0 | 0.75 -4.0\n\
-             seed         07 repeated 32 times\n\
+             n_layers     4\n\
+             n_kv_head    1\n\
+             head_dim     2\n\
+             first_layer  1\n\
+             codec        f16\n\
+             mapped       0\n\
+             layer        2\n\
+             positions    1 3\n\
+             keys         {}\n\
+             values       {}\n\
+             seed         {}\n\
              \n\
              content address\n{}\n\
              layer digest\n{}\n\
@@ -507,12 +514,15 @@ mod tests {
              public key\n{}\n\
              signature\n{}\n\
              ```",
+            list(keys),
+            list(values),
+            "07".repeat(32),
             m.address,
             hex::encode(digest),
             statement.len(),
             wrap(&statement),
             key.public().to_hex(),
-            wrap(&key.sign_digest(&m, 1, &digest)),
+            wrap(&key.sign_digest(&m, 2, &digest)),
         )
     }
 

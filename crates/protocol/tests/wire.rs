@@ -1,7 +1,8 @@
-//! The wire is unchanged by the move to the `.proto`: messages a cloud and an edge of the
-//! version before it sent (`tests/fixtures/wire/`, captured from a running `edgeprompt cloud`
-//! with raw gRPC calls by `crates/cli/tests/protocol/capture_wire.py`) decode with today's types
-//! and encode back to the same bytes.
+//! The wire is unchanged by the move to the `.proto`: the List reply and Fetch streams a cloud
+//! of the version before it sent (`tests/fixtures/wire/`, captured from a running `edgeprompt
+//! cloud` with raw gRPC calls by `crates/cli/tests/protocol/capture_wire.py`, whose requests,
+//! also kept, it encoded from the `.proto`) decode with today's types and encode back to the
+//! same bytes.
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
-"""A second implementation of EdgePrompt's wire protocol (edgeprompt.v1), written from the Rust
-sources, shared by kv_client.py, kv_cloud.py and capture_wire.py.
+"""A second implementation of EdgePrompt's wire protocol (edgeprompt.v1) in Python, following the
+.proto and docs/protocol.md, shared by kv_client.py, kv_cloud.py and capture_wire.py.
 
 What lives here, and the Rust it must agree with byte for byte:
 - the codecs' payload layouts and their decoding to f16 (crates/kv/src/codec.rs);
@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.resources
 import json
+import os
 import shutil
 import struct
 import sys
@@ -48,15 +49,18 @@ class ProtocolError(Exception):
 # Stubs generated from the .proto, at run time.
 
 
-def load_stubs(proto_dir: str):
+def load_stubs(proto_dir: str, out: str | None = None):
     """Compile edgeprompt/v1/cloud_kv.proto with grpc_tools.protoc into a temporary directory
     and import it: the tests then exercise the .proto itself, not a checked-in copy of it.
+    `out`: where to write them (default: a temporary directory removed at exit).
     Returns (messages module, grpc module)."""
     from grpc_tools import protoc
     import grpc_tools
 
-    out = tempfile.mkdtemp(prefix="edgeprompt-stubs-")
-    atexit.register(shutil.rmtree, out, True)
+    if out is None:
+        out = tempfile.mkdtemp(prefix="edgeprompt-stubs-")
+        atexit.register(shutil.rmtree, out, True)
+    os.makedirs(out, exist_ok=True)
     # protoc needs the well-known types' include dir too (the .proto imports none today).
     include = str(importlib.resources.files(grpc_tools) / "_proto")
     rc = protoc.main([
@@ -267,8 +271,11 @@ def decode(codec: str, compressed: bool, payload: bytes, n_kv_head: int, head_di
     if compressed:
         import zstandard
 
+        # Read through a stream, at most one byte past the size expected: `decompress` would
+        # trust a frame's declared content size and allocate it, however large.
         try:
-            payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=expect)
+            with zstandard.ZstdDecompressor().stream_reader(payload) as r:
+                payload = r.read(expect + 1)
         except zstandard.ZstdError as e:
             raise ProtocolError(f"zstd: {e}") from None
     if len(payload) != expect:

@@ -8,7 +8,8 @@ fails its seal. Exits non-zero on any mismatch.
 CONFIG keys: cloud ("127.0.0.1:PORT"), prompt_id, fingerprint (the model's SHA-256, hex),
 cloud_pub (path of cloud.pub: the cloud's Ed25519 key, hex), exports (codec -> EPKV file our
 Rust edge wrote after fetching that codec), proto_dir (holding edgeprompt/v1/cloud_kv.proto),
-protocol_doc (optional: docs/protocol.md, whose worked example is recomputed here).
+protocol_doc (optional: docs/protocol.md, whose worked example is recomputed here), stubs_dir
+(optional: where the generated stubs go).
 
 --codecs: only these (a cloud that speaks f16 only, like kv_cloud.py).
 --allow-missing-exports: a codec without an export is only compared zstd off against zstd on.
@@ -84,6 +85,9 @@ def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
     # The cloud streams the one codec asked for; zstd only if accepted (a cloud may decline).
     if h.codec != codec or (h.compressed and not zstd):
         fail(f"{where}: header codec {h.codec!r}, compressed {h.compressed}")
+    # From a cloud, the values are the codec's own (a relayed codec comes only from peers).
+    if h.values_codec not in ("", h.codec):
+        fail(f"{where}: a cloud's values decoded from {h.values_codec!r}, streamed as {h.codec!r}")
     manifest = epkv.Manifest(h.prompt_id, h.model_fingerprint, address, h.n_layers, h.n_kv_head,
                              h.head_dim, 0, h.values_codec or h.codec, h.mapped)
     re = epkv.Reassembler(h.n_layers, len(h.token_ids), h.n_kv_head, h.head_dim, h.codec,
@@ -103,12 +107,11 @@ def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
         if want != c.checksum:
             fail(f"{where}: layer {c.layer} {c.start}..{c.end}: CRC {c.checksum:08x}, want {want:08x}")
         done = re.push(c)
-        # The seal rides on a layer's last chunk only.
-        if (done is None) != (len(c.layer_seal) == 0):
-            fail(f"{where}: layer {c.layer} {c.start}..{c.end}: seal of {len(c.layer_seal)} "
-                 f"bytes on a chunk that {'ends' if done else 'does not end'} the layer")
+        # The seal rides on a layer's last chunk; one on another chunk is ignored.
         if done is None:
             continue
+        if not c.layer_seal:
+            fail(f"{where}: layer {c.layer} ends without a seal")
         l, start, k, v = done
         # Checked the moment the layer is complete, before anything would attend to it.
         digest = epkv.layer_digest(start, len(h.token_ids), k, v)
@@ -237,15 +240,25 @@ def check_worked_example(doc_path: str) -> None:
             out.append(line)
         return "".join(out)
 
-    fp = next(x.split()[1] for x in lines if x.startswith("fingerprint"))
-    ids = [1, 2, 3]
-    k = np.array([[[1.0, -2.0], [0.5, 0.25], [3.0, -0.125]]], dtype=np.float16)
-    v = np.array([[[0.0, 1.5], [-1.0, 2.0], [0.75, -4.0]]], dtype=np.float16)
-    address = epkv.content_address(fp, ids)
-    digest = epkv.layer_digest(0, 3, k, v)
-    m = epkv.Manifest("tiny", fp, address, 2, 1, 2, 0, "f16", False)
-    statement = m.statement(1, digest)
-    signing = SigningKey(bytes([7] * 32))
+    # The inputs: `name  value...` lines before the first blank line.
+    inputs = {}
+    for line in lines[:lines.index("")]:
+        name, *values = line.split()
+        inputs[name] = values
+    one = lambda name: inputs[name][0]  # noqa: E731
+    num = lambda name: int(one(name))  # noqa: E731
+    ids = [int(x) for x in inputs["token_ids"]]
+    start, end = (int(x) for x in inputs["positions"])
+    n_kv_head, head_dim = num("n_kv_head"), num("head_dim")
+    shape = (n_kv_head, end - start, head_dim)
+    k = np.array([float(x) for x in inputs["keys"]], dtype=np.float16).reshape(shape)
+    v = np.array([float(x) for x in inputs["values"]], dtype=np.float16).reshape(shape)
+    address = epkv.content_address(one("fingerprint"), ids)
+    digest = epkv.layer_digest(start, end, k, v)
+    m = epkv.Manifest(one("prompt_id"), one("fingerprint"), address, num("n_layers"), n_kv_head,
+                      head_dim, num("first_layer"), one("codec"), bool(num("mapped")))
+    statement = m.statement(num("layer"), digest)
+    signing = SigningKey(bytes.fromhex(one("seed")))
     want = {
         "content address": address,
         "layer digest": digest.hex(),
@@ -267,7 +280,7 @@ def main() -> int:
     a = ap.parse_args()
     with open(a.config) as f:
         cfg = json.load(f)
-    pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"])
+    pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"], cfg.get("stubs_dir"))
     if cfg.get("protocol_doc"):
         check_worked_example(cfg["protocol_doc"])
         print("docs/protocol.md's worked example: address, digest, statement and signature "

@@ -6,7 +6,8 @@ signing.
     python kv_cloud.py CONFIG.json
 
 CONFIG keys: listen ("127.0.0.1:0" picks a port, printed as a line `PORT <n>`), export (EPKV
-path), seed_hex (the 32-byte Ed25519 seed, hex), proto_dir, optional forge_layer (int).
+path: whole, exact f16 values), seed_hex (the 32-byte Ed25519 seed, hex), proto_dir, optional
+forge_layer (int) and stubs_dir (where the generated stubs go).
 Runs until SIGINT or SIGTERM.
 """
 
@@ -38,6 +39,9 @@ class Prompt:
         self.token_ids = list(m["token_ids"])
         self.n = len(self.token_ids)
         self.starts = list(m.get("layer_starts") or [0] * m["n_layers"])
+        # A cloud sends its own values: f16, as the edge asked (a relayed codec is a peer's).
+        if m["codec"] != "f16" or m.get("mapped") or m.get("first_layer", 0) != 0:
+            raise epkv.ProtocolError(f"{path}: this cloud serves whole, exact f16 exports only")
         self.address = epkv.content_address(m["fingerprint"], self.token_ids)
         if self.address != m["address"]:
             raise epkv.ProtocolError(f"{path}: address {m['address']} is not its ids' {self.address}")
@@ -130,7 +134,7 @@ class CloudKv:
 def main() -> int:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
-    pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"])
+    pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"], cfg.get("stubs_dir"))
     prompt = Prompt(cfg["export"], cfg.get("forge_layer"))
     key = SigningKey(bytes.fromhex(cfg["seed_hex"].strip()))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),

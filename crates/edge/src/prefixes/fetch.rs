@@ -232,13 +232,18 @@ impl Prefixes {
             .map_err(|e| EdgeError::Stream(e.to_string()))?
             .map_err(|e| EdgeError::Stream(e.to_string()))?;
         layers.extend(deep);
-        // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
-        let prefix = PrefixKv {
+        let whole = PrefixKv {
             fingerprint: self.model.fingerprint.clone(),
             token_ids: header.token_ids,
             layers,
-        }
-        .window_cut(&self.model.cfg);
+        };
+        // The layers computed here cut like the cloud's: the same prefix as a whole fetch.
+        let prefix = whole.window_cut(&self.model.cfg);
+        // A cloud that sent more of a sliding layer than a later token sees (allowed) signed
+        // values this prefix no longer holds: used, but not kept or relayed as signed.
+        let trimmed = (first..prefix.layers.len())
+            .any(|l| prefix.layers[l].start() != whole.layers[l].start());
+        let seal = seal.filter(|_| !trimmed);
         let wire = Wire {
             up: opened.up,
             down: opened.down + received,
