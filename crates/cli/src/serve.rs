@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// Megabytes of private KV admitted requests may reserve; beyond it requests get 429.
     #[arg(long, default_value_t = 1024)]
     kv_budget_mb: usize,
+    /// Megabytes of finished conversations' KV kept in memory for their next turns (per API
+    /// key and `cache_salt`; never on disk or any link), least recently used dropped first.
+    #[arg(long, default_value_t = 256)]
+    private_cache_mb: usize,
+    /// Keep no conversation's KV: every turn recomputes its private messages.
+    #[arg(long)]
+    no_private_cache: bool,
     /// Admitted requests that may wait for a batch slot; beyond it requests get 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -230,6 +237,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
             kv_budget_bytes: a.kv_budget_mb << 20,
+            private_cache_bytes: if a.no_private_cache {
+                0
+            } else {
+                a.private_cache_mb << 20
+            },
             max_queue: a.max_queue,
             request_timeout: Duration::from_secs(a.request_timeout_secs),
         },

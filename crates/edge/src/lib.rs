@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod peer;
 pub mod pipeline;
 pub mod prefixes;
+pub mod private_cache;
 pub mod scheduler;
 pub mod split_choice;
 pub mod trust;

@@ -33,6 +33,9 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Bytes of private KV the admitted requests may reserve (prompt + max_tokens each).
     pub kv_budget_bytes: usize,
+    /// Bytes of finished conversations' KV kept for their next turns (the private prefix
+    /// cache, per tenant); 0 keeps none.
+    pub private_cache_bytes: usize,
     /// Admitted requests waiting for a batch slot beyond `max_batch`; more get 429.
     pub max_queue: usize,
     pub request_timeout: Duration,
@@ -44,6 +47,7 @@ impl Default for SchedulerConfig {
             max_batch: 32,
             prefill_chunk: 256,
             kv_budget_bytes: 1 << 30,
+            private_cache_bytes: 256 << 20,
             max_queue: 256,
             request_timeout: Duration::from_secs(300),
         }
@@ -77,7 +81,12 @@ pub struct Extras {
     pub forks: Vec<mpsc::UnboundedSender<Event>>,
     /// The grammar every answer must match (each answer has its own copy).
     pub constraint: Option<Constraint>,
+    /// Given the first answer's whole KV (prefix, prompt and answer) when it ends well.
+    pub keep: Option<Keep>,
 }
+
+/// Where a finished conversation's KV goes (the private prefix cache).
+pub type Keep = Box<dyn FnOnce(PrefixKv) + Send>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -210,6 +219,7 @@ struct Running {
     /// The private prefill against a cloud prompt still streaming; `seq` is empty until done.
     cold: Option<Cold>,
     timeline: Option<Timeline>,
+    keep: Option<Keep>,
     _reservation: Reservation,
 }
 
@@ -363,6 +373,7 @@ impl Running {
                     forks: Vec::new(),
                     cold: None,
                     timeline: None,
+                    keep: None,
                     _reservation: reservation,
                 }
             })
@@ -778,6 +789,12 @@ fn emit(
         if !rest.is_empty() {
             let _ = r.job.events.send(Event::Text(rest));
         }
+        // Kept before the answer is said done: the next turn may come at once.
+        if let Some(keep) = r.keep.take() {
+            if let Ok(kv) = r.seq.export_whole(model) {
+                keep(kv);
+            }
+        }
         finish(r, if stopped { "stop" } else { "length" }, metrics);
         return true;
     }
@@ -939,6 +956,7 @@ fn admission(
         forks: extras.forks.into_iter().zip(reservations).collect(),
         cold,
         timeline: None,
+        keep: extras.keep,
         _reservation: reservation,
     })
 }

@@ -139,6 +139,22 @@ impl LayerKv {
         2 * 2 * self.len * self.n_kv_head * self.head_dim
     }
 
+    /// This layer's positions followed by `next`'s (the positions right after them).
+    pub fn joined(&self, next: &LayerKv) -> Result<Self> {
+        if next.n_kv_head != self.n_kv_head || next.head_dim != self.head_dim {
+            return Err(EngineError::KvMismatch(
+                "joined layers differ in shape".into(),
+            ));
+        }
+        let mut out = self.clone();
+        for h in 0..self.n_kv_head {
+            out.k[h].extend_from_slice(&next.k[h]);
+            out.v[h].extend_from_slice(&next.v[h]);
+        }
+        out.len += next.len;
+        Ok(out)
+    }
+
     pub fn truncate(&mut self, len: usize) {
         if len < self.len {
             for h in self.k.iter_mut().chain(self.v.iter_mut()) {
@@ -175,6 +191,26 @@ pub struct PrefixKv {
 impl PrefixKv {
     pub fn n_tokens(&self) -> usize {
         self.token_ids.len()
+    }
+
+    /// Its first `n` positions (all of it if it has fewer).
+    pub fn first(&self, n: usize) -> Self {
+        if n >= self.n_tokens() {
+            return self.clone();
+        }
+        Self {
+            fingerprint: self.fingerprint.clone(),
+            token_ids: self.token_ids[..n].to_vec(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    let mut l = LayerKv::clone(l);
+                    l.truncate(n.saturating_sub(l.start()));
+                    Arc::new(l)
+                })
+                .collect(),
+        }
     }
 
     pub fn bytes(&self) -> usize {

@@ -97,6 +97,27 @@ impl Sequence {
         Ok(logits)
     }
 
+    /// Everything computed so far, prefix and private KV, as one prefix: what a later turn of
+    /// the same conversation continues from (copied; the prefix itself is not changed).
+    pub fn export_whole(&self, model: &Model) -> Result<PrefixKv> {
+        let Some(p) = &self.prefix else {
+            return self.export_prefix(model);
+        };
+        let layers = p
+            .layers
+            .iter()
+            .zip(&self.kv)
+            .map(|(a, b)| a.joined(b).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let mut token_ids = p.token_ids.clone();
+        token_ids.extend_from_slice(&self.tokens);
+        Ok(PrefixKv {
+            fingerprint: model.fingerprint.clone(),
+            token_ids,
+            layers,
+        })
+    }
+
     /// Export the whole context computed so far as a shareable prefix. Only a sequence
     /// without a prefix of its own can be exported (prefixes do not nest).
     pub fn export_prefix(&self, model: &Model) -> Result<PrefixKv> {

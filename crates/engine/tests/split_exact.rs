@@ -308,3 +308,47 @@ fn long_batch_run_in_pieces_is_bitwise_each_alone() {
         );
     }
 }
+
+/// A conversation's next turn continued from everything the last turn computed (the edge's
+/// private prefix cache: cloud prefix, private prompt and answer exported as one prefix, cut
+/// anywhere) gives the bits of the same turn run on the cloud prefix alone.
+#[test]
+fn a_turn_continued_from_the_last_turns_kv_is_bitwise_the_same() {
+    let model = common::smollm2();
+    for (i, p) in pairs(&model, 6).iter().enumerate() {
+        let cloud = {
+            let mut s = Sequence::new(&model);
+            s.prefill(&model, &p.cloud).unwrap();
+            Arc::new(s.export_prefix(&model).unwrap())
+        };
+        // Turn 1: the private prompt and an answer.
+        let mut turn1 = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let first = turn1.prefill(&model, &p.edge).unwrap();
+        let (answer, _) = decode(&model, &mut turn1, first);
+        let kept = turn1.export_whole(&model).unwrap();
+        assert_eq!(kept.n_tokens(), turn1.len());
+        // Turn 2 shares all of turn 1's computed tokens but the last few, then goes on.
+        let held: Vec<u32> = kept.token_ids.clone();
+        let cut = held.len() - 3.min(held.len() - p.cloud.len());
+        let rest: Vec<u32> = held[p.cloud.len()..]
+            .iter()
+            .chain(&p.edge)
+            .copied()
+            .collect();
+        let mut cold = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let want = cold.prefill(&model, &rest).unwrap();
+        let (want_ids, want_logits) = decode(&model, &mut cold, want);
+
+        let mut warm = Sequence::with_prefix(&model, Arc::new(kept.first(cut))).unwrap();
+        let got = warm.prefill(&model, &rest[cut - p.cloud.len()..]).unwrap();
+        let (got_ids, got_logits) = decode(&model, &mut warm, got);
+        assert_eq!(got_ids, want_ids, "pair {i}: tokens differ");
+        for (s, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "pair {i} step {s}: logits from the kept KV are not bit-identical"
+            );
+        }
+        assert!(!answer.is_empty());
+    }
+}

@@ -126,8 +126,17 @@ impl ApiKeys {
     }
 }
 
+/// The caller's API key, as its SHA-256 (set on admitted requests when keys are configured):
+/// what scopes its private prefix cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller(pub [u8; 32]);
+
 /// Refuse `/v1/*` calls without a valid `Authorization: Bearer <key>` when keys are set.
-pub async fn require_key(State(keys): State<Arc<ApiKeys>>, req: Request, next: Next) -> Response {
+pub async fn require_key(
+    State(keys): State<Arc<ApiKeys>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if keys.is_open() {
         return next.run(req).await;
     }
@@ -139,7 +148,11 @@ pub async fn require_key(State(keys): State<Arc<ApiKeys>>, req: Request, next: N
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, key)| key.trim());
     match presented {
-        Some(k) if keys.admits(k) => next.run(req).await,
+        Some(k) if keys.admits(k) => {
+            let caller = Caller(digest(k));
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
         Some(_) => unauthorized("Incorrect API key provided."),
         None => {
             unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.")

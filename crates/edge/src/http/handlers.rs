@@ -16,13 +16,16 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::access::RequestId;
+use super::access::{Caller, RequestId};
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::origin::Origin;
 use super::{tools, ApiError, EdgeServer};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::LookupError;
-use crate::scheduler::{Done, Event, Extras, Job, Refusal, BUSY, DEAD, NO_CLOUD_PROMPT, STOPPED};
+use crate::private_cache::Scope;
+use crate::scheduler::{
+    Done, Event, Extras, Job, Keep, Refusal, BUSY, DEAD, NO_CLOUD_PROMPT, STOPPED,
+};
 
 type AppState = State<Arc<EdgeServer>>;
 
@@ -32,10 +35,12 @@ const SYSTEM_ROLES: [&str; 2] = ["system", "developer"];
 pub async fn chat(
     State(s): AppState,
     Extension(id): Extension<RequestId>,
+    caller: Option<Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let caller = caller.map(|Extension(c)| c.0);
     let r = match body_of(body) {
-        Ok(body) => chat_inner(&s, &id, &body).await,
+        Ok(body) => chat_inner(&s, &id, caller, &body).await,
         Err(e) => Err(e),
     };
     finish(&s, Kind::Chat, r)
@@ -159,6 +164,7 @@ pub(super) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, 
 async fn chat_inner(
     s: &Arc<EdgeServer>,
     id: &RequestId,
+    caller: Option<[u8; 32]>,
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
@@ -218,6 +224,38 @@ async fn chat_inner(
         None => chat.render_tools(&messages, true, tools).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
+    if req
+        .cache_salt
+        .as_ref()
+        .is_some_and(|c| c.chars().count() > 256)
+    {
+        return Err(ApiError {
+            param: Some("cache_salt"),
+            ..ApiError::bad_request("cache_salt is over 256 characters")
+        });
+    }
+    // The conversation's earlier turns, if this caller's cache holds them: only the rest runs.
+    let scope = Scope::new(caller.as_ref(), req.cache_salt.as_deref());
+    let cloud_len = prefix.as_ref().map_or(0, |p| p.kv.token_ids().len());
+    let mut held = None;
+    let prompt = match s.private.is_on().then(|| {
+        let mut all = prefix
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.kv.token_ids().to_vec());
+        all.extend_from_slice(&prompt);
+        s.private.get(&scope, &all, cloud_len).map(|kv| (kv, all))
+    }) {
+        Some(Some((kv, all))) => {
+            let n = kv.n_tokens();
+            held = Some((kv, n - cloud_len));
+            all[n..].to_vec()
+        }
+        _ => prompt,
+    };
+    let keep: Option<Keep> = s.private.is_on().then(|| {
+        let cache = s.private.clone();
+        Box::new(move |kv| cache.put(scope, kv)) as Keep
+    });
     let spec = plan.grammar.or(format);
     let constraint = match spec {
         Some(spec) => Some(s.constraint(spec).await?),
@@ -227,9 +265,23 @@ async fn chat_inner(
         constraint,
         tool_calls: plan.parse,
     };
-    let origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
+    let mut origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
+    if let Some((kv, private)) = held {
+        origin.hold(kv, private);
+    }
     drop(gate);
-    run(s, Kind::Chat, id, req.common, origin, prompt, None, shape).await
+    run(
+        s,
+        Kind::Chat,
+        id,
+        req.common,
+        origin,
+        prompt,
+        None,
+        shape,
+        keep,
+    )
+    .await
 }
 
 /// What the answer is held to: a grammar, and whether calls are read out of it.
@@ -401,6 +453,7 @@ async fn completions_inner(
         prompt,
         echo,
         shape,
+        None,
     )
     .await
 }
@@ -637,6 +690,7 @@ async fn run(
     prompt: Vec<u32>,
     echo: Option<openai::Echo>,
     shape: Shape,
+    keep: Option<Keep>,
 ) -> Result<Response, ApiError> {
     let (prefix, cold) = match origin.kv() {
         Some(PromptKv::Ready(p)) => (Some(p.clone()), None),
@@ -671,6 +725,7 @@ async fn run(
         echo: echo.is_some(),
         forks: txs,
         constraint: shape.constraint,
+        keep,
     };
     s.scheduler.submit_with(job, extras).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),

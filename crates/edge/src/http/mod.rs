@@ -52,6 +52,8 @@ pub struct EdgeServer {
     grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
     /// Large bodies parsed and tokenized at once (see `gate`).
     large: Arc<tokio::sync::Semaphore>,
+    /// Finished conversations' KV for their next turns (memory only, per caller).
+    pub private: Arc<crate::private_cache::PrivateCache>,
 }
 
 impl EdgeServer {
@@ -63,7 +65,15 @@ impl EdgeServer {
         prefixes: PrefixConfig,
     ) -> std::io::Result<Arc<Self>> {
         let metrics = Arc::new(Metrics::new());
+        // Sliding-window models keep no conversations yet (their cut layers are not tested
+        // across turns).
+        let private_bytes = if model.cfg.window.is_some() {
+            0
+        } else {
+            scheduler.private_cache_bytes
+        };
         Ok(Arc::new(Self {
+            private: Arc::new(crate::private_cache::PrivateCache::new(private_bytes)),
             scheduler: Scheduler::start(model.clone(), scheduler, metrics.clone())?,
             prefixes: Arc::new(
                 Prefixes::new(model.clone(), prefixes, metrics.clone())

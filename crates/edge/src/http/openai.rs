@@ -223,6 +223,11 @@ pub struct ChatRequest {
     /// False: at most one call per answer.
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// Scopes this conversation's private prefix cache (as vLLM takes it): a turn reuses the
+    /// KV of earlier turns only from requests with the same API key and the same salt.
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub cache_salt: Option<String>,
     #[serde(flatten)]
     pub common: Sampling,
 }

@@ -1,8 +1,10 @@
 //! A response's `edgeprompt` block: where the cloud prompt's KV came from, what crossed the
 //! network for it (the request up, the KV down), what stayed here, and the answer's timing.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use edgeprompt_engine::PrefixKv;
 use serde_json::{json, Value};
 
 use crate::layer_stream::PromptKv;
@@ -13,6 +15,9 @@ pub struct Origin {
     /// When the HTTP request came in.
     pub arrived: Instant,
     cloud: Option<Cloud>,
+    /// This conversation's earlier turns, from the private prefix cache, and how many of
+    /// their tokens are private (after the cloud prompt).
+    held: Option<(PromptKv, usize)>,
 }
 
 /// The request's cloud prompt: its lookup until the first answer is done (a stream's bytes
@@ -27,11 +32,20 @@ impl Origin {
         Self {
             arrived,
             cloud: lookup.map(|l| Cloud::Lookup(l, id.cloned())),
+            held: None,
         }
+    }
+
+    /// Run on `kv`, the conversation so far, of which `private` tokens are private.
+    pub fn hold(&mut self, kv: Arc<PrefixKv>, private: usize) {
+        self.held = Some((PromptKv::Ready(kv), private));
     }
 
     /// The cloud prompt's KV, whole or streaming, until the facts are settled.
     pub fn kv(&self) -> Option<&PromptKv> {
+        if let Some((kv, _)) = &self.held {
+            return Some(kv);
+        }
         match &self.cloud {
             Some(Cloud::Lookup(l, _)) => Some(&l.kv),
             _ => None,
@@ -58,6 +72,7 @@ impl Origin {
         let mut v = json!({
             "cloud_prompt": cloud,
             "private_tokens": private_tokens,
+            "private_cached_tokens": self.held.as_ref().map_or(0, |(_, n)| *n),
             "admitted_s": secs(done.served.admitted),
             "ttft_s": done.served.first_token.map(secs),
         });

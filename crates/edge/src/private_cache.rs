@@ -1,0 +1,219 @@
+//! The private prefix cache: a finished conversation's KV (cloud prompt, private messages and
+//! answer) kept in this process's memory, so the conversation's next turn prefills only what
+//! is new. The KV attends position by position, so a turn run on it gives the bits of the
+//! same turn run from the cloud prompt alone.
+//!
+//! Private stays private: entries live in memory only (never the disk tier, never peers, never
+//! named on a link), and each belongs to a scope (the API key, and the request's `cache_salt`),
+//! so no client can learn from timing whether another scope's conversation is held.
+
+use std::sync::{Arc, Mutex};
+
+use edgeprompt_engine::PrefixKv;
+use sha2::{Digest, Sha256};
+
+/// Who may read an entry: a digest of the API key (none on an open API) and `cache_salt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope([u8; 32]);
+
+impl Scope {
+    pub fn new(key: Option<&[u8; 32]>, salt: Option<&str>) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"edgeprompt-private-scope-v1\0");
+        match key {
+            Some(k) => {
+                h.update([1]);
+                h.update(k);
+            }
+            None => h.update([0]),
+        }
+        if let Some(s) = salt {
+            h.update((s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
+        }
+        Self(h.finalize().into())
+    }
+}
+
+struct Entry {
+    scope: Scope,
+    kv: Arc<PrefixKv>,
+    used: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    clock: u64,
+    bytes: usize,
+    entries: Vec<Entry>,
+}
+
+/// Entries within a byte budget, least recently used dropped first.
+pub struct PrivateCache {
+    budget: usize,
+    inner: Mutex<Inner>,
+}
+
+impl PrivateCache {
+    /// A cache of at most `budget` bytes of KV (0: off).
+    pub fn new(budget: usize) -> Self {
+        Self {
+            budget,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The longest held start of `ids` in `scope`, longer than `min` tokens and leaving at
+    /// least one token of `ids` to run.
+    pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Arc<PrefixKv>> {
+        let most = ids.len().checked_sub(1)?;
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let now = inner.clock;
+        let (at, n) = inner
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.scope == *scope)
+            .map(|(i, e)| (i, common(&e.kv.token_ids, ids).min(most)))
+            .max_by_key(|&(_, n)| n)?;
+        if n <= min {
+            return None;
+        }
+        let e = &mut inner.entries[at];
+        e.used = now;
+        let kv = e.kv.clone();
+        drop(inner);
+        Some(if n == kv.n_tokens() {
+            kv
+        } else {
+            Arc::new(kv.first(n))
+        })
+    }
+
+    /// Keep `kv` for `scope`, replacing the entries it extends.
+    pub fn put(&self, scope: Scope, kv: PrefixKv) {
+        let bytes = kv.bytes();
+        if bytes == 0 || bytes > self.budget {
+            return;
+        }
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let used = inner.clock;
+        let before = inner.entries.len();
+        inner
+            .entries
+            .retain(|e| !(e.scope == scope && kv.token_ids.starts_with(&e.kv.token_ids)));
+        if inner.entries.len() != before {
+            inner.bytes = inner.entries.iter().map(|e| e.kv.bytes()).sum();
+        }
+        inner.bytes += bytes;
+        inner.entries.push(Entry {
+            scope,
+            kv: Arc::new(kv),
+            used,
+        });
+        while inner.bytes > self.budget {
+            let Some(lru) = inner
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let gone = inner.entries.swap_remove(lru);
+            inner.bytes -= gone.kv.bytes();
+        }
+    }
+
+    /// Bytes of KV held.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Conversations held.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.budget > 0
+    }
+}
+
+/// Length of the common start of `a` and `b`.
+fn common(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgeprompt_engine::LayerKv;
+
+    fn kv(ids: &[u32]) -> PrefixKv {
+        let mut l = LayerKv::new(1, 2);
+        let rows: Vec<f32> = (0..ids.len() * 2).map(|i| i as f32).collect();
+        l.append(&rows, &rows, ids.len());
+        PrefixKv {
+            fingerprint: "m".into(),
+            token_ids: ids.to_vec(),
+            layers: vec![Arc::new(l)],
+        }
+    }
+
+    #[test]
+    fn the_longest_start_in_the_same_scope_is_found_and_cut() {
+        let c = PrivateCache::new(1 << 20);
+        let (a, b) = (
+            Scope::new(Some(&[1; 32]), None),
+            Scope::new(Some(&[2; 32]), None),
+        );
+        c.put(a, kv(&[1, 2, 3, 4, 5]));
+        let got = c.get(&a, &[1, 2, 3, 9, 9], 0).unwrap();
+        assert_eq!(got.token_ids, [1, 2, 3]);
+        assert_eq!(got.layers[0].len(), 3);
+        // Whole, but one token must be left to run.
+        assert_eq!(c.get(&a, &[1, 2, 3, 4, 5], 0).unwrap().n_tokens(), 4);
+        assert_eq!(c.get(&a, &[1, 2, 3, 4, 5, 6], 0).unwrap().n_tokens(), 5);
+        // No more than the cloud prompt it already has: not worth it.
+        assert!(c.get(&a, &[1, 2, 3, 9], 3).is_none());
+        // Another key, or the same key with a salt, sees nothing.
+        assert!(c.get(&b, &[1, 2, 3, 4, 5, 6], 0).is_none());
+        let salted = Scope::new(Some(&[1; 32]), Some("s"));
+        assert!(c.get(&salted, &[1, 2, 3, 4, 5, 6], 0).is_none());
+        assert_ne!(Scope::new(None, None), Scope::new(Some(&[0; 32]), None));
+    }
+
+    #[test]
+    fn a_turn_replaces_the_one_it_extends_and_the_budget_holds() {
+        let one = kv(&[1, 2]).bytes();
+        let c = PrivateCache::new(10 * one);
+        let s = Scope::new(None, None);
+        c.put(s, kv(&[1, 2]));
+        c.put(s, kv(&[1, 2, 3, 4]));
+        assert_eq!(c.len(), 1, "the longer turn replaced the shorter");
+        for i in 0..100u32 {
+            c.put(s, kv(&[100 + i, 7]));
+            assert!(c.bytes() <= 10 * one);
+        }
+        // The most recent are kept.
+        assert!(c.get(&s, &[199, 7, 1], 0).is_some());
+        assert!(c.get(&s, &[100, 7, 1], 0).is_none());
+        // Larger than the whole budget: not kept.
+        let big: Vec<u32> = (0..40).collect();
+        c.put(s, kv(&big));
+        assert!(c.get(&s, &[0, 1, 2, 3], 0).is_none());
+        assert!(!PrivateCache::new(0).is_on());
+    }
+}

@@ -1,0 +1,223 @@
+//! The private prefix cache end to end: a conversation's second turn on an edge that kept the
+//! first turn's KV answers exactly as an edge that keeps nothing (token for token, every
+//! log-probability), alone and in a batch, after a cloud prompt that was cold at turn one and
+//! after a private system message; a caller never reads another's entries (another API key,
+//! another `cache_salt`); and the cache stays within its budget under a flood of conversations.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use edgeprompt_edge::http::access::ApiKeys;
+use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+use edgeprompt_edge::scheduler::SchedulerConfig;
+use edgeprompt_engine::Model;
+use serde_json::{json, Value};
+
+mod common;
+use common::{model, CODING, SUPPORT};
+
+const PRIVATE: &str = "You are the assistant of Dana Whitfield, account 4417. Be brief.";
+
+async fn edge(
+    m: &Arc<Model>,
+    cloud: &str,
+    private_cache_bytes: usize,
+) -> (SocketAddr, Arc<EdgeServer>) {
+    let state = EdgeServer::start(
+        m.clone(),
+        ServerConfig {
+            model_id: "smollm2".into(),
+            default_max_tokens: 8,
+            api_keys: ApiKeys::new(vec!["sk-a".into(), "sk-b".into()], None).unwrap(),
+        },
+        SchedulerConfig {
+            request_timeout: Duration::from_secs(120),
+            private_cache_bytes,
+            ..Default::default()
+        },
+        common::prefix_config(cloud),
+    )
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, state.clone()));
+    (addr, state)
+}
+
+/// POST a chat as `key`: the answer's JSON.
+fn post(addr: SocketAddr, key: &str, body: &Value) -> Value {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         authorization: Bearer {key}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, text) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{text}");
+    serde_json::from_str(text).unwrap()
+}
+
+fn turn(messages: &[(&str, &str)], salt: Option<&str>) -> Value {
+    let mut v = json!({
+        "model": "smollm2",
+        "messages": messages.iter().map(|(r, c)| json!({"role": r, "content": c})).collect::<Vec<_>>(),
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": true,
+        "top_logprobs": 3,
+    });
+    if let Some(s) = salt {
+        v["cache_salt"] = json!(s);
+    }
+    v
+}
+
+fn answer(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["edgeprompt"]["private_cached_tokens"].as_u64().unwrap()
+}
+
+/// What must match bit for bit: the text and every log-probability as sent.
+fn bits(v: &Value) -> (String, String) {
+    (answer(v), v["choices"][0]["logprobs"].to_string())
+}
+
+/// Turn one's messages and the second turn's, given turn one's answer.
+fn second(system: &str, a1: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("system", system.to_string()),
+        ("user", "Can I change my seat?".to_string()),
+        ("assistant", a1.to_string()),
+        ("user", "And what about my bike?".to_string()),
+    ]
+}
+
+fn refs<'a>(m: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    m.iter().map(|(r, c)| (*r, c.as_str())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_turn_on_kept_kv_is_the_answer_without_it_and_stays_with_its_caller() {
+    let m = model();
+    let cloud = common::start_cloud(m.clone()).await;
+    let (warm, state) = edge(&m, &cloud, 64 << 20).await;
+    let (cold, _) = edge(&m, &cloud, 0).await;
+    tokio::task::spawn_blocking(move || {
+        for system in [SUPPORT, CODING, PRIVATE] {
+            let first = [("system", system), ("user", "Can I change my seat?")];
+            // Turn one: the cloud prompt is cold on both edges.
+            let (w1, c1) = (
+                post(warm, "sk-a", &turn(&first, None)),
+                post(cold, "sk-a", &turn(&first, None)),
+            );
+            assert_eq!(bits(&w1), bits(&c1));
+            assert_eq!(cached(&w1), 0);
+            let msgs = second(system, &answer(&w1));
+            let t2 = turn(&refs(&msgs), None);
+            let (w2, c2) = (post(warm, "sk-a", &t2), post(cold, "sk-a", &t2));
+            assert_eq!(
+                bits(&w2),
+                bits(&c2),
+                "{system:?}: turn two differs with the cache"
+            );
+            assert!(
+                cached(&w2) > 4,
+                "{system:?}: turn two ran on turn one's KV: {}",
+                w2["edgeprompt"]
+            );
+            assert_eq!(cached(&c2), 0);
+            // Another key, or the same key with a salt, reads nothing of it.
+            assert_eq!(cached(&post(warm, "sk-b", &t2)), 0, "another key hit");
+            let salted = turn(&refs(&msgs), Some("tenant-7"));
+            assert_eq!(cached(&post(warm, "sk-a", &salted)), 0, "another salt hit");
+            assert_eq!(bits(&post(warm, "sk-a", &salted)), bits(&c2));
+        }
+        // Second turns of three conversations at once (a batch of hits and misses) against
+        // each alone on the edge that keeps nothing.
+        let systems = [SUPPORT, CODING, PRIVATE];
+        let firsts: Vec<String> = systems
+            .iter()
+            .map(|s| {
+                answer(&post(
+                    cold,
+                    "sk-b",
+                    &turn(
+                        &[("system", s), ("user", "Can I change my seat?")],
+                        Some("b"),
+                    ),
+                ))
+            })
+            .collect();
+        let bodies: Vec<Value> = systems
+            .iter()
+            .zip(&firsts)
+            .map(|(s, a1)| turn(&refs(&second(s, a1)), Some("b")))
+            .collect();
+        for b in &bodies {
+            // Turn one again on the warm edge, so its KV is kept for this scope.
+            let first: Vec<Value> = b["messages"].as_array().unwrap()[..2].to_vec();
+            let mut t1 = b.clone();
+            t1["messages"] = json!(first);
+            post(warm, "sk-b", &t1);
+        }
+        let together: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies
+                .iter()
+                .map(|b| sc.spawn(move || post(warm, "sk-b", b)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (b, w) in bodies.iter().zip(&together) {
+            assert_eq!(
+                bits(w),
+                bits(&post(cold, "sk-b", b)),
+                "batched turn two differs"
+            );
+            assert!(cached(w) > 0);
+        }
+        assert!(state.private.bytes() <= 64 << 20);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_conversations_stays_within_the_budget() {
+    let m = model();
+    let cloud = common::start_cloud(m.clone()).await;
+    // Room for a few conversations only.
+    let budget = 4 << 20;
+    let (warm, state) = edge(&m, &cloud, budget).await;
+    tokio::task::spawn_blocking(move || {
+        for i in 0..24 {
+            let user = format!("Question {i}: is ticket {} refundable?", 1000 + i);
+            post(
+                warm,
+                "sk-a",
+                &turn(&[("system", SUPPORT), ("user", &user)], None),
+            );
+            assert!(
+                state.private.bytes() <= budget,
+                "{} bytes",
+                state.private.bytes()
+            );
+        }
+        assert!(!state.private.is_empty());
+        assert!(state.private.len() < 24, "least recently used dropped");
+    })
+    .await
+    .unwrap();
+}
