@@ -79,6 +79,7 @@ try {
       check(source === "memory", "turn 2: the cloud prompt's KV came from memory");
       check(/Bytes down\s*0 B/.test(info), "turn 2: nothing came down");
       check((await facts.locator("svg.timeline").count()) === 0, "turn 2: no timeline");
+      check(/by earlier turns/.test(info), "turn 2: the private prompt ran on turn 1's kept KV");
     }
     check(/First token/.test(info) && /never sent/.test(info), `turn ${turn + 1}: TTFT and the private prompt shown`);
   }

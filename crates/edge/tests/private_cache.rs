@@ -87,7 +87,16 @@ fn answer(v: &Value) -> String {
 }
 
 fn cached(v: &Value) -> u64 {
-    v["edgeprompt"]["private_cached_tokens"].as_u64().unwrap()
+    let b = &v["edgeprompt"];
+    let n = b["private_cached_tokens"].as_u64().unwrap();
+    // The block accounts for the whole prompt, held or computed now.
+    let cloud = b["cloud_prompt"]["tokens"].as_u64().unwrap_or(0);
+    assert_eq!(
+        cloud + b["private_tokens"].as_u64().unwrap(),
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{b}"
+    );
+    n
 }
 
 /// What must match bit for bit: the text and every log-probability as sent.

@@ -68,11 +68,13 @@ impl Origin {
             Some(Cloud::Facts(v)) => v.clone(),
             _ => Value::Null,
         };
+        let held = self.held.as_ref().map_or(0, |(_, n)| *n);
         let secs = |t: Instant| t.saturating_duration_since(self.arrived).as_secs_f64();
         let mut v = json!({
             "cloud_prompt": cloud,
-            "private_tokens": private_tokens,
-            "private_cached_tokens": self.held.as_ref().map_or(0, |(_, n)| *n),
+            // The whole private prompt; of it, what earlier turns computed.
+            "private_tokens": private_tokens + held,
+            "private_cached_tokens": held,
             "admitted_s": secs(done.served.admitted),
             "ttft_s": done.served.first_token.map(secs),
         });

@@ -147,7 +147,8 @@ function facts(block, usage) {
   } else {
     add("Cloud prompt", "none: the whole prompt was computed on this edge");
   }
-  add("Private prompt", `${block.private_tokens} tokens, computed here, never sent`);
+  const kept = block.private_cached_tokens ? ` (${block.private_cached_tokens} of them by earlier turns)` : "";
+  add("Private prompt", `${block.private_tokens} tokens, computed here${kept}, never sent`);
   if (block.ttft_s != null) add("First token", secs(block.ttft_s));
   if (usage) add("Answer", `${usage.completion_tokens} tokens`);
   box.append(dl);
