@@ -157,6 +157,9 @@ pub struct SoakArgs {
     kv_budget_mb: usize,
     #[arg(long, default_value_t = 16)]
     prefix_cache_mb: usize,
+    /// Each edge's private prefix cache (conversations kept for their next turns).
+    #[arg(long, default_value_t = 16)]
+    private_cache_mb: usize,
     #[arg(long, default_value_t = 32)]
     max_queue: usize,
     #[arg(long, default_value_t = 7)]
@@ -703,6 +706,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 link: a.link,
                 kv_budget_mb: a.kv_budget_mb,
                 prefix_cache_mb: a.prefix_cache_mb,
+                private_cache_mb: a.private_cache_mb,
                 max_queue: a.max_queue,
                 seed: a.seed,
                 client_timeout_secs: 180,

@@ -43,6 +43,7 @@ fn a_small_soak_accounts_for_every_request_through_every_fault() {
         link: "wifi".into(),
         kv_budget_mb: 128,
         prefix_cache_mb: 16,
+        private_cache_mb: 16,
         max_queue: 32,
         seed: 7,
         client_timeout_secs: 120,

@@ -47,6 +47,7 @@ pub struct Metrics {
     pub batch_rows: Histogram,
     pub kv_reserved_bytes: Gauge,
     pub prefix_cache_bytes: Gauge,
+    pub private_cache_bytes: Gauge,
     pub resident_memory_bytes: Gauge,
     pub draining: Gauge,
     pub disk_write_errors: Counter,
@@ -82,6 +83,7 @@ impl Metrics {
             batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             kv_reserved_bytes: Gauge::default(),
             prefix_cache_bytes: Gauge::default(),
+            private_cache_bytes: Gauge::default(),
             resident_memory_bytes: Gauge::default(),
             draining: Gauge::default(),
             disk_write_errors: Counter::default(),
@@ -193,6 +195,11 @@ impl Metrics {
             "prefix_cache_bytes",
             "Cloud-prompt KV bytes held in memory (bounded by --prefix-cache-mb)",
             m.prefix_cache_bytes.clone(),
+        );
+        registry.register(
+            "private_cache_bytes",
+            "Finished conversations' KV kept for their next turns, all callers (bounded by --private-cache-mb)",
+            m.private_cache_bytes.clone(),
         );
         registry.register(
             "resident_memory_bytes",

@@ -4,8 +4,9 @@
 //! same turn run from the cloud prompt alone.
 //!
 //! Private stays private: entries live in memory only (never the disk tier, never peers, never
-//! named on a link), and each belongs to a scope (the API key, and the request's `cache_salt`),
-//! so no client can learn from timing whether another scope's conversation is held.
+//! named on a link), and each belongs to a scope (the API key, and the request's `cache_salt`):
+//! a request runs only on its own scope's entries. The budget is shared, so a caller that fills
+//! it evicts others' entries (learning at most how much others keep, never what).
 
 use std::sync::{Arc, Mutex};
 
@@ -67,38 +68,35 @@ impl PrivateCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The longest held start of `ids` in `scope`, longer than `min` tokens and leaving at
-    /// least one token of `ids` to run.
+    /// The longest entry in `scope` that `ids` begin with, longer than `min` tokens and
+    /// leaving at least one token of `ids` to run. Whole entries only: the running request
+    /// shares the entry's KV (a cut would be a copy outside every budget).
     pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Arc<PrefixKv>> {
-        let most = ids.len().checked_sub(1)?;
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
-        let (at, n) = inner
+        let at = inner
             .entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.scope == *scope)
-            .map(|(i, e)| (i, common(&e.kv.token_ids, ids).min(most)))
-            .max_by_key(|&(_, n)| n)?;
-        if n <= min {
-            return None;
-        }
+            .filter(|(_, e)| {
+                e.scope == *scope
+                    && e.kv.n_tokens() > min
+                    && e.kv.n_tokens() < ids.len()
+                    && ids.starts_with(&e.kv.token_ids)
+            })
+            .max_by_key(|(_, e)| e.kv.n_tokens())
+            .map(|(i, _)| i)?;
         let e = &mut inner.entries[at];
         e.used = now;
-        let kv = e.kv.clone();
-        drop(inner);
-        Some(if n == kv.n_tokens() {
-            kv
-        } else {
-            Arc::new(kv.first(n))
-        })
+        Some(e.kv.clone())
     }
 
     /// Keep `kv` for `scope`, replacing the entries it extends.
     pub fn put(&self, scope: Scope, kv: PrefixKv) {
         let bytes = kv.bytes();
-        if bytes == 0 || bytes > self.budget {
+        // Layers cut by a sliding window are not kept (not tested across turns).
+        if bytes == 0 || bytes > self.budget || kv.layers.iter().any(|l| l.start() > 0) {
             return;
         }
         let mut inner = self.lock();
@@ -151,11 +149,6 @@ impl PrivateCache {
     }
 }
 
-/// Length of the common start of `a` and `b`.
-fn common(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,21 +166,23 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_start_in_the_same_scope_is_found_and_cut() {
+    fn the_longest_whole_entry_in_the_same_scope_is_found() {
         let c = PrivateCache::new(1 << 20);
         let (a, b) = (
             Scope::new(Some(&[1; 32]), None),
             Scope::new(Some(&[2; 32]), None),
         );
         c.put(a, kv(&[1, 2, 3, 4, 5]));
-        let got = c.get(&a, &[1, 2, 3, 9, 9], 0).unwrap();
-        assert_eq!(got.token_ids, [1, 2, 3]);
-        assert_eq!(got.layers[0].len(), 3);
-        // Whole, but one token must be left to run.
-        assert_eq!(c.get(&a, &[1, 2, 3, 4, 5], 0).unwrap().n_tokens(), 4);
-        assert_eq!(c.get(&a, &[1, 2, 3, 4, 5, 6], 0).unwrap().n_tokens(), 5);
+        c.put(a, kv(&[1, 2, 7]));
+        // A diverging turn: only a whole entry it begins with is used.
+        assert_eq!(c.get(&a, &[1, 2, 7, 9, 9], 0).unwrap().token_ids, [1, 2, 7]);
+        assert!(c.get(&a, &[1, 2, 3, 9, 9], 0).is_none());
+        // One token must be left to run.
+        assert!(c.get(&a, &[1, 2, 3, 4, 5], 0).is_none());
+        let got = c.get(&a, &[1, 2, 3, 4, 5, 6], 0).unwrap();
+        assert_eq!((got.n_tokens(), got.layers[0].len()), (5, 5));
         // No more than the cloud prompt it already has: not worth it.
-        assert!(c.get(&a, &[1, 2, 3, 9], 3).is_none());
+        assert!(c.get(&a, &[1, 2, 7, 9], 3).is_none());
         // Another key, or the same key with a salt, sees nothing.
         assert!(c.get(&b, &[1, 2, 3, 4, 5, 6], 0).is_none());
         let salted = Scope::new(Some(&[1; 32]), Some("s"));
@@ -213,7 +208,14 @@ mod tests {
         // Larger than the whole budget: not kept.
         let big: Vec<u32> = (0..40).collect();
         c.put(s, kv(&big));
-        assert!(c.get(&s, &[0, 1, 2, 3], 0).is_none());
+        let mut longer = big.clone();
+        longer.push(1);
+        assert!(c.get(&s, &longer, 0).is_none());
+        // Layers cut by a sliding window: not kept.
+        let mut cut = kv(&[5, 6, 7]);
+        cut.layers[0] = Arc::new(LayerKv::clone(&cut.layers[0]).starting_at(1));
+        c.put(s, cut);
+        assert!(c.get(&s, &[5, 6, 7, 8], 0).is_none());
         assert!(!PrivateCache::new(0).is_on());
     }
 }

@@ -24,12 +24,22 @@ async fn edge(
     cloud: &str,
     private_cache_bytes: usize,
 ) -> (SocketAddr, Arc<EdgeServer>) {
+    let keys = ApiKeys::new(vec!["sk-a".into(), "sk-b".into()], None).unwrap();
+    edge_with(m, cloud, private_cache_bytes, keys).await
+}
+
+async fn edge_with(
+    m: &Arc<Model>,
+    cloud: &str,
+    private_cache_bytes: usize,
+    api_keys: ApiKeys,
+) -> (SocketAddr, Arc<EdgeServer>) {
     let state = EdgeServer::start(
         m.clone(),
         ServerConfig {
             model_id: "smollm2".into(),
             default_max_tokens: 8,
-            api_keys: ApiKeys::new(vec!["sk-a".into(), "sk-b".into()], None).unwrap(),
+            api_keys,
         },
         SchedulerConfig {
             request_timeout: Duration::from_secs(120),
@@ -226,6 +236,30 @@ async fn a_flood_of_conversations_stays_within_the_budget() {
         }
         assert!(!state.private.is_empty());
         assert!(state.private.len() < 24, "least recently used dropped");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_an_open_api_only_a_salted_conversation_is_kept() {
+    let m = model();
+    let cloud = common::start_cloud(m.clone()).await;
+    let (open, state) = edge_with(&m, &cloud, 64 << 20, ApiKeys::default()).await;
+    tokio::task::spawn_blocking(move || {
+        let first = [("system", SUPPORT), ("user", "Can I change my seat?")];
+        for salt in [None, Some("tab-1")] {
+            let a1 = answer(&post(open, "none", &turn(&first, salt)));
+            let t2 = post(open, "none", &turn(&refs(&second(SUPPORT, &a1)), salt));
+            match salt {
+                // Callers without a name cannot be told apart: nothing kept, nothing read.
+                None => {
+                    assert_eq!(cached(&t2), 0);
+                    assert!(state.private.is_empty());
+                }
+                Some(_) => assert!(cached(&t2) > 4, "{}", t2["edgeprompt"]),
+            }
+        }
     })
     .await
     .unwrap();

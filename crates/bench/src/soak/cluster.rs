@@ -23,6 +23,7 @@ pub struct Config {
     pub link: String,
     pub kv_budget_mb: usize,
     pub prefix_cache_mb: usize,
+    pub private_cache_mb: usize,
     pub max_queue: usize,
 }
 
@@ -148,6 +149,8 @@ impl Cluster {
                         s(c.kv_budget_mb),
                         s("--prefix-cache-mb"),
                         s(c.prefix_cache_mb),
+                        s("--private-cache-mb"),
+                        s(c.private_cache_mb),
                         s("--max-queue"),
                         s(c.max_queue),
                         s("--request-timeout-secs"),

@@ -45,6 +45,8 @@ pub struct Settings {
     pub link: String,
     pub kv_budget_mb: usize,
     pub prefix_cache_mb: usize,
+    /// Each edge's private prefix cache (finished conversations kept for their next turns).
+    pub private_cache_mb: usize,
     pub max_queue: usize,
     pub seed: u64,
     /// Client-side limit on one request (beyond it the request counts as a hang).
@@ -58,8 +60,9 @@ pub struct Settings {
 pub struct Limits {
     pub kv_budget_bytes: u64,
     pub prefix_cache_bytes: u64,
+    pub private_cache_bytes: u64,
     pub max_queue: u64,
-    /// Each edge's RSS once ready + the KV budget + the prefix cache + 128 MB of working room.
+    /// Each edge's RSS once ready + the KV budget + both caches + 128 MB of working room.
     pub rss_bytes: Vec<u64>,
 }
 
@@ -281,6 +284,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             link: s.link.clone(),
             kv_budget_mb: s.kv_budget_mb,
             prefix_cache_mb: s.prefix_cache_mb,
+            private_cache_mb: s.private_cache_mb,
             max_queue: s.max_queue,
         },
         t0,
@@ -314,10 +318,14 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let limits = Limits {
         kv_budget_bytes: (s.kv_budget_mb as u64) << 20,
         prefix_cache_bytes: (s.prefix_cache_mb as u64) << 20,
+        private_cache_bytes: (s.private_cache_mb as u64) << 20,
         max_queue: s.max_queue as u64,
         rss_bytes: rss0
             .iter()
-            .map(|r| r + (((s.kv_budget_mb + s.prefix_cache_mb) as u64) << 20) + (128 << 20))
+            .map(|r| {
+                r + (((s.kv_budget_mb + s.prefix_cache_mb + s.private_cache_mb) as u64) << 20)
+                    + (128 << 20)
+            })
             .collect(),
     };
     let bounds_held = samples::bounds_held(&samples, &limits);

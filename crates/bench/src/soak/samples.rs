@@ -15,6 +15,7 @@ pub struct Sample {
     pub edge: usize,
     pub kv_reserved_bytes: u64,
     pub prefix_cache_bytes: u64,
+    pub private_cache_bytes: u64,
     pub queue_depth: u64,
     pub rss_bytes: u64,
 }
@@ -108,6 +109,7 @@ pub async fn sample_every_second(
                 edge,
                 kv_reserved_bytes: g("edgeprompt_kv_reserved_bytes"),
                 prefix_cache_bytes: g("edgeprompt_prefix_cache_bytes"),
+                private_cache_bytes: g("edgeprompt_private_cache_bytes"),
                 queue_depth: g("edgeprompt_queue_depth"),
                 rss_bytes: g("edgeprompt_resident_memory_bytes"),
             });
@@ -125,6 +127,7 @@ pub fn bounds_held(samples: &[Sample], l: &Limits) -> bool {
         && samples.iter().all(|s| {
             s.kv_reserved_bytes <= l.kv_budget_bytes
                 && s.prefix_cache_bytes <= l.prefix_cache_bytes + one_prompt
+                && s.private_cache_bytes <= l.private_cache_bytes
                 && s.queue_depth <= l.max_queue
                 && l.rss_bytes.get(s.edge).is_some_and(|&r| s.rss_bytes <= r)
         })

@@ -144,6 +144,7 @@ pub async fn metrics(State(s): AppState) -> Response {
     let m = &s.metrics;
     m.kv_reserved_bytes.set(s.scheduler.reserved_bytes() as i64);
     m.prefix_cache_bytes.set(s.prefixes.memory_bytes() as i64);
+    m.private_cache_bytes.set(s.private.bytes() as i64);
     m.resident_memory_bytes
         .set(edgeprompt_engine::machine::rss().unwrap_or(0) as i64);
     (
@@ -235,10 +236,15 @@ async fn chat_inner(
         });
     }
     // The conversation's earlier turns, if this caller's cache holds them: only the rest runs.
+    // Only for a caller with a name (an API key or a salt: on an open API callers without one
+    // are indistinguishable), and only over exact cloud KV (the bits a turn without the cache
+    // would attend to).
     let scope = Scope::new(caller.as_ref(), req.cache_salt.as_deref());
+    let caching =
+        s.private.is_on() && (caller.is_some() || req.cache_salt.is_some()) && s.prefixes.exact();
     let cloud_len = prefix.as_ref().map_or(0, |p| p.kv.token_ids().len());
     let mut held = None;
-    let prompt = match s.private.is_on().then(|| {
+    let prompt = match caching.then(|| {
         let mut all = prefix
             .as_ref()
             .map_or_else(Vec::new, |p| p.kv.token_ids().to_vec());
@@ -252,7 +258,7 @@ async fn chat_inner(
         }
         _ => prompt,
     };
-    let keep: Option<Keep> = s.private.is_on().then(|| {
+    let keep: Option<Keep> = caching.then(|| {
         let cache = s.private.clone();
         Box::new(move |kv| cache.put(scope, kv)) as Keep
     });

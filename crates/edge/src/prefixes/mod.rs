@@ -417,8 +417,7 @@ impl Prefixes {
     /// a system prompt computed here may be someone's own), and only where the KV is exact:
     /// never mapped (CE-LSLM) nor decoded from a lossy codec.
     pub fn held_prefix_of(&self, ids: &[u32]) -> Option<Lookup> {
-        let exact = !self.lslm() && self.cfg.codec == Codec::F16 && self.cfg.auto_codec.is_none();
-        if !exact || !self.cfg.match_prompts {
+        if !self.exact() || !self.cfg.match_prompts {
             return None;
         }
         let named: Vec<String> = self.ids.lock().ok()?.values().cloned().collect();
@@ -540,6 +539,12 @@ impl Prefixes {
 
     /// Whether the deep layers may come mapped from a larger cloud model (CE-LSLM): a fixed
     /// split, or an automatic one that may map (`AutoSplit::may_map`).
+    /// Whether every cloud prompt's KV here is the model's own, exact (not mapped by CE-LSLM
+    /// adapters, nor decoded from a lossy codec): the same bits however it was obtained.
+    pub fn exact(&self) -> bool {
+        !self.lslm() && self.cfg.codec == Codec::F16 && self.cfg.auto_codec.is_none()
+    }
+
     fn lslm(&self) -> bool {
         self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.as_ref().is_some_and(|a| a.may_map())
     }

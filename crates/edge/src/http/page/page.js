@@ -7,6 +7,8 @@ const SVG = "http://www.w3.org/2000/svg";
 let model = null;
 let history = [];
 let busy = false;
+// This tab's scope in the edge's private prefix cache: no other client can run on its turns.
+const SALT = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
 
 const SOURCES = {
   memory: "this edge's memory",
@@ -179,6 +181,7 @@ async function send(text) {
     max_tokens: Number($("max").value) || 128,
     temperature: Number($("temp").value),
     stream_options: { include_usage: true },
+    cache_salt: SALT,
   };
   const cloud = $("cloud").value;
   if (cloud) req.cloud_prompt = cloud;
