@@ -440,20 +440,35 @@ fn decode(
     Ok((model.tokenizer.decode(&ids)?, ttft, ids.len()))
 }
 
-pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
-    let model = Arc::new(super::models::load(&a.model)?);
+/// A one-shot edge's lookup against `cloud`: the model, and the configuration the server's
+/// lookup would take from the same flags.
+fn one_shot(
+    model: &str,
+    cloud: &str,
+    codec: &str,
+    client: &security::ClientArgs,
+) -> anyhow::Result<(Arc<Model>, PrefixConfig)> {
+    let model = Arc::new(super::models::load(model)?);
     let codec =
-        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
-    let security = a.security.load()?;
-    security::check_credentials("--cloud", &a.cloud, &security)?;
+        Codec::parse(codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
+    let security = client.load()?;
+    security::check_credentials("--cloud", cloud, &security)?;
     let cfg = PrefixConfig {
-        cloud_url: Some(a.cloud.clone()),
+        cloud_url: Some(cloud.to_string()),
         codec,
-        cloud_layers_from: a.cloud_layers_from,
-        trust: a.security.trust()?,
-        cloud_prompts: a.security.cloud_prompts(),
+        trust: client.trust()?,
+        cloud_prompts: client.cloud_prompts(),
         security,
         ..Default::default()
+    };
+    Ok((model, cfg))
+}
+
+pub fn edge(a: EdgeArgs) -> anyhow::Result<()> {
+    let (model, cfg) = one_shot(&a.model, &a.cloud, &a.codec, &a.security)?;
+    let cfg = PrefixConfig {
+        cloud_layers_from: a.cloud_layers_from,
+        ..cfg
     };
     let rt = tokio::runtime::Runtime::new()?;
     let run = rt.block_on(async {
@@ -486,19 +501,8 @@ pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
             "kv-export writes only KV whose every layer the cloud signed: drop --allow-unsigned-kv"
         );
     }
-    let model = Arc::new(super::models::load(&a.model)?);
-    let codec =
-        Codec::parse(&a.codec).with_context(|| format!("codec is one of {}", Codec::names()))?;
-    let security = a.security.load()?;
-    security::check_credentials("--cloud", &a.cloud, &security)?;
-    let cfg = PrefixConfig {
-        cloud_url: Some(a.cloud.clone()),
-        codec,
-        trust: a.security.trust()?,
-        cloud_prompts: a.security.cloud_prompts(),
-        security,
-        ..Default::default()
-    };
+    let (model, cfg) = one_shot(&a.model, &a.cloud, &a.codec, &a.security)?;
+    let codec = cfg.codec;
     let rt = tokio::runtime::Runtime::new()?;
     let got = rt.block_on(async {
         let prefixes = Prefixes::new(model, cfg, Arc::new(Metrics::new()))?;
