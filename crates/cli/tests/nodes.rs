@@ -5,28 +5,13 @@
 //! gives the edge-only answer.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 const PUBLIC: &str = "You are the support assistant of Acme Rail. Refunds: full up to 24 hours before departure, then a 20% fee.";
 const PRIVATE: &str = "You assist Dana Whitfield, account 4417. Be brief.";
 const USER: &str = "Can I get my money back two hours before departure?";
 
 mod common;
-use common::{bin, cloud};
-
-fn run(c: &mut Command) -> (String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = c.output().expect("run edgeprompt");
-    let (out, err) = (
-        String::from_utf8_lossy(&stdout).to_string(),
-        String::from_utf8_lossy(&stderr).to_string(),
-    );
-    assert!(status.success(), "{c:?} failed:\n{out}\n{err}");
-    (out, err)
-}
+use common::{bin, cloud, run};
 
 fn edge(url: &str, known: &Path, system: &str) -> (String, String) {
     run(bin()

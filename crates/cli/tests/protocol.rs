@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{bin, cloud, python, Proc};
+use common::{bin, cloud, python, run, Proc};
 
 const USER: &str = "Which desk handles lost luggage?";
 const CODECS: [&str; 5] = ["f16", "int8", "int4", "int8ch", "int4ch"];
@@ -34,16 +34,6 @@ fn scripts() -> PathBuf {
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn run(c: &mut Command) -> (String, String) {
-    let out = c.output().expect("run");
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    );
-    assert!(out.status.success(), "{c:?} failed:\n{so}\n{se}");
-    (so, se)
 }
 
 fn fingerprint() -> String {

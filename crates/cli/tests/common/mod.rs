@@ -76,3 +76,14 @@ pub fn python() -> PathBuf {
     );
     p
 }
+
+/// Run a command to success: its stdout and stderr (both shown if it fails).
+pub fn run(c: &mut Command) -> (String, String) {
+    let out = c.output().expect("run");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{c:?} failed:\n{so}\n{se}");
+    (so, se)
+}
