@@ -2,10 +2,12 @@
 # Serving under Poisson load (EdgePrompt Figs. 4-5): the edge server (with its cloud node) and
 # llama.cpp's own C++ server (`llama-server`, built from the llama.cpp source the pinned
 # `llama-cpp-python` sdist vendors) on the same GGUF and threads, same run, the same cloud
-# prompts and fresh private prompts at every rate and for each server.
-# llama-server runs with 8 parallel slots, continuous batching and its prompt cache: the bar
+# prompts and fresh private prompts at every rate and for each server. With BENCH=chat, the
+# multi-turn workload (`edgeprompt-bench chat`: ShareGPT conversations, TTFT per turn).
+# llama-server runs with as many parallel slots as our batch (BATCH, 8), 2048 tokens of context
+# each, continuous batching and its prompt cache (slots keep their KV between turns): the bar
 # users know. Not part of CI (the first build takes ~15 minutes on 2 cores).
-# Usage: bash scripts/bench_serve.sh [MODEL] [extra `edgeprompt-bench serve` flags]
+# Usage: [BENCH=serve|chat] [BATCH=8] bash scripts/bench_serve.sh [MODEL] [extra bench flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${1:-smollm2}"
@@ -23,7 +25,9 @@ case "$MODEL" in
 esac
 PORT=8093
 mkdir -p bench-out
-ARGS="-t 2 -np 8 -c 8192"
+BENCH="${BENCH:-serve}"
+BATCH="${BATCH:-8}"
+ARGS="-t 2 -np $BATCH -c $((BATCH * 2048))"
 # shellcheck disable=SC2086
 LD_LIBRARY_PATH="$(dirname "$SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$SERVER" -m "$GGUF" --alias "$MODEL" $ARGS --host 127.0.0.1 --port "$PORT" \
@@ -38,6 +42,6 @@ if ! curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || ! kill -0 "$PID" 2>/
   echo "llama-server did not come up on port $PORT (see bench-out/llama-server.log)" >&2
   exit 1
 fi
-./target/release/edgeprompt-bench serve --model "$MODEL" --threads 2 \
+./target/release/edgeprompt-bench "$BENCH" --model "$MODEL" --threads 2 --max-batch "$BATCH" \
   --llama-server "http://127.0.0.1:$PORT/v1" \
   --llama-server-args "llama-server ($LLAMA_SERVER_VERSION) $ARGS" "$@"

@@ -19,6 +19,8 @@ pub enum Bench {
     Decode(DecodeArgs),
     /// Poisson arrivals at a sweep of rates against the edge server (and llama.cpp's): latency, TTFT, throughput.
     Serve(ServeArgs),
+    /// Multi-turn conversations (ShareGPT's) on shared cloud prompts against the edge server (and llama.cpp's): TTFT per turn.
+    Chat(ChatArgs),
     /// EdgePrompt Fig. 3: throughput vs cloud prompt length, no sharing / shared / split, two hardware settings.
     Batch(BatchArgs),
     /// CE-LSLM Table II analogue: cloud-only vs edge-only vs cloud-edge (per codec).
@@ -262,11 +264,53 @@ pub struct ServeArgs {
     seed: u64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Our edge's batch; llama-server's slots should be the same (scripts/bench_serve.sh).
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
     /// llama.cpp's OpenAI-compatible server on the same GGUF, e.g. http://127.0.0.1:8090/v1
     /// (scripts/bench_serve.sh starts one).
     #[arg(long)]
     llama_server: Option<String>,
     /// How that server was started, recorded with the results (scripts/bench_serve.sh sets it).
+    #[arg(long)]
+    llama_server_args: Option<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Conversations started per second (Poisson), one sweep point each.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.5")]
+    rates: Vec<f64>,
+    /// Conversations per rate, each with its own ShareGPT conversation.
+    #[arg(long, default_value_t = 8)]
+    conversations: usize,
+    /// User turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    /// Distinct cloud prompts the conversations share.
+    #[arg(long, default_value_t = 2)]
+    groups: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    /// A user turn is cut to this many tokens.
+    #[arg(long, default_value_t = 128)]
+    turn_len: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Our edge's batch; llama-server's slots should be the same (scripts/bench_serve.sh).
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// llama.cpp's OpenAI-compatible server on the same GGUF (scripts/bench_serve.sh starts one).
+    #[arg(long)]
+    llama_server: Option<String>,
     #[arg(long)]
     llama_server_args: Option<String>,
     #[arg(long, default_value = "bench-out")]
@@ -720,6 +764,34 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             anyhow::ensure!(bad.is_empty(), "the soak found: {}", bad.join("; "));
             Ok(())
         }
+        Bench::Chat(a) => {
+            let s = edgeprompt_bench::chat::Settings {
+                model: resolve(&a.model)?,
+                model_id: a.model.clone(),
+                sharegpt: sharegpt()?,
+                conversations: a.conversations.max(1),
+                turns: a.turns.max(1),
+                groups: a.groups.max(1),
+                cloud_len: a.cloud_len,
+                turn_len: a.turn_len.max(1),
+                max_tokens: a.max_tokens,
+                rates: a.rates,
+                seed: a.seed,
+                threads: a.threads,
+                max_batch: a.max_batch.max(1),
+                llama_server: a.llama_server,
+                llama_server_args: a.llama_server_args,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::chat::run(&s)?;
+            eprintln!(
+                "wrote {} turns to {}/chat{}.json",
+                r.samples.len(),
+                a.out.display(),
+                edgeprompt_bench::serve::file_tag(&s.model_id)
+            );
+            Ok(())
+        }
         Bench::Serve(a) => {
             let s = edgeprompt_bench::serve::Settings {
                 model: resolve(&a.model)?,
@@ -735,6 +807,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
                 rates: a.rates,
                 max_tokens: a.max_tokens,
                 threads: a.threads,
+                max_batch: a.max_batch.max(1),
                 llama_server: a.llama_server,
                 llama_server_args: a.llama_server_args,
                 out: a.out.clone(),

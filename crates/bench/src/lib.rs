@@ -2,6 +2,7 @@
 //! baselines measured in the same run, and writes JSON under `bench-out/`.
 
 pub mod batch;
+pub mod chat;
 pub mod codecs;
 pub mod decode;
 pub mod engine;

@@ -86,16 +86,26 @@ pub async fn edge(
     cloud: Option<String>,
     codec: Codec,
 ) -> Result<String, BenchError> {
-    edge_with(model, model_id, cloud, codec, None).await
+    edge_with(
+        model,
+        model_id,
+        cloud,
+        codec,
+        None,
+        SchedulerConfig::default(),
+    )
+    .await
 }
 
-/// `edge`, with `serve --cloud-layers-from auto`'s split choice when `auto_split` is given.
+/// `edge`, with `serve --cloud-layers-from auto`'s split choice when `auto_split` is given,
+/// and its own scheduler settings (batch, private cache).
 pub async fn edge_with(
     model: &Arc<Model>,
     model_id: &str,
     cloud: Option<String>,
     codec: Codec,
     auto_split: Option<Arc<edgeprompt_edge::split_choice::AutoSplit>>,
+    scheduler: SchedulerConfig,
 ) -> Result<String, BenchError> {
     let state = EdgeServer::start(
         model.clone(),
@@ -104,7 +114,7 @@ pub async fn edge_with(
             default_max_tokens: 256,
             api_keys: Default::default(),
         },
-        SchedulerConfig::default(),
+        scheduler,
         PrefixConfig {
             cloud_url: cloud,
             codec,

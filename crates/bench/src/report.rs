@@ -86,10 +86,12 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     grammar_section(dir, &mut md);
     lm_eval_section(dir, &mut md);
     batch_section(dir, &mut md);
-    // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), then the AVX-512 EPYC's.
-    for sub in ["", "avx512/"] {
+    // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), the Zen 5 AVX-512 EPYC's, then
+    // the Zen 4's (fresh private prompts, the same batch for both servers).
+    for sub in ["", "avx512/", "zen4/"] {
         serve_section(dir, sub, &mut md);
     }
+    crate::chat::report::section(dir, &mut md);
     table_section(dir, &mut md);
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
@@ -647,7 +649,7 @@ fn serve_model_section(dir: &Path, md: &mut String, name: &str) {
     let _ = writeln!(
         md,
         "## Serving under Poisson load (`edgeprompt-bench serve`, `{name}.json`): {}\n\n{}; {} cloud prompts of {} tokens × {} \
-         requests each, private prompts of {} tokens, max_tokens {}, seed {}{}{}\n\n\
+         requests each, private prompts of {} tokens, max_tokens {}, seed {}{}{}{}\n\n\
          | server | offered req/s | done req/s | output tok/s | s / token | TTFT p50 s | TTFT p99 s | failed |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |",
         v["model"].as_str().unwrap_or("?"),
@@ -658,6 +660,10 @@ fn serve_model_section(dir: &Path, md: &mut String, name: &str) {
         w["edge_len"],
         v["max_tokens"],
         w["seed"],
+        v["max_batch"]
+            .as_u64()
+            .map(|b| format!("; our batch {b}"))
+            .unwrap_or_default(),
         v["llama_server_args"]
             .as_str()
             .map(|a| format!("; baseline in the same run: `{a}`"))
@@ -709,6 +715,40 @@ fn serve_summary(v: &Value) -> String {
     if ours <= 0.0 || base <= 0.0 {
         return String::new();
     }
+    // Below llama-server's saturation: the offered rates under the first at which it finished
+    // its most requests a second.
+    let at = |server: &str, rate: f64| {
+        points
+            .iter()
+            .find(|p| p["server"].as_str() == Some(server) && f(&p["rate"]) == rate)
+            .map(|p| f(&p["ttft_p50_s"]))
+    };
+    let knee = points
+        .iter()
+        .filter(|p| p["server"].as_str() == Some("llama-server") && f(&p["req_s"]) >= base)
+        .map(|p| f(&p["rate"]))
+        .fold(f64::INFINITY, f64::min);
+    let below: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|p| p["server"].as_str() == Some("llama-server") && f(&p["rate"]) < knee)
+        .filter_map(|p| {
+            let r = f(&p["rate"]);
+            Some((r, at("edgeprompt", r)? / at("llama-server", r)?))
+        })
+        .collect();
+    let under = if below.is_empty() {
+        String::new()
+    } else {
+        let worst = below.iter().map(|b| b.1).fold(f64::NAN, f64::max);
+        format!(
+            "; median TTFT at every rate below llama-server's saturation ({knee:.2} req/s offered), ours / llama-server's: {} (worst **{worst:.2}x**)",
+            below
+                .iter()
+                .map(|(r, x)| format!("{x:.2}x at {r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
     let ttft = match (ours_ttft, base_ttft) {
         (Some(a), Some(b)) if b > 0.0 => {
             format!(
@@ -720,7 +760,7 @@ fn serve_summary(v: &Value) -> String {
     };
     format!(
         "Saturation (the most requests done a second at any offered rate): {ours:.2} vs {base:.2} \
-         req/s (**{:.2}x** llama-server){ttft}.\n\n",
+         req/s (**{:.2}x** llama-server){ttft}{under}.\n\n",
         ours / base
     )
 }

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_kv::Codec;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -28,6 +29,8 @@ pub struct Settings {
     pub rates: Vec<f64>,
     pub max_tokens: usize,
     pub threads: usize,
+    /// Our scheduler's batch (llama-server's slots should be the same).
+    pub max_batch: usize,
     /// llama.cpp's `llama-server` on the same GGUF (`.../v1`), driven the same way.
     pub llama_server: Option<String>,
     /// How that server was started (recorded with the results).
@@ -65,6 +68,7 @@ pub struct Report {
     pub machine: Machine,
     pub model: String,
     pub threads: usize,
+    pub max_batch: usize,
     pub max_tokens: usize,
     pub workload: WorkloadSpec,
     /// Every server and rate got private prompts of their own (no request repeated).
@@ -91,12 +95,13 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let rt = tokio::runtime::Runtime::new()?;
     let points = rt.block_on(async {
         let cloud = nodes::cloud(&model, &nodes::numbered(&w.cloud)).await?;
-        let ours = nodes::edge(&model, &s.model_id, Some(format!("http://{cloud}")), Codec::F16).await?;
+        let scheduler = SchedulerConfig { max_batch: s.max_batch, ..Default::default() };
+        let ours = nodes::edge_with(&model, &s.model_id, Some(format!("http://{cloud}")), Codec::F16, None, scheduler).await?;
         let mut servers = vec![("edgeprompt".to_string(), ours)];
         if let Some(url) = &s.llama_server {
             servers.push(("llama-server".to_string(), url.trim_end_matches('/').to_string()));
         }
-        let client = reqwest::Client::new();
+        let client = client()?;
         let mut points = Vec::new();
         for (name, url) in &servers {
             // Warm: every cloud prompt once (the edge fetches its KV; llama.cpp fills its cache).
@@ -119,6 +124,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         machine,
         model: model.cfg.name.clone(),
         threads: s.threads,
+        max_batch: s.max_batch,
         max_tokens: s.max_tokens,
         workload: s.workload.clone(),
         fresh_prompts: true,
@@ -193,7 +199,29 @@ async fn sweep_point(
     }
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
+/// An error and what caused it, on one line.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut at = e.source();
+    while let Some(s) = at {
+        out.push_str(&format!(": {s}"));
+        at = s.source();
+    }
+    out
+}
+
+/// The load generators' HTTP client: a connection per request (loopback, well under a
+/// millisecond). llama-server may close a kept-alive connection just as a request is sent on
+/// it, and that request fails without reaching the server.
+pub fn client() -> Result<reqwest::Client, BenchError> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| BenchError::Data(e.to_string()))
+}
+
+/// The `q` quantile of sorted values (nearest rank); NaN for none.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -224,14 +252,32 @@ pub async fn one_with_block(
     user: &str,
     max_tokens: usize,
 ) -> Result<(Sample, String, Value), String> {
-    let body = json!({
+    let messages =
+        json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
+    chat(client, url, model, messages, max_tokens, None).await
+}
+
+/// One streamed, greedy chat completion of `messages` (with `cache_salt` when given): the
+/// sample, the answer's text and its `edgeprompt` block.
+pub async fn chat(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    messages: Value,
+    max_tokens: usize,
+    cache_salt: Option<&str>,
+) -> Result<(Sample, String, Value), String> {
+    let mut body = json!({
         "model": model,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if let Some(salt) = cache_salt {
+        body["cache_salt"] = json!(salt);
+    }
     let t0 = Instant::now();
     let mut resp = client
         .post(format!("{url}/chat/completions"))
@@ -239,7 +285,7 @@ pub async fn one_with_block(
         .body(body.to_string())
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| with_sources(&e))?;
     if !resp.status().is_success() {
         let status = resp.status();
         return Err(format!(

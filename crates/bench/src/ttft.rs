@@ -204,7 +204,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 let served_auto = match model.chat {
                     Some(_) => {
                         let auto = Arc::new(AutoSplit::new(&model, 0, per_token_layer));
-                        let edge = nodes::edge_with(&model, "bench", Some(url.clone()), s.codec, Some(auto.clone())).await?;
+                        let edge = nodes::edge_with(&model, "bench", Some(url.clone()), s.codec, Some(auto.clone()), Default::default()).await?;
                         let http = reqwest::Client::new();
                         crate::serve::one(&http, &edge, "bench", &warm, &user, 1).await.map_err(BenchError::Data)?;
                         let split = auto.choose(Some(c.cloud_ids.len())).split;

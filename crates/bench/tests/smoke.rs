@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use edgeprompt_bench::workload::WorkloadSpec;
-use edgeprompt_bench::{batch, codecs, decode, engine, report, serve, table, ttft};
+use edgeprompt_bench::{batch, chat, codecs, decode, engine, report, serve, table, ttft};
 use edgeprompt_kv::Codec;
 
 fn models() -> PathBuf {
@@ -136,6 +136,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         rates: vec![8.0],
         max_tokens: 3,
         threads: 2,
+        max_batch: 8,
         llama_server: None,
         llama_server_args: None,
         out: out.clone(),
@@ -147,6 +148,41 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     assert_eq!(p["failed"].as_u64(), Some(0));
     assert!(p["tok_s"].as_f64().unwrap() > 0.0);
     svg(&out, "serve-ttft.svg");
+
+    // Two three-turn conversations: every turn answered, and turns 2 and 3 ran on the kept
+    // KV of the turn before (the bench sends a cache_salt per conversation).
+    chat::run(&chat::Settings {
+        model: model.clone(),
+        model_id: "smollm2".into(),
+        sharegpt: sharegpt.clone(),
+        conversations: 2,
+        turns: 3,
+        groups: 1,
+        cloud_len: 24,
+        turn_len: 12,
+        max_tokens: 3,
+        rates: vec![8.0],
+        seed: 7,
+        threads: 2,
+        max_batch: 8,
+        llama_server: None,
+        llama_server_args: None,
+        out: out.clone(),
+    })
+    .unwrap();
+    let v = json(&out, "chat.json");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3);
+    for p in points {
+        assert_eq!(
+            (p["done"].as_u64(), p["failed"].as_u64()),
+            (Some(2), Some(0))
+        );
+    }
+    assert!(
+        points[2]["cached_tokens"].as_f64().unwrap() > 0.0,
+        "{points:?}"
+    );
 
     table::run(&table::Settings {
         model: model.clone(),
@@ -204,6 +240,7 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
         "## Batched decode",
         "## Throughput against cloud prompt length",
         "## Serving under Poisson load",
+        "## Multi-turn chat",
         "## Cloud-only vs edge-only",
     ] {
         assert!(md.contains(section), "report lacks {section}");

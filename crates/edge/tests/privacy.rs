@@ -4,7 +4,9 @@
 //! public ones, so the links carry real traffic). Neither the messages' text, nor their token
 //! ids, nor their content address, nor a SHA-256 over them is on any link; the cloud and the
 //! peer are asked only for what the cloud publishes; and the peer port answers a held private
-//! prompt exactly as a prompt it never saw: NOT_FOUND.
+//! prompt exactly as a prompt it never saw: NOT_FOUND. Two-turn conversations (the second turn
+//! running on the first's KV from the private prefix cache) leave nothing of their private turns
+//! on any link either.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -102,6 +104,87 @@ async fn edge(m: &Arc<Model>, cloud: &str, peers: Vec<String>) -> (SocketAddr, A
     let addr = l.local_addr().unwrap();
     tokio::spawn(serve(l, state.clone()));
     (addr, state)
+}
+
+/// A conversation's private user turns: the second asks after the first.
+const TURNS: [&str; 2] = [
+    "My passport number is XK8830192 and I travel to Valparaiso tomorrow.",
+    "Which passport number did I mention, and where am I travelling?",
+];
+
+/// A two-turn conversation on `system` under `salt`; returns the second turn's reply and the
+/// whole second prompt's ids, as the edge renders it.
+fn two_turns(
+    m: &Model,
+    edge: SocketAddr,
+    system: &str,
+    salt: &str,
+) -> (serde_json::Value, Vec<u32>) {
+    let ask = |messages: &serde_json::Value| {
+        let body = serde_json::json!({
+            "model": "smollm2", "messages": messages, "max_tokens": 8, "cache_salt": salt,
+        });
+        let (status, reply) = post_json(edge, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{reply}");
+        reply
+    };
+    let mut messages = serde_json::json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": TURNS[0]},
+    ]);
+    let first = ask(&messages);
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let list = messages.as_array_mut().unwrap();
+    list.push(serde_json::json!({"role": "assistant", "content": answer.clone()}));
+    list.push(serde_json::json!({"role": "user", "content": TURNS[1]}));
+    let second = ask(&messages);
+    let chat = m.chat.as_ref().unwrap();
+    let rendered = chat
+        .render(
+            &[
+                Message::new("system", system),
+                Message::new("user", TURNS[0]),
+                Message::new("assistant", &answer),
+                Message::new("user", TURNS[1]),
+            ],
+            true,
+        )
+        .unwrap();
+    (second, m.tokenizer.encode(&rendered).unwrap())
+}
+
+/// Every byte string a conversation's private turns could show themselves as on a link:
+/// their words, hashes and addresses of the whole prompt, and runs of its private ids.
+fn turn_traces(m: &Model, system: &str, ids: &[u32]) -> Vec<(String, Vec<u8>)> {
+    let public = system_ids(m, system).len();
+    let le: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    let mut t = vec![
+        (
+            "the conversation's address".to_string(),
+            hex::decode(content_address(&m.fingerprint, ids)).unwrap(),
+        ),
+        ("SHA-256 of its ids".into(), Sha256::digest(&le).to_vec()),
+    ];
+    for turn in TURNS {
+        t.push(("SHA-256 of a turn".into(), Sha256::digest(turn).to_vec()));
+        for w in turn.split_whitespace().filter(|w| w.len() >= 6) {
+            t.push((format!("the word {w:?}"), w.as_bytes().to_vec()));
+        }
+    }
+    // Runs of four ids; a varint run shorter than 6 bytes (small ids: punctuation) would
+    // match KV bytes by chance, so it is left out.
+    for w in ids[public..ids.len() - 2].windows(4) {
+        let le: Vec<u8> = w.iter().flat_map(|i| i.to_le_bytes()).collect();
+        t.push((format!("ids {w:?} (u32)"), le));
+        let v = varint(w);
+        if v.len() >= 6 {
+            t.push((format!("ids {w:?} (varint)"), v));
+        }
+    }
+    t
 }
 
 fn chat(system: &str) -> String {
@@ -206,6 +289,25 @@ fn private_system_messages_leave_nothing_on_any_link_and_the_peer_port_is_no_ora
             }
         }
 
+        // Two-turn conversations, on a public cloud prompt and on a private system message:
+        // the second turn runs on the first's kept KV, and nothing of either turn leaves.
+        let mut conversations = Vec::new();
+        for (e, edge) in [a, b].into_iter().enumerate() {
+            for system in [SUPPORT, PRIVATE[0]] {
+                let m2 = m.clone();
+                let salt = format!("tenant-{e}");
+                let (reply, ids) =
+                    tokio::task::spawn_blocking(move || two_turns(&m2, edge, system, &salt))
+                        .await
+                        .unwrap();
+                let kept = reply["edgeprompt"]["private_cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                assert!(kept > 0, "turn two ran on turn one's kept KV: {reply}");
+                conversations.push((system, ids));
+            }
+        }
+
         let published: Vec<String> = [SUPPORT, CODING]
             .iter()
             .map(|s| content_address(&m.fingerprint, &system_ids(&m, s)))
@@ -248,6 +350,14 @@ fn private_system_messages_leave_nothing_on_any_link_and_the_peer_port_is_no_ora
                     assert!(!contains(&bytes, &needle), "{link}: {what} is on the link");
                 }
             }
+            for (system, ids) in &conversations {
+                for (what, needle) in turn_traces(&m, system, ids) {
+                    assert!(
+                        !contains(&bytes, &needle),
+                        "{link}: a private turn's {what} is on the link"
+                    );
+                }
+            }
         }
         // The capture does see what is public: a published prompt's address went up.
         let public_address = hex::decode(&published[0]).unwrap();
@@ -257,7 +367,9 @@ fn private_system_messages_leave_nothing_on_any_link_and_the_peer_port_is_no_ora
                 .any(|(_, t)| contains(&t.up.lock().unwrap(), &public_address)),
             "the taps see the requests"
         );
-        println!("{total} bytes captured on 3 links; no trace of the private system messages");
+        println!(
+            "{total} bytes captured on 3 links; no trace of the private system messages or turns"
+        );
 
         // The peer port, asked directly as an attacker would: A holds both private prompts,
         // and answers them exactly as an address it never saw.

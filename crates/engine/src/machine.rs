@@ -13,6 +13,22 @@ pub struct Machine {
     pub git_rev: String,
 }
 
+/// A VM often names its CPU only by brand ("AMD EPYC"); the family and model numbers tell
+/// its generations apart (an AMD family 25 model 17 is a Zen 4, family 26 a Zen 5).
+fn with_generation(cpu: String) -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|x| x.trim().to_string())
+    };
+    match (field("cpu family"), field("model")) {
+        (Some(f), Some(m)) if !cpu.contains(" family ") => format!("{cpu} (family {f}, model {m})"),
+        _ => cpu,
+    }
+}
+
 impl Machine {
     pub fn detect() -> Self {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -24,6 +40,7 @@ impl Machine {
                     .map(|x| x.trim().to_string())
             })
             .unwrap_or_else(|| "unknown".into());
+        let cpu = with_generation(cpu);
         let mut simd = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
