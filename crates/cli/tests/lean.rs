@@ -1,5 +1,7 @@
 //! The product binary links no benchmark code: neither the bench crate nor the baselines it
 //! measures against (candle-transformers, the HTTP client that drives llama.cpp's server).
+//! Nor does its build run the protocol's code generator (the generated code is committed and
+//! checked by `crates/protocol/tests/generated.rs`).
 
 use std::process::Command;
 
@@ -42,7 +44,13 @@ fn the_product_depends_on_no_benchmark_crate() {
     for needed in ["edgeprompt-engine", "edgeprompt-edge", "edgeprompt-align"] {
         assert!(names.contains(&needed), "{needed} missing from:\n{tree}");
     }
-    for banned in ["edgeprompt-bench", "candle-transformers", "reqwest"] {
+    for banned in [
+        "edgeprompt-bench",
+        "candle-transformers",
+        "reqwest",
+        "protox",
+        "prost-build",
+    ] {
         assert!(
             !names.contains(&banned),
             "the product binary depends on {banned}:\n{tree}"

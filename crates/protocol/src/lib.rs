@@ -5,17 +5,18 @@
 //! 32-byte content address), the edge's model fingerprint and the codecs it accepts. There is
 //! no field for text, token ids or KV, so nothing of the edge's prompt can be sent.
 //!
-//! The types are generated from the `.proto` (`build.rs`); docs/protocol.md is its guide.
+//! The types are generated from the `.proto` into `src/generated/` (committed; a test
+//! regenerates them and fails on any difference); docs/protocol.md is its guide.
 
 pub mod untrusted;
 
 use edgeprompt_kv::{Chunk, Codec};
 
 // The messages and the service, generated from `proto/edgeprompt/v1/cloud_kv.proto`.
-include!(concat!(env!("OUT_DIR"), "/edgeprompt.v1.rs"));
+include!("generated/edgeprompt.v1.rs");
 
 /// The `.proto` compiled (a `FileDescriptorSet`): what the contract test pins.
-pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cloud_kv.fds"));
+pub const DESCRIPTOR: &[u8] = include_bytes!("generated/cloud_kv.fds");
 
 /// Which cloud prompt a fetch names: its id or its content address.
 pub use fetch_request::Prompt as PromptRef;
