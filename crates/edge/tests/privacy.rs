@@ -112,17 +112,19 @@ const TURNS: [&str; 2] = [
     "Which passport number did I mention, and where am I travelling?",
 ];
 
-/// A two-turn conversation on `system` under `salt`; returns the second turn's reply and the
+/// A two-turn conversation on `system` under `salt`; returns both turns' replies and the
 /// whole second prompt's ids, as the edge renders it.
 fn two_turns(
     m: &Model,
     edge: SocketAddr,
     system: &str,
     salt: &str,
-) -> (serde_json::Value, Vec<u32>) {
+) -> ([serde_json::Value; 2], Vec<u32>) {
+    // Greedy: a sampled answer may be tokens that its text does not tokenize back to, and
+    // such a turn (rightly) misses the cache.
     let ask = |messages: &serde_json::Value| {
         let body = serde_json::json!({
-            "model": "smollm2", "messages": messages, "max_tokens": 8, "cache_salt": salt,
+            "model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0, "cache_salt": salt,
         });
         let (status, reply) = post_json(edge, "/v1/chat/completions", &body.to_string());
         assert_eq!(status, 200, "{reply}");
@@ -153,7 +155,7 @@ fn two_turns(
             true,
         )
         .unwrap();
-    (second, m.tokenizer.encode(&rendered).unwrap())
+    ([first, second], m.tokenizer.encode(&rendered).unwrap())
 }
 
 /// Every byte string a conversation's private turns could show themselves as on a link:
@@ -296,14 +298,17 @@ fn private_system_messages_leave_nothing_on_any_link_and_the_peer_port_is_no_ora
             for system in [SUPPORT, PRIVATE[0]] {
                 let m2 = m.clone();
                 let salt = format!("tenant-{e}");
-                let (reply, ids) =
+                let ([first, reply], ids) =
                     tokio::task::spawn_blocking(move || two_turns(&m2, edge, system, &salt))
                         .await
                         .unwrap();
                 let kept = reply["edgeprompt"]["private_cached_tokens"]
                     .as_u64()
                     .unwrap_or(0);
-                assert!(kept > 0, "turn two ran on turn one's kept KV: {reply}");
+                assert!(
+                    kept > 0,
+                    "turn two ran on turn one's kept KV:\n{first}\n{reply}"
+                );
                 conversations.push((system, ids));
             }
         }
