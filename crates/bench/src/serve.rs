@@ -94,20 +94,11 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let points = rt.block_on(async {
-        let cloud = nodes::cloud(&model, &nodes::numbered(&w.cloud)).await?;
-        let scheduler = SchedulerConfig { max_batch: s.max_batch, ..Default::default() };
-        let ours = nodes::edge_with(&model, &s.model_id, Some(format!("http://{cloud}")), Codec::F16, None, scheduler).await?;
-        let mut servers = vec![("edgeprompt".to_string(), ours)];
-        if let Some(url) = &s.llama_server {
-            servers.push(("llama-server".to_string(), url.trim_end_matches('/').to_string()));
-        }
+        let servers = servers(&model, &s.model_id, &w.cloud, s.max_batch, s.llama_server.as_deref()).await?;
         let client = client()?;
         let mut points = Vec::new();
         for (name, url) in &servers {
-            // Warm: every cloud prompt once (the edge fetches its KV; llama.cpp fills its cache).
-            for sys in &w.cloud {
-                one(&client, url, &s.model_id, sys, "Hello.", 2).await.map_err(BenchError::Data)?;
-            }
+            warm(&client, url, &s.model_id, &w.cloud).await?;
             for &rate in &s.rates {
                 let requests = rounds.next().unwrap_or_default();
                 let p = sweep_point(&client, name, url, &s.model_id, &w.cloud, &requests, rate, s.max_tokens, s.workload.seed).await;
@@ -197,6 +188,45 @@ async fn sweep_point(
         ttft_p50_s: percentile(&ttft, 0.50),
         ttft_p99_s: percentile(&ttft, 0.99),
     }
+}
+
+/// The servers a run drives, by name and `/v1` URL: our edge (batch `max_batch`) behind a
+/// cloud node serving `cloud`, and llama.cpp's server at `llama` when given.
+pub async fn servers(
+    model: &std::sync::Arc<edgeprompt_engine::Model>,
+    model_id: &str,
+    cloud: &[String],
+    max_batch: usize,
+    llama: Option<&str>,
+) -> Result<Vec<(String, String)>, BenchError> {
+    let node = nodes::cloud(model, &nodes::numbered(cloud)).await?;
+    let scheduler = SchedulerConfig {
+        max_batch,
+        ..Default::default()
+    };
+    let url = Some(format!("http://{node}"));
+    let ours = nodes::edge_with(model, model_id, url, Codec::F16, None, scheduler).await?;
+    let mut servers = vec![("edgeprompt".to_string(), ours)];
+    if let Some(url) = llama {
+        servers.push(("llama-server".into(), url.trim_end_matches('/').to_string()));
+    }
+    Ok(servers)
+}
+
+/// Every cloud prompt once, before anything is timed (the edge fetches its KV; llama.cpp
+/// fills its cache).
+pub async fn warm(
+    client: &reqwest::Client,
+    url: &str,
+    model_id: &str,
+    cloud: &[String],
+) -> Result<(), BenchError> {
+    for sys in cloud {
+        one(client, url, model_id, sys, "Hello.", 2)
+            .await
+            .map_err(BenchError::Data)?;
+    }
+    Ok(())
 }
 
 /// An error and what caused it, on one line.

@@ -8,9 +8,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
-use edgeprompt_kv::Codec;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -18,7 +16,6 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::machine::Machine;
-use crate::nodes;
 use crate::serve::chat;
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
@@ -192,36 +189,18 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     );
     let rt = tokio::runtime::Runtime::new()?;
     let samples = rt.block_on(async {
-        let node = nodes::cloud(&model, &nodes::numbered(&cloud)).await?;
-        let scheduler = SchedulerConfig {
-            max_batch: s.max_batch,
-            ..Default::default()
-        };
-        let ours = nodes::edge_with(
+        let servers = crate::serve::servers(
             &model,
             &s.model_id,
-            Some(format!("http://{node}")),
-            Codec::F16,
-            None,
-            scheduler,
+            &cloud,
+            s.max_batch,
+            s.llama_server.as_deref(),
         )
         .await?;
-        let mut servers = vec![("edgeprompt".to_string(), ours)];
-        if let Some(url) = &s.llama_server {
-            servers.push((
-                "llama-server".to_string(),
-                url.trim_end_matches('/').to_string(),
-            ));
-        }
         let client = crate::serve::client()?;
         let mut samples = Vec::new();
         for (name, url) in &servers {
-            // Warm: every cloud prompt once (the edge fetches its KV; llama.cpp fills its cache).
-            for sys in &cloud {
-                crate::serve::one(&client, url, &s.model_id, sys, "Hello.", 2)
-                    .await
-                    .map_err(BenchError::Data)?;
-            }
+            crate::serve::warm(&client, url, &s.model_id, &cloud).await?;
             for (r, &rate) in s.rates.iter().enumerate() {
                 let got = sweep(&client, name, url, s, &cloud, &per_rate[r], r, rate).await;
                 report_line(name, rate, s.turns, &got);
