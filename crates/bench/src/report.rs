@@ -152,14 +152,17 @@ fn engine_section(dir: &Path, md: &mut String) {
     // (`docs/results/avx512/`; `avx512-as-avx2/`: the same machine with our kernels held to
     // AVX2 and a llama.cpp built without AVX-512; `avx512-long/`: prompts of 2048 and 4096
     // tokens and decode after 4096; `avx512-as-avx2-long/`: both), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
-    // (`xeon-emr/`, Emerald Rapids), where there are such runs.
-    // The four models we have, then the synthetic real-shape GGUFs of the families we have no
-    // weights for (scripts/bench_families.sh).
+    // (`xeon-emr/`, Emerald Rapids), and a Zen 4 EPYC (`zen4/`), where there are such runs.
+    // The four models we have, Qwen requantized to other file types (scripts/bench_formats.sh),
+    // then the synthetic real-shape GGUFs of the families we have no weights for
+    // (scripts/bench_families.sh).
     let models = [
         "smollm2",
         "qwen05",
         "qwen15",
         "gemma3",
+        "qwen05-q5_k_m",
+        "qwen15-q5_k_m",
         "synth-qwen3-0.6b",
         "synth-llama3.2-1b",
         "synth-qwen3moe-a3b",
@@ -173,6 +176,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "avx512-as-avx2-long/",
             "xeon/",
             "xeon-emr/",
+            "zen4/",
         ]
         .map(|sub| format!("{sub}engine-{m}.json"))
     });

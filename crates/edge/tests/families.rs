@@ -21,8 +21,9 @@ use edgeprompt_engine::{Model, Sequence};
 mod common;
 use common::post_json;
 
-/// Each family, and a Llama whose every matrix is in a format kept as stored (Q5_K, IQ4_XS).
-const FAMILIES: [&str; 9] = [
+/// Each family, and a Llama whose every matrix is in one format: Q5_1 and Q5_K in the packed
+/// kernels, IQ4_XS kept as stored.
+const FAMILIES: [&str; 10] = [
     "qwen3",
     "llama3",
     "granite",
@@ -30,6 +31,7 @@ const FAMILIES: [&str; 9] = [
     "phi3",
     "gemma2",
     "qwen3moe",
+    "fmt_q5_1",
     "fmt_q5_k",
     "fmt_iq4_xs",
 ];

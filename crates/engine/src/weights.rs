@@ -37,8 +37,10 @@ fn own_format(dtype: Dtype) -> Option<Format> {
         Dtype::Q4_0 => Some(Format::Q4_0),
         Dtype::Q4_1 => Some(Format::Q4_1),
         Dtype::Q5_0 => Some(Format::Q5_0),
+        Dtype::Q5_1 => Some(Format::Q5_1),
         Dtype::Q8_0 => Some(Format::Q8_0),
         Dtype::Q4K => Some(Format::Q4K),
+        Dtype::Q5K => Some(Format::Q5K),
         Dtype::Q6K => Some(Format::Q6K),
         _ => None,
     }

@@ -1,4 +1,4 @@
-//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q8_0, q4_K, q6_K) and their unpacking to
+//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K) and their unpacking to
 //! blocks of 32 signed bytes with a float scale (and min), the form the dot kernel reads.
 
 use half::f16;
@@ -10,8 +10,10 @@ pub enum Format {
     Q4_0,
     Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -25,7 +27,7 @@ impl Format {
     /// Values per stored block (32, or 256 for the K formats).
     pub fn block_values(self) -> usize {
         match self {
-            Format::Q4K | Format::Q6K => 256,
+            Format::Q4K | Format::Q5K | Format::Q6K => 256,
             _ => QK,
         }
     }
@@ -35,15 +37,20 @@ impl Format {
             Format::Q4_0 => 2 + QK / 2,
             Format::Q4_1 => 4 + QK / 2,
             Format::Q5_0 => 2 + 4 + QK / 2,
+            Format::Q5_1 => 4 + 4 + QK / 2,
             Format::Q8_0 => 2 + QK,
             Format::Q4K => 4 + 12 + 128,
+            Format::Q5K => 4 + 12 + 32 + 128,
             Format::Q6K => 128 + 64 + 16 + 2,
         }
     }
 
     /// Formats whose values are `d * q + m` rather than `d * q`.
     pub fn has_min(self) -> bool {
-        matches!(self, Format::Q4_1 | Format::Q4K)
+        matches!(
+            self,
+            Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K
+        )
     }
 
     /// Values per activation scale: the K formats' super blocks are summed in integers under
@@ -83,13 +90,22 @@ impl Format {
                         *v = (*v | (((qh >> j) & 1) << 4) as i8) - 16;
                     }
                 }
+                Format::Q5_1 => {
+                    out.d[b0] = f16_at(blk, 0);
+                    out.m[b0] = f16_at(blk, 2);
+                    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                    nibbles(&blk[8..24], 0, q);
+                    for (j, v) in q.iter_mut().enumerate() {
+                        *v |= (((qh >> j) & 1) << 4) as i8;
+                    }
+                }
                 Format::Q8_0 => {
                     out.d[b0] = f16_at(blk, 0);
                     for (v, &x) in q.iter_mut().zip(&blk[2..34]) {
                         *v = x as i8;
                     }
                 }
-                Format::Q4K => {
+                Format::Q4K | Format::Q5K => {
                     out.d[b0] = f16_at(blk, 0);
                     out.m[b0] = -f16_at(blk, 2);
                     let scales = &blk[4..16];
@@ -99,12 +115,10 @@ impl Format {
                         out.sc[2 * (b0 + j) + 1] = sc as i32;
                         out.mi[b0 + j] = m as i32;
                     }
-                    // 32 bytes per 64 values: low nibbles first, then high nibbles.
-                    for (c, qs) in blk[16..144].chunks_exact(32).enumerate() {
-                        for (l, &x) in qs.iter().enumerate() {
-                            q[c * 64 + l] = (x & 0x0F) as i8;
-                            q[c * 64 + 32 + l] = (x >> 4) as i8;
-                        }
+                    let mut v = [0u8; 256];
+                    k_values(self, blk, &mut v);
+                    for (q, v) in q.iter_mut().zip(v) {
+                        *q = v as i8;
                     }
                 }
                 Format::Q6K => {
@@ -164,6 +178,24 @@ pub(crate) fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
             (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
             (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
         )
+    }
+}
+
+/// The unsigned values of a q4_K or q5_K block: 32 bytes of nibbles per 64 values, low
+/// nibbles first; q5_K's fifth bits in `qh`, value `64c + l` at bit `2c` of byte `l` and
+/// value `64c + 32 + l` at bit `2c + 1`.
+#[inline(always)]
+pub(super) fn k_values(f: Format, blk: &[u8], v: &mut [u8]) {
+    let (qs, qh) = match f {
+        Format::Q5K => (&blk[48..176], &blk[16..48]),
+        _ => (&blk[16..144], &[0u8; 32][..]),
+    };
+    for (c, qs) in qs.chunks_exact(32).enumerate() {
+        for (l, &x) in qs.iter().enumerate() {
+            let (h0, h1) = ((qh[l] >> (2 * c)) & 1, (qh[l] >> (2 * c + 1)) & 1);
+            v[c * 64 + l] = (x & 0x0F) | h0 << 4;
+            v[c * 64 + 32 + l] = (x >> 4) | h1 << 4;
+        }
     }
 }
 

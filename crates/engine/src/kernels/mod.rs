@@ -1,4 +1,5 @@
-//! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K).
+//! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K,
+//! q5_K, q6_K).
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one

@@ -130,7 +130,7 @@ fn unpack(f: Format, p: &[u8]) -> Chunks {
         let (lo, hi) = v.split_at_mut(4);
         for (k, &b) in c.iter().enumerate() {
             let (l, h) = match f {
-                Format::Q5_0 => {
+                Format::Q5_0 | Format::Q5_1 | Format::Q5K => {
                     let top = (p[4 * QK + k] >> (2 * j)) & 3;
                     (b & 0x1F, (b >> 5) | (top << 3))
                 }
@@ -230,8 +230,8 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
             {
                 let row = i0 + i;
                 let a = &acts.q[row * acts.row_stride + b * QK..][..QK];
-                if f == Format::Q4K {
-                    // Sub-block scales and mins, 0..=63.
+                if f.has_min() {
+                    // q4_K, q5_K: sub-block scales and mins, 0..=63.
                     let d = dots(&v, a, 0, 8);
                     let bsum = acts.bsum[row * acts.nb + b];
                     for r in 0..ROWS {
@@ -257,7 +257,7 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
             let da = acts.d[(i0 + i) * acts.ns + s];
             for r in 0..ROWS {
                 let mut t = (wd[r] * da) * isum[i][r] as f32;
-                if f == Format::Q4K {
+                if f.has_min() {
                     t += (wm[r] * da) * msum[i][r] as f32;
                 }
                 l[s % 8][r] += t;

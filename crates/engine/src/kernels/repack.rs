@@ -2,19 +2,19 @@
 //! kernels read (`x86/gemm.rs`, `arm/gemm.rs`, `portable.rs`): one 32-byte load gives 4
 //! consecutive values of each of the 8 rows, so a `maddubs` (or two `sdot`) against 4
 //! broadcast activation bytes yields all 8 rows' partial dots with no horizontal reduction.
-//! Nibbles stay packed; the repacked matrix has the GGUF's size (q4_K: +2.8 % for unpacked
-//! 6-bit scales), and the GGUF bytes of any row can be rebuilt exactly (`gguf_row`), which the
+//! Nibbles stay packed; the repacked matrix has the GGUF's size (q4_K +2.8 %, q5_K +2.3 %:
+//! unpacked 6-bit scales), and the GGUF bytes of any row can be rebuilt exactly (`gguf_row`), which the
 //! tests' reference dot and the embedding lookup use.
 //!
 //! A group is a run of super units (one 32-block, or a 256-value K block of 8 blocks):
 //! `[header][plane of block 0]..[plane of block bps-1]`.
 //!
-//! - header: q4_0/q5_0/q8_0 `d[8]` f16; q4_1 `d[8] m[8]` f16; q4_K `d[8] dmin[8]` f16,
+//! - header: q4_0/q5_0/q8_0 `d[8]` f16; q4_1/q5_1 `d[8] m[8]` f16; q4_K, q5_K `d[8] dmin[8]` f16,
 //!   `sc[8 blocks][8 rows]` u8, `m[8][8]` u8; q6_K `d[8]` f16, `sc[16 halves][8 rows]` i8.
 //! - plane of a 32-block (values `v` unsigned, before any zero point), chunks of 32 bytes,
 //!   chunk byte `4r + t` for row `r`:
 //!   - q4_0, q4_1, q4_K: chunk `j` (0..4) = `v_r[4j + t] | v_r[16 + 4j + t] << 4`.
-//!   - q5_0 (5-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 7) << 5`,
+//!   - q5_0, q5_1, q5_K (5-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 7) << 5`,
 //!     chunk 4 bits `2i..2i + 2` = `v_r[16 + 4i + t] >> 3`.
 //!   - q6_K (6-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 3) << 6`,
 //!     chunk `4 + c` (c 0..2) = `v_r[16 + 8c + t] >> 2 | (v_r[20 + 8c + t] >> 2) << 4`.
@@ -28,7 +28,7 @@
 // Byte and value indices are the layout; index loops say it most plainly.
 #![allow(clippy::needless_range_loop)]
 
-use super::formats::{q4k_scale_min, Format};
+use super::formats::{k_values, q4k_scale_min, Format};
 use super::QK;
 use rayon::prelude::*;
 
@@ -44,8 +44,8 @@ impl Format {
     pub(crate) fn header_bytes(self) -> usize {
         match self {
             Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => 16,
-            Format::Q4_1 => 32,
-            Format::Q4K => 32 + 128,
+            Format::Q4_1 | Format::Q5_1 => 32,
+            Format::Q4K | Format::Q5K => 32 + 128,
             Format::Q6K => 16 + 128,
         }
     }
@@ -54,7 +54,7 @@ impl Format {
     pub(crate) fn plane_bytes(self) -> usize {
         match self {
             Format::Q4_0 | Format::Q4_1 | Format::Q4K => 128,
-            Format::Q5_0 => 160,
+            Format::Q5_0 | Format::Q5_1 | Format::Q5K => 160,
             Format::Q6K => 192,
             Format::Q8_0 => 256,
         }
@@ -74,22 +74,17 @@ impl Format {
                     v[l + 16] = qs[l] >> 4;
                 }
             }
-            Format::Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            Format::Q5_0 | Format::Q5_1 => {
+                let at = self.block_bytes() - 20;
+                let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+                let qs = &blk[at + 4..];
                 for l in 0..16 {
-                    v[l] = (blk[6 + l] & 15) | ((((qh >> l) & 1) as u8) << 4);
-                    v[l + 16] = (blk[6 + l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
+                    v[l] = (qs[l] & 15) | ((((qh >> l) & 1) as u8) << 4);
+                    v[l + 16] = (qs[l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
                 }
             }
             Format::Q8_0 => v[..32].copy_from_slice(&blk[2..34]),
-            Format::Q4K => {
-                for (c, qs) in blk[16..144].chunks_exact(32).enumerate() {
-                    for (l, &x) in qs.iter().enumerate() {
-                        v[c * 64 + l] = x & 15;
-                        v[c * 64 + 32 + l] = x >> 4;
-                    }
-                }
-            }
+            Format::Q4K | Format::Q5K => k_values(self, blk, v),
             Format::Q6K => {
                 let (ql, qh) = (&blk[0..128], &blk[128..192]);
                 for half in 0..2 {
@@ -115,21 +110,32 @@ impl Format {
                     blk[at + l] = v[l] | (v[l + 16] << 4);
                 }
             }
-            Format::Q5_0 => {
+            Format::Q5_0 | Format::Q5_1 => {
+                let at = self.block_bytes() - 20;
                 let mut qh = 0u32;
                 for l in 0..32 {
                     qh |= (((v[l] >> 4) & 1) as u32) << l;
                 }
-                blk[2..6].copy_from_slice(&qh.to_le_bytes());
+                blk[at..at + 4].copy_from_slice(&qh.to_le_bytes());
                 for l in 0..16 {
-                    blk[6 + l] = (v[l] & 15) | ((v[l + 16] & 15) << 4);
+                    blk[at + 4 + l] = (v[l] & 15) | ((v[l + 16] & 15) << 4);
                 }
             }
             Format::Q8_0 => blk[2..34].copy_from_slice(&v[..32]),
-            Format::Q4K => {
+            Format::Q4K | Format::Q5K => {
+                let at = if self == Format::Q5K { 48 } else { 16 };
                 for c in 0..4 {
                     for l in 0..32 {
-                        blk[16 + 32 * c + l] = v[c * 64 + l] | (v[c * 64 + 32 + l] << 4);
+                        let (a, b) = (v[c * 64 + l], v[c * 64 + 32 + l]);
+                        blk[at + 32 * c + l] = (a & 15) | (b & 15) << 4;
+                    }
+                }
+                if self == Format::Q5K {
+                    for l in 0..32 {
+                        blk[16 + l] = (0..4).fold(0, |h, c| {
+                            h | (v[c * 64 + l] >> 4) << (2 * c)
+                                | (v[c * 64 + 32 + l] >> 4) << (2 * c + 1)
+                        });
                     }
                 }
             }
@@ -151,7 +157,7 @@ impl Format {
 }
 
 /// Repacks `[n, k]` GGUF rows in place; rows past `n` (up to a multiple of 8) are zero.
-/// A group of 8 GGUF rows is no larger than its repacked form: where it is smaller (q4_K),
+/// A group of 8 GGUF rows is no larger than its repacked form: where it is smaller (q4_K, q5_K),
 /// the groups are first moved apart to their repacked places, the last first. Then every
 /// group is rewritten from a copy of its own rows, the groups in parallel (a fifth of a
 /// model's load when one thread did them all): the matrix is never held twice.
@@ -240,11 +246,13 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
     for (r, blk) in blks.iter().enumerate() {
         h[2 * r..2 * r + 2].copy_from_slice(&blk[d_at..d_at + 2]);
         match f {
-            Format::Q4_1 | Format::Q4K => h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4]),
+            Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => {
+                h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4])
+            }
             _ => {}
         }
         match f {
-            Format::Q4K => {
+            Format::Q4K | Format::Q5K => {
                 for j in 0..8 {
                     let (sc, m) = q4k_scale_min(&blk[4..16], j);
                     h[32 + 8 * j + r] = sc;
@@ -265,11 +273,13 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
     let d_at = if f == Format::Q6K { 208 } else { 0 };
     blk[d_at..d_at + 2].copy_from_slice(&h[2 * r..2 * r + 2]);
     match f {
-        Format::Q4_1 | Format::Q4K => blk[2..4].copy_from_slice(&h[16 + 2 * r..18 + 2 * r]),
+        Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => {
+            blk[2..4].copy_from_slice(&h[16 + 2 * r..18 + 2 * r])
+        }
         _ => {}
     }
     match f {
-        Format::Q4K => {
+        Format::Q4K | Format::Q5K => {
             let sc: [u8; 8] = std::array::from_fn(|j| h[32 + 8 * j + r]);
             let m: [u8; 8] = std::array::from_fn(|j| h[96 + 8 * j + r]);
             // ggml's 12-byte packing of eight 6-bit scales and mins.
@@ -306,12 +316,12 @@ fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
             for j in 0..4 {
                 let (a, b) = (vr[4 * j + t], vr[16 + 4 * j + t]);
                 p[32 * j + at] = match f {
-                    Format::Q5_0 => a | (b & 7) << 5,
+                    Format::Q5_0 | Format::Q5_1 | Format::Q5K => a | (b & 7) << 5,
                     Format::Q6K => a | (b & 3) << 6,
                     _ => a | b << 4,
                 };
                 match f {
-                    Format::Q5_0 => p[128 + at] |= (b >> 3) << (2 * j),
+                    Format::Q5_0 | Format::Q5_1 | Format::Q5K => p[128 + at] |= (b >> 3) << (2 * j),
                     Format::Q6K => p[128 + 32 * (j / 2) + at] |= (b >> 2) << (4 * (j % 2)),
                     _ => {}
                 }
@@ -334,7 +344,9 @@ fn read_plane(f: Format, p: &[u8], r: usize, v: &mut [u8]) {
         for j in 0..4 {
             let x = p[32 * j + at];
             (v[4 * j + t], v[16 + 4 * j + t]) = match f {
-                Format::Q5_0 => (x & 31, x >> 5 | ((p[128 + at] >> (2 * j)) & 3) << 3),
+                Format::Q5_0 | Format::Q5_1 | Format::Q5K => {
+                    (x & 31, x >> 5 | ((p[128 + at] >> (2 * j)) & 3) << 3)
+                }
                 Format::Q6K => (
                     x & 63,
                     x >> 6 | ((p[128 + 32 * (j / 2) + at] >> (4 * (j % 2))) & 15) << 2,

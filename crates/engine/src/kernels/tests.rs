@@ -20,7 +20,7 @@ fn random_gguf(format: Format, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         let d = half::f16::from_f32(0.001 + (lcg(seed) % 1000) as f32 * 1e-5).to_le_bytes();
         let at = if format == Format::Q6K { 208 } else { 0 };
         blk[at..at + 2].copy_from_slice(&d);
-        if matches!(format, Format::Q4_1 | Format::Q4K) {
+        if format.has_min() {
             let m = half::f16::from_f32(0.01 * (lcg(seed) % 7) as f32).to_le_bytes();
             blk[2..4].copy_from_slice(&m);
         }
@@ -35,12 +35,14 @@ fn random_x(m: usize, k: usize, seed: &mut u64) -> Vec<f32> {
         .collect()
 }
 
-const FORMATS: [Format; 6] = [
+const FORMATS: [Format; 8] = [
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
+    Format::Q5_1,
     Format::Q8_0,
     Format::Q4K,
+    Format::Q5K,
     Format::Q6K,
 ];
 
@@ -235,7 +237,7 @@ fn reused_outputs_keep_nothing_of_before() {
 fn single_rows_over_many_matrices_give_the_portable_bits() {
     let mut seed = 41;
     let k = 512;
-    for f in [Format::Q5_0, Format::Q4K] {
+    for f in [Format::Q5_0, Format::Q4K, Format::Q5K] {
         let ws: Vec<QMatrix> = [100, 37, 260, 9]
             .iter()
             .map(|&n| random_matrix(f, n, k, &mut seed))
@@ -264,7 +266,13 @@ fn single_rows_over_many_matrices_give_the_portable_bits() {
 fn several_rows_over_many_matrices_give_the_portable_bits() {
     let mut seed = 43;
     let k = 512;
-    for f in [Format::Q4_1, Format::Q8_0, Format::Q4K, Format::Q6K] {
+    for f in [
+        Format::Q4_1,
+        Format::Q8_0,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
+    ] {
         let ws: Vec<QMatrix> = [100, 37, 260, 9]
             .iter()
             .map(|&n| random_matrix(f, n, k, &mut seed))
@@ -651,6 +659,44 @@ fn neon_lanes_match_the_scalar_bits() {
         }
         for (x, o) in xs.iter().zip(out) {
             assert_eq!(o.to_bits(), exp::exp_neg(*x).to_bits(), "exp({x})");
+        }
+    }
+}
+
+/// Every format's values, as the kernels unpack them from their repacked rows, against the
+/// `gguf` package's dequantizer (`tests/fixtures/dequant`, scripts/ref/dequant_blocks.py).
+#[test]
+fn every_format_unpacks_as_the_reference_dequantizer() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dequant");
+    for (name, f) in [
+        ("q4_0", Format::Q4_0),
+        ("q4_1", Format::Q4_1),
+        ("q5_0", Format::Q5_0),
+        ("q5_1", Format::Q5_1),
+        ("q8_0", Format::Q8_0),
+        ("q4_k", Format::Q4K),
+        ("q5_k", Format::Q5K),
+        ("q6_k", Format::Q6K),
+    ] {
+        let b = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+        let (per, size) = (f.block_values(), f.block_bytes());
+        let n = b.len() / (size + 4 * per) * per;
+        let (raw, want) = b.split_at(n / per * size);
+        let got = QMatrix::new(f, 1, n, raw.to_vec())
+            .unwrap()
+            .dequantize_row(0);
+        for (blk, (g, w)) in got.chunks(per).zip(want.chunks_exact(4 * per)).enumerate() {
+            let w: Vec<f32> = w
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let top = w.iter().fold(0f32, |a, x| a.max(x.abs()));
+            for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+                assert!(
+                    (g - w).abs() <= 8.0 * f32::EPSILON * top,
+                    "{name} block {blk} value {i}: {g} != {w}"
+                );
+            }
         }
     }
 }

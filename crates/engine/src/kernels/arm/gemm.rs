@@ -67,6 +67,8 @@ const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
 const Q4K: u8 = 4;
 const Q6K: u8 = 5;
+const Q5K: u8 = 6;
+const Q5_1: u8 = 7;
 
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile) {
@@ -95,8 +97,10 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Format::Q4_0 => go!(tile_n, Q4_0),
         Format::Q4_1 => go!(tile_n, Q4_1),
         Format::Q5_0 => go!(tile_n, Q5_0),
+        Format::Q5_1 => go!(tile_n, Q5_1),
         Format::Q8_0 => go!(tile_n, Q8_0),
         Format::Q4K => go!(tile_k, Q4K),
+        Format::Q5K => go!(tile_k, Q5K),
         Format::Q6K => go!(tile_k, Q6K),
     }
 }
@@ -370,7 +374,7 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
         for h in 0..2 {
             let (lo, hi) = match F {
                 // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
-                Q5_0 => {
+                Q5_0 | Q5_1 | Q5K => {
                     let c4 = ld(4)[h];
                     let top = match j {
                         0 => c4,
@@ -471,9 +475,10 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
         Q4_0 => Format::Q4_0,
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
+        Q5_1 => Format::Q5_1,
         _ => Format::Q8_0,
     };
-    let has_min = F == Q4_1;
+    let has_min = F == Q4_1 || F == Q5_1;
     let zero_point = match F {
         Q4_0 => 8,
         Q5_0 => 16,
@@ -511,8 +516,8 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     store(&acc, out, ldo, cols);
 }
 
-/// q4_K and q6_K: per super block, each 32-block's dot is scaled by its integer sub-block
-/// scales and summed in i32 (`isum`); q4_K's mins give `msum` = sum of `min * block sum`.
+/// q4_K, q5_K and q6_K: per super block, each 32-block's dot is scaled by its integer
+/// sub-block scales and summed in i32 (`isum`); q4_K's and q5_K's mins give `msum` = sum of `min * block sum`.
 /// One float term per super block: `(wd * ad) * isum (+ (wm * ad) * msum)`.
 #[inline(always)]
 unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
@@ -524,7 +529,12 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
+    let f = match F {
+        Q4K => Format::Q4K,
+        Q5K => Format::Q5K,
+        _ => Format::Q6K,
+    };
+    let has_min = F != Q6K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -545,8 +555,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
             }
             let w = D::prep(&weights::<F>(hdr.add(hb + bi * pb)));
             let a: [*const i8; MT] = std::array::from_fn(|i| r.q[i].add(b * QK));
-            if F == Q4K {
-                // Sub-block scales, 0..=63.
+            if has_min {
+                // q4_K, q5_K: sub-block scales, 0..=63 (eight 5-bit chunks fit the i16 lanes).
                 let sc = bytes8(hdr.add(32 + 8 * bi), false);
                 let d = D::dots::<MT, 0, 8>(&w, &a);
                 for i in 0..MT {
@@ -573,7 +583,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
             }
         }
         let wd = half8(hdr);
-        if F == Q4K {
+        if has_min {
             // Mins (0..=63) of each block times the block's activation sum.
             let mut msum = [[vdupq_n_s32(0); 2]; MT];
             for bi in 0..bps {

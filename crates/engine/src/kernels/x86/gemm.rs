@@ -47,12 +47,14 @@ pub(crate) const Q5_0: u8 = 2;
 pub(crate) const Q8_0: u8 = 3;
 pub(crate) const Q4K: u8 = 4;
 pub(crate) const Q6K: u8 = 5;
+pub(crate) const Q5K: u8 = 6;
+pub(crate) const Q5_1: u8 = 7;
 
 /// 32-byte chunks in a 32-block's plane of the packed-nibble formats (`repack.rs`): four of
-/// nibbles, one more for q5_0's top bits, two for q6_K's.
+/// nibbles, one more for the 5-bit formats' top bits, two for q6_K's.
 pub(crate) const fn plane_chunks(f: u8) -> usize {
     match f {
-        Q5_0 => 5,
+        Q5_0 | Q5_1 | Q5K => 5,
         Q6K => 6,
         _ => 4,
     }
@@ -63,8 +65,10 @@ pub(crate) fn code(f: Format) -> u8 {
         Format::Q4_0 => Q4_0,
         Format::Q4_1 => Q4_1,
         Format::Q5_0 => Q5_0,
+        Format::Q5_1 => Q5_1,
         Format::Q8_0 => Q8_0,
         Format::Q4K => Q4K,
+        Format::Q5K => Q5K,
         Format::Q6K => Q6K,
     }
 }
@@ -129,6 +133,7 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        Q5_1 => tile_n::<D, Q5_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
     }
 }
@@ -161,8 +166,10 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Q4_0 => go!(tile_n, Q4_0, 1),
         Q4_1 => go!(tile_n, Q4_1, 1),
         Q5_0 => go!(tile_n, Q5_0, 1),
+        Q5_1 => go!(tile_n, Q5_1, 1),
         Q8_0 => go!(tile_n, Q8_0, 1),
         Q4K => go!(tile_k, Q4K),
+        Q5K => go!(tile_k, Q5K),
         _ => go!(tile_k, Q6K),
     }
 }
@@ -204,7 +211,7 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
     for (i, ci) in c.iter_mut().enumerate().take(plane_chunks(F)) {
         *ci = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
     }
-    if F == Q5_0 {
+    if F == Q5_0 || F == Q5_1 || F == Q5K {
         // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
         let hs = [
             _mm256_slli_epi16(c[4], 3),
@@ -251,12 +258,14 @@ trait Dots {
     unsafe fn q8_prep(v: &[__m256i; 8]) -> [__m256i; 8];
     /// q4_0, q4_1 (values 0..=15).
     unsafe fn q4(v: &[__m256i; 8], a: *const i8) -> __m256i;
-    /// q5_0 (0..=31).
+    /// q5_0, q5_1 (0..=31).
     unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i;
     /// q8_0: `v` the weights, `p` their `q8_prep` form.
     unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i;
     /// q4_K: the dot times `sc` (i32 lanes, 0..=63).
     unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
+    /// q5_K (0..=31): the dot times `sc`.
+    unsafe fn q5k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
     /// q6_K (0..=63): `s0` times the first half's dot plus `s1` times the second's (i32
     /// lanes, -128..=127).
     unsafe fn q6k(v: &[__m256i; 8], a: *const i8, s0: __m256i, s1: __m256i) -> __m256i;
@@ -323,6 +332,16 @@ impl Dots for Avx2 {
     }
 
     #[inline(always)]
+    unsafe fn q5k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i {
+        // Two sums of four: eight 5-bit terms may pass i16.
+        let p = pairs(sc, sc);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(sum16(v, a, 0, 4), p),
+            _mm256_madd_epi16(sum16(v, a, 4, 8), p),
+        )
+    }
+
+    #[inline(always)]
     unsafe fn q6k(v: &[__m256i; 8], a: *const i8, s0: __m256i, s1: __m256i) -> __m256i {
         let (p0, p1) = (pairs(s0, s0), pairs(s1, s1));
         let h0 = _mm256_add_epi32(
@@ -378,6 +397,11 @@ impl Dots for Vnni {
 
     #[inline(always)]
     unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i {
+        _mm256_mullo_epi32(dp(v, a, 0, 8), sc)
+    }
+
+    #[inline(always)]
+    unsafe fn q5k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i {
         _mm256_mullo_epi32(dp(v, a, 0, 8), sc)
     }
 
@@ -462,9 +486,10 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
         Q4_0 => Format::Q4_0,
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
+        Q5_1 => Format::Q5_1,
         _ => Format::Q8_0,
     };
-    let has_min = F == Q4_1;
+    let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
@@ -496,6 +521,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
                 let isum = match F {
                     Q4_0 => _mm256_sub_epi32(D::q4(v, a), _mm256_set1_epi32(8 * bsum)),
                     Q4_1 => D::q4(v, a),
+                    Q5_1 => D::q5(v, a),
                     Q5_0 => _mm256_sub_epi32(D::q5(v, a), _mm256_set1_epi32(16 * bsum)),
                     _ => _mm256_sub_epi32(D::q8(v, q, a), _mm256_set1_epi32(D::Q8_BIAS * bsum)),
                 };
@@ -545,8 +571,8 @@ unsafe fn pairs(x: __m256i, y: __m256i) -> __m256i {
     )
 }
 
-/// q4_K and q6_K: per super block, each 32-block's dot is scaled by its integer sub-block
-/// scales and summed in i32 (`isum`); q4_K's mins give `msum` = sum of `min * block sum`.
+/// q4_K, q5_K and q6_K: per super block, each 32-block's dot is scaled by its integer
+/// sub-block scales and summed in i32 (`isum`); q4_K's and q5_K's mins give `msum` = sum of `min * block sum`.
 /// One float term per super block: `(wd * ad) * isum (+ (wm * ad) * msum)`.
 #[inline(always)]
 unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
@@ -558,7 +584,12 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
+    let f = match F {
+        Q4K => Format::Q4K,
+        Q5K => Format::Q5K,
+        _ => Format::Q6K,
+    };
+    let has_min = F != Q6K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -580,11 +611,17 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 prefetch_run(gp, group.len(), s * sb + bi * per, per);
             }
             let v = weights::<F>(plane);
-            if F == Q4K {
+            if has_min {
                 // Sub-block scales, 0..=63.
                 let sc = bytes8(hdr.add(32 + 8 * bi), false);
                 each_row!(MT, i, {
-                    isum[i] = _mm256_add_epi32(isum[i], D::q4k(&v, r.q[i].add(b * QK), sc));
+                    let a = r.q[i].add(b * QK);
+                    let d = if F == Q4K {
+                        D::q4k(&v, a, sc)
+                    } else {
+                        D::q5k(&v, a, sc)
+                    };
+                    isum[i] = _mm256_add_epi32(isum[i], d);
                 });
             } else {
                 // Half-block scales: s0, s1 scale the half sums, the pair (s0, s1) the
@@ -602,7 +639,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
             }
         }
         let wd = half8(hdr);
-        if F == Q4K {
+        if has_min {
             // Mins (0..=63) of blocks 2p and 2p + 1 as i16 pairs against the pair of block sums.
             let mut msum = [_mm256_setzero_si256(); MT];
             for p in 0..bps / 2 {

@@ -1,6 +1,6 @@
 //! The GEMM on 512-bit vectors (AVX-512 F/BW/VL/VNNI): a tile is `P` pairs of adjacent
 //! repacked groups (16 weight rows each, group `2p` in lanes 0..8 and `2p + 1` in lanes 8..16)
-//! x up to 16 activation rows (q4_K up to 8: more spill its per-row sums). Sixteen
+//! x up to 16 activation rows (q4_K and q5_K up to 8: more spill their per-row sums). Sixteen
 //! rows unpack each block's weights once for twice the rows: 5-9 % faster than eight at batch
 //! 32 and in prefill on the Xeon. With two pairs (32 weight rows) each broadcast activation
 //! word feeds two `vpdpbusd`: 512-bit loads issue one per cycle where Intel's two ports run
@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::gemm::{
-    code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5_0, Q6K, Q8_0,
+    code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
@@ -77,14 +77,19 @@ unsafe fn tile<const P: usize>(t: &Tile) {
     let k_format = f.is_k();
     // The K formats run two-group tiles only (`run_groups`): their four-group tile measured
     // slower (16 weight vectors and each row's super-block sums outrun the registers).
-    assert!(P == 1 || !k_format, "q4_K/q6_K take two-group tiles");
-    assert!(mt <= 8 || code(f) != Q4K, "q4_K takes up to eight rows");
+    assert!(P == 1 || !k_format, "the K formats take two-group tiles");
+    assert!(
+        mt <= 8 || !matches!(f, Format::Q4K | Format::Q5K),
+        "q4_K and q5_K take up to eight rows"
+    );
     match code(f) {
         Q4_0 => go!(tile_n, Q4_0, P, 16),
         Q4_1 => go!(tile_n, Q4_1, P, 16),
         Q5_0 => go!(tile_n, Q5_0, P, 16),
+        Q5_1 => go!(tile_n, Q5_1, P, 16),
         Q8_0 => go!(tile_n, Q8_0, P, 16),
         Q4K => go!(tile_k, Q4K, 1),
+        Q5K => go!(tile_k, Q5K, 1),
         // Sixteen rows: 1115-1141 -> 1156-1161 GOP/s on 512 rows of q6_K (q4_K: 1420 -> 1270).
         _ => go!(tile_k, Q6K, 1, 16),
     }
@@ -146,7 +151,7 @@ unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
     }
     // `(x & m) | y` for `y` already masked, in one ternary-logic operation.
     const SELECT_OR: i32 = 0xEC;
-    if F == Q5_0 {
+    if F == Q5_0 || F == Q5_1 || F == Q5K {
         // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
         let hs = [
             _mm512_slli_epi16(c[4], 3),
@@ -239,9 +244,10 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
         Q4_0 => Format::Q4_0,
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
+        Q5_1 => Format::Q5_1,
         _ => Format::Q8_0,
     };
-    let has_min = F == Q4_1;
+    let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
     let r = acts.rows::<MT>(i0);
@@ -295,8 +301,9 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     store(&acc, nb, fzero, out, ldo, cols);
 }
 
-/// q4_K and q6_K as `gemm::tile_k`: per super block, the block dots times their integer
-/// sub-block scales summed in i32, q4_K's mins against pairs of block sums, one float term.
+/// q4_K, q5_K and q6_K as `gemm::tile_k`: per super block, the block dots times their
+/// integer sub-block scales summed in i32, the mins against pairs of block sums, one float
+/// term.
 #[inline(always)]
 unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     group: &[u8],
@@ -307,7 +314,12 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = if F == Q4K { Format::Q4K } else { Format::Q6K };
+    let f = match F {
+        Q4K => Format::Q4K,
+        Q5K => Format::Q5K,
+        _ => Format::Q6K,
+    };
+    let has_min = F != Q6K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -339,7 +351,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             for p in 0..P {
                 v[p] = weights::<F>(pl[p].0, pl[p].1);
             }
-            if F == Q4K {
+            if has_min {
+                // q4_K, q5_K: `vpdpbusd` sums the 5-bit values' products as the 4-bit ones.
                 let mut sc = [zero; P];
                 for p in 0..P {
                     sc[p] = bytes16(h[p].0.add(32 + 8 * bi), h[p].1.add(32 + 8 * bi), false);
@@ -378,7 +391,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
         for p in 0..P {
             wd[p] = half16(h[p].0, h[p].1);
         }
-        if F == Q4K {
+        if has_min {
             let mut msum = [[zero; P]; MT];
             for q in 0..bps / 2 {
                 let mut mp = [zero; P];
