@@ -21,9 +21,9 @@ use edgeprompt_engine::{Model, Sequence};
 mod common;
 use common::post_json;
 
-/// Each family, and a Llama whose every matrix is in one format: Q5_1 and Q5_K in the packed
-/// kernels, IQ4_XS kept as stored.
-const FAMILIES: [&str; 10] = [
+/// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
+/// gained after the first six.
+const FAMILIES: [&str; 12] = [
     "qwen3",
     "llama3",
     "granite",
@@ -32,7 +32,9 @@ const FAMILIES: [&str; 10] = [
     "gemma2",
     "qwen3moe",
     "fmt_q5_1",
+    "fmt_q3_k",
     "fmt_q5_k",
+    "fmt_iq4_nl",
     "fmt_iq4_xs",
 ];
 

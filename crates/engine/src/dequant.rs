@@ -1,15 +1,11 @@
-//! Matrices in the GGUF formats our packed kernels do not run (F16, BF16, Q2_K, Q3_K, IQ4_NL,
-//! IQ4_XS): kept as the file stores them, each row expanded to f32 when it is
+//! Matrices in the GGUF formats our packed kernels do not run (F16, BF16, Q2_K, Q3_K): kept
+//! as the file stores them, each row expanded to f32 when it is
 //! used and multiplied in a fixed order, so every output is the same whatever the batch.
 
 use half::{bf16, f16};
 
 use crate::gguf::Dtype;
-
-/// The 16 values of the non-linear 4-bit formats.
-const IQ4: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+use crate::kernels::IQ4;
 
 fn half_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()

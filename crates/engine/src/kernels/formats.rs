@@ -1,4 +1,5 @@
-//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K) and their unpacking to
+//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q5_1, q8_0, q3_K, q4_K, q5_K, q6_K, iq4_nl,
+//! iq4_xs) and their unpacking to
 //! blocks of 32 signed bytes with a float scale (and min), the form the dot kernel reads.
 
 use half::f16;
@@ -12,10 +13,18 @@ pub enum Format {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
+    IQ4NL,
+    IQ4XS,
 }
+
+/// The 16 values of the non-linear 4-bit formats (ggml's `kvalues_iq4nl`).
+pub(crate) const IQ4: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// The f16 at byte `i` of `b`, as f32.
 #[inline(always)]
@@ -27,7 +36,7 @@ impl Format {
     /// Values per stored block (32, or 256 for the K formats).
     pub fn block_values(self) -> usize {
         match self {
-            Format::Q4K | Format::Q5K | Format::Q6K => 256,
+            Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => 256,
             _ => QK,
         }
     }
@@ -39,9 +48,12 @@ impl Format {
             Format::Q5_0 => 2 + 4 + QK / 2,
             Format::Q5_1 => 4 + 4 + QK / 2,
             Format::Q8_0 => 2 + QK,
+            Format::Q3K => 32 + 64 + 12 + 2,
             Format::Q4K => 4 + 12 + 128,
             Format::Q5K => 4 + 12 + 32 + 128,
             Format::Q6K => 128 + 64 + 16 + 2,
+            Format::IQ4NL => 2 + QK / 2,
+            Format::IQ4XS => 2 + 2 + 4 + 128,
         }
     }
 
@@ -121,6 +133,42 @@ impl Format {
                         *q = v as i8;
                     }
                 }
+                Format::Q3K => {
+                    out.d[b0] = f16_at(blk, 108);
+                    out.m[b0] = 0.0;
+                    for j in 0..8 {
+                        out.mi[b0 + j] = 0;
+                        for h in 0..2 {
+                            out.sc[2 * (b0 + j) + h] = q3k_scale(blk, 2 * j + h) as i32 - 32;
+                        }
+                    }
+                    let mut v = [0u8; 256];
+                    q3k_values(blk, &mut v);
+                    for (q, v) in q.iter_mut().zip(v) {
+                        *q = v as i8 - 4;
+                    }
+                }
+                Format::IQ4NL => {
+                    out.d[b0] = f16_at(blk, 0);
+                    nibbles(&blk[2..18], 0, q);
+                    q.iter_mut().for_each(|v| *v = IQ4[*v as usize]);
+                }
+                Format::IQ4XS => {
+                    out.d[b0] = f16_at(blk, 0);
+                    out.m[b0] = 0.0;
+                    for j in 0..8 {
+                        let sc = iq4xs_scale(blk, j) as i32 - 32;
+                        out.sc[2 * (b0 + j)] = sc;
+                        out.sc[2 * (b0 + j) + 1] = sc;
+                        out.mi[b0 + j] = 0;
+                        nibbles(
+                            &blk[8 + 16 * j..24 + 16 * j],
+                            0,
+                            &mut q[32 * j..32 * (j + 1)],
+                        );
+                    }
+                    q.iter_mut().for_each(|v| *v = IQ4[*v as usize]);
+                }
                 Format::Q6K => {
                     let (ql, qh) = (&blk[0..128], &blk[128..192]);
                     let sc = &blk[192..208];
@@ -166,6 +214,40 @@ impl Format {
             })
             .collect()
     }
+}
+
+/// The 6-bit scale (32 above the signed one) of half block `i` (16 values) of a q3_K block:
+/// 4 bits in the first 8 of its 12 scale bytes, 2 in the last 4.
+#[inline(always)]
+pub(crate) fn q3k_scale(blk: &[u8], i: usize) -> u8 {
+    let s = &blk[96..108];
+    let low = if i < 8 { s[i] & 15 } else { s[i - 8] >> 4 };
+    low | ((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4
+}
+
+/// The unsigned values (0..8, 4 above the signed ones) of a q3_K block: value
+/// `128n + 32j + l` has its low 2 bits at bits `2j` of `qs[32n + l]` and its third bit at bit
+/// `4n + j` of `hmask[l]`.
+#[inline(always)]
+pub(crate) fn q3k_values(blk: &[u8], v: &mut [u8]) {
+    let (hm, qs) = (&blk[..32], &blk[32..96]);
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                let low = (qs[32 * n + l] >> (2 * j)) & 3;
+                let high = (hm[l] >> (4 * n + j)) & 1;
+                v[128 * n + 32 * j + l] = low | high << 2;
+            }
+        }
+    }
+}
+
+/// The 6-bit scale (32 above the signed one) of sub-block `j` of an iq4_xs block: 4 bits in
+/// `scales_l`, 2 in `scales_h`.
+#[inline(always)]
+pub(crate) fn iq4xs_scale(blk: &[u8], j: usize) -> u8 {
+    let high = u16::from_le_bytes([blk[2], blk[3]]);
+    ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (((high >> (2 * j)) & 3) as u8) << 4
 }
 
 /// ggml's packed 6-bit scale and min of sub-block `j` of a q4_K block.

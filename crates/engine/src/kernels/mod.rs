@@ -1,5 +1,5 @@
 //! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K,
-//! q5_K, q6_K).
+//! q5_K, q6_K, iq4_nl, iq4_xs).
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
@@ -32,6 +32,7 @@ use act_quant::Acts;
 pub(crate) use arena::Carver;
 pub use arena::Slab;
 pub use formats::Format;
+pub(crate) use formats::IQ4;
 pub use level::{Level, LEVEL};
 
 pub const QK: usize = 32;

@@ -3,7 +3,7 @@
 //! plain Rust that CPUs with no SIMD path run (`run_groups`).
 
 use super::act_quant::Acts;
-use super::formats::f16_at;
+use super::formats::{f16_at, IQ4};
 use super::repack::ROWS;
 use super::{Format, QMatrix, ACT_CHUNK, QK};
 #[cfg(test)]
@@ -114,7 +114,8 @@ const TILE_ROWS: usize = 4;
 /// row `r`'s value `4j + t` (values 0..16 from the low bits, 16..32 from the high bits).
 type Chunks = [[i8; QK]; 8];
 
-/// The chunks of one plane (`repack.rs`): unsigned values but q8_0's.
+/// The chunks of one plane (`repack.rs`): unsigned values but q8_0's and the iq4 formats'
+/// (looked up in `IQ4`).
 fn unpack(f: Format, p: &[u8]) -> Chunks {
     let mut v = [[0i8; QK]; 8];
     if f == Format::Q8_0 {
@@ -143,6 +144,9 @@ fn unpack(f: Format, p: &[u8]) -> Chunks {
             lo[j][k] = l as i8;
             hi[j][k] = h as i8;
         }
+    }
+    if matches!(f, Format::IQ4NL | Format::IQ4XS) {
+        v.iter_mut().flatten().for_each(|x| *x = IQ4[*x as usize]);
     }
     v
 }
@@ -238,15 +242,23 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
                         is[r] += d[r] * hdr[32 + 8 * bi + r] as i32;
                         ms[r] += hdr[96 + 8 * bi + r] as i32 * bsum;
                     }
+                } else if f == Format::IQ4XS {
+                    // Signed block scales (i8), signed values.
+                    let d = dots(&v, a, 0, 8);
+                    for r in 0..ROWS {
+                        is[r] += d[r] * hdr[16 + 8 * bi + r] as i8 as i32;
+                    }
                 } else {
-                    // Half-block scales (i8): s0 * (h0 - 32 hs0) + s1 * (h1 - 32 hs1).
+                    // Half-block scales (i8): s0 * (h0 - z hs0) + s1 * (h1 - z hs1), the zero
+                    // point z 32 (q6_K) or 4 (q3_K).
                     let (d0, d1) = (dots(&v, a, 0, 4), dots(&v, a, 4, 8));
                     let hp = acts.hpair[row * acts.nb + b];
-                    let (hs0, hs1) = (hp as i16 as i32, hp >> 16);
+                    let z = if f == Format::Q3K { 4 } else { 32 };
+                    let (hs0, hs1) = (z * (hp as i16 as i32), z * (hp >> 16));
                     for r in 0..ROWS {
                         let s0 = hdr[16 + 16 * bi + r] as i8 as i32;
                         let s1 = hdr[24 + 16 * bi + r] as i8 as i32;
-                        is[r] += s0 * (d0[r] - 32 * hs0) + s1 * (d1[r] - 32 * hs1);
+                        is[r] += s0 * (d0[r] - hs0) + s1 * (d1[r] - hs1);
                     }
                 }
             }

@@ -9,11 +9,15 @@
 //! A group is a run of super units (one 32-block, or a 256-value K block of 8 blocks):
 //! `[header][plane of block 0]..[plane of block bps-1]`.
 //!
-//! - header: q4_0/q5_0/q8_0 `d[8]` f16; q4_1/q5_1 `d[8] m[8]` f16; q4_K, q5_K `d[8] dmin[8]` f16,
-//!   `sc[8 blocks][8 rows]` u8, `m[8][8]` u8; q6_K `d[8]` f16, `sc[16 halves][8 rows]` i8.
+//! - header: q4_0/q5_0/q8_0/iq4_nl `d[8]` f16; q4_1/q5_1 `d[8] m[8]` f16; q4_K, q5_K
+//!   `d[8] dmin[8]` f16, `sc[8 blocks][8 rows]` u8, `m[8][8]` u8; q6_K `d[8]` f16,
+//!   `sc[16 halves][8 rows]` i8; q3_K as q6_K (its 6-bit scales less 32); iq4_xs `d[8]` f16,
+//!   `sc[8 blocks][8 rows]` i8 (signed).
+//! - the iq4 formats keep their 4-bit indices into `IQ4`; the kernels look the values up.
 //! - plane of a 32-block (values `v` unsigned, before any zero point), chunks of 32 bytes,
 //!   chunk byte `4r + t` for row `r`:
-//!   - q4_0, q4_1, q4_K: chunk `j` (0..4) = `v_r[4j + t] | v_r[16 + 4j + t] << 4`.
+//!   - q4_0, q4_1, q4_K, iq4_nl, iq4_xs, q3_K (3-bit values in nibbles): chunk `j` (0..4) =
+//!     `v_r[4j + t] | v_r[16 + 4j + t] << 4`.
 //!   - q5_0, q5_1, q5_K (5-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 7) << 5`,
 //!     chunk 4 bits `2i..2i + 2` = `v_r[16 + 4i + t] >> 3`.
 //!   - q6_K (6-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 3) << 6`,
@@ -28,7 +32,7 @@
 // Byte and value indices are the layout; index loops say it most plainly.
 #![allow(clippy::needless_range_loop)]
 
-use super::formats::{k_values, q4k_scale_min, Format};
+use super::formats::{iq4xs_scale, k_values, q3k_scale, q3k_values, q4k_scale_min, Format};
 use super::QK;
 use rayon::prelude::*;
 
@@ -43,17 +47,23 @@ impl Format {
 
     pub(crate) fn header_bytes(self) -> usize {
         match self {
-            Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => 16,
+            Format::Q4_0 | Format::Q5_0 | Format::Q8_0 | Format::IQ4NL => 16,
+            Format::IQ4XS => 16 + 64,
             Format::Q4_1 | Format::Q5_1 => 32,
             Format::Q4K | Format::Q5K => 32 + 128,
-            Format::Q6K => 16 + 128,
+            Format::Q3K | Format::Q6K => 16 + 128,
         }
     }
 
     /// Bytes of one 32-block's planes for a group.
     pub(crate) fn plane_bytes(self) -> usize {
         match self {
-            Format::Q4_0 | Format::Q4_1 | Format::Q4K => 128,
+            Format::Q4_0
+            | Format::Q4_1
+            | Format::Q4K
+            | Format::IQ4NL
+            | Format::IQ4XS
+            | Format::Q3K => 128,
             Format::Q5_0 | Format::Q5_1 | Format::Q5K => 160,
             Format::Q6K => 192,
             Format::Q8_0 => 256,
@@ -64,10 +74,11 @@ impl Format {
         self.header_bytes() + self.blocks_per_super() * self.plane_bytes()
     }
 
-    /// Unsigned quant values of one GGUF block (q8_0: the i8 bit patterns).
+    /// Unsigned quant values of one GGUF block (q8_0: the i8 bit patterns; the iq4 formats:
+    /// indices into `IQ4`).
     fn values(self, blk: &[u8], v: &mut [u8]) {
         match self {
-            Format::Q4_0 | Format::Q4_1 => {
+            Format::Q4_0 | Format::Q4_1 | Format::IQ4NL => {
                 let qs = &blk[self.block_bytes() - 16..];
                 for l in 0..16 {
                     v[l] = qs[l] & 15;
@@ -85,6 +96,15 @@ impl Format {
             }
             Format::Q8_0 => v[..32].copy_from_slice(&blk[2..34]),
             Format::Q4K | Format::Q5K => k_values(self, blk, v),
+            Format::Q3K => q3k_values(blk, v),
+            Format::IQ4XS => {
+                for (j, qs) in blk[8..136].chunks_exact(16).enumerate() {
+                    for (l, &x) in qs.iter().enumerate() {
+                        v[32 * j + l] = x & 15;
+                        v[32 * j + l + 16] = x >> 4;
+                    }
+                }
+            }
             Format::Q6K => {
                 let (ql, qh) = (&blk[0..128], &blk[128..192]);
                 for half in 0..2 {
@@ -104,7 +124,7 @@ impl Format {
     /// The inverse of `values`: quant bytes of one GGUF block from its values.
     fn encode(self, v: &[u8], blk: &mut [u8]) {
         match self {
-            Format::Q4_0 | Format::Q4_1 => {
+            Format::Q4_0 | Format::Q4_1 | Format::IQ4NL => {
                 let at = self.block_bytes() - 16;
                 for l in 0..16 {
                     blk[at + l] = v[l] | (v[l + 16] << 4);
@@ -136,6 +156,25 @@ impl Format {
                             h | (v[c * 64 + l] >> 4) << (2 * c)
                                 | (v[c * 64 + 32 + l] >> 4) << (2 * c + 1)
                         });
+                    }
+                }
+            }
+            Format::Q3K => {
+                blk[..96].fill(0);
+                for n in 0..2 {
+                    for j in 0..4 {
+                        for l in 0..32 {
+                            let x = v[128 * n + 32 * j + l];
+                            blk[32 + 32 * n + l] |= (x & 3) << (2 * j);
+                            blk[l] |= (x >> 2) << (4 * n + j);
+                        }
+                    }
+                }
+            }
+            Format::IQ4XS => {
+                for j in 0..8 {
+                    for l in 0..16 {
+                        blk[8 + 16 * j + l] = v[32 * j + l] | v[32 * j + l + 16] << 4;
                     }
                 }
             }
@@ -241,8 +280,17 @@ pub(crate) fn gguf_row(f: Format, k: usize, packed: &[u8], row: usize) -> Vec<u8
     out
 }
 
+/// Where a block's f16 `d` is.
+fn d_at(f: Format) -> usize {
+    match f {
+        Format::Q6K => 208,
+        Format::Q3K => 108,
+        _ => 0,
+    }
+}
+
 fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
-    let d_at = if f == Format::Q6K { 208 } else { 0 };
+    let d_at = d_at(f);
     for (r, blk) in blks.iter().enumerate() {
         h[2 * r..2 * r + 2].copy_from_slice(&blk[d_at..d_at + 2]);
         match f {
@@ -264,13 +312,24 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
                     h[16 + 8 * j + r] = blk[192 + j];
                 }
             }
+            // The signed scales, as i8.
+            Format::Q3K => {
+                for j in 0..16 {
+                    h[16 + 8 * j + r] = q3k_scale(blk, j).wrapping_sub(32);
+                }
+            }
+            Format::IQ4XS => {
+                for j in 0..8 {
+                    h[16 + 8 * j + r] = iq4xs_scale(blk, j).wrapping_sub(32);
+                }
+            }
             _ => {}
         }
     }
 }
 
 fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
-    let d_at = if f == Format::Q6K { 208 } else { 0 };
+    let d_at = d_at(f);
     blk[d_at..d_at + 2].copy_from_slice(&h[2 * r..2 * r + 2]);
     match f {
         Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => {
@@ -293,6 +352,30 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
         Format::Q6K => {
             for j in 0..16 {
                 blk[192 + j] = h[16 + 8 * j + r];
+            }
+        }
+        Format::Q3K => {
+            let ls: [u8; 16] = std::array::from_fn(|j| h[16 + 8 * j + r].wrapping_add(32));
+            let s = &mut blk[96..108];
+            s.fill(0);
+            for i in 0..16 {
+                if i < 8 {
+                    s[i] |= ls[i] & 15;
+                } else {
+                    s[i - 8] |= (ls[i] & 15) << 4;
+                }
+                s[8 + i % 4] |= (ls[i] >> 4) << (2 * (i / 4));
+            }
+        }
+        Format::IQ4XS => {
+            let ls: [u8; 8] = std::array::from_fn(|j| h[16 + 8 * j + r].wrapping_add(32));
+            let mut high = 0u16;
+            for j in 0..8 {
+                high |= ((ls[j] >> 4) as u16) << (2 * j);
+            }
+            blk[2..4].copy_from_slice(&high.to_le_bytes());
+            for j in 0..4 {
+                blk[4 + j] = (ls[2 * j] & 15) | (ls[2 * j + 1] & 15) << 4;
             }
         }
         _ => {}

@@ -18,7 +18,11 @@ fn random_gguf(format: Format, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
     for _ in 0..n * k / format.block_values() {
         let mut blk: Vec<u8> = (0..bb).map(|_| lcg(seed) as u8).collect();
         let d = half::f16::from_f32(0.001 + (lcg(seed) % 1000) as f32 * 1e-5).to_le_bytes();
-        let at = if format == Format::Q6K { 208 } else { 0 };
+        let at = match format {
+            Format::Q6K => 208,
+            Format::Q3K => 108,
+            _ => 0,
+        };
         blk[at..at + 2].copy_from_slice(&d);
         if format.has_min() {
             let m = half::f16::from_f32(0.01 * (lcg(seed) % 7) as f32).to_le_bytes();
@@ -35,7 +39,7 @@ fn random_x(m: usize, k: usize, seed: &mut u64) -> Vec<f32> {
         .collect()
 }
 
-const FORMATS: [Format; 8] = [
+const FORMATS: [Format; 11] = [
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
@@ -44,6 +48,9 @@ const FORMATS: [Format; 8] = [
     Format::Q4K,
     Format::Q5K,
     Format::Q6K,
+    Format::IQ4NL,
+    Format::IQ4XS,
+    Format::Q3K,
 ];
 
 #[test]
@@ -677,6 +684,9 @@ fn every_format_unpacks_as_the_reference_dequantizer() {
         ("q4_k", Format::Q4K),
         ("q5_k", Format::Q5K),
         ("q6_k", Format::Q6K),
+        ("iq4_nl", Format::IQ4NL),
+        ("iq4_xs", Format::IQ4XS),
+        ("q3_k", Format::Q3K),
     ] {
         let b = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
         let (per, size) = (f.block_values(), f.block_bytes());

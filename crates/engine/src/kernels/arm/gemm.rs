@@ -28,7 +28,7 @@ use std::arch::asm;
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 pub(crate) use crate::kernels::tile::{tile_rows, Tile};
-use crate::kernels::{Format, QK};
+use crate::kernels::{Format, IQ4, QK};
 
 /// A tile kernel of one level.
 pub(crate) type TileFn = unsafe fn(&Tile);
@@ -69,6 +69,9 @@ const Q4K: u8 = 4;
 const Q6K: u8 = 5;
 const Q5K: u8 = 6;
 const Q5_1: u8 = 7;
+const IQ4NL: u8 = 8;
+const IQ4XS: u8 = 9;
+const Q3K: u8 = 10;
 
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile) {
@@ -102,6 +105,9 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Format::Q4K => go!(tile_k, Q4K),
         Format::Q5K => go!(tile_k, Q5K),
         Format::Q6K => go!(tile_k, Q6K),
+        Format::IQ4NL => go!(tile_n, IQ4NL),
+        Format::IQ4XS => go!(tile_k, IQ4XS),
+        Format::Q3K => go!(tile_k, Q3K),
     }
 }
 
@@ -356,7 +362,7 @@ unsafe fn bytes8(p: *const u8, signed: bool) -> Rows8 {
 }
 
 /// The 8 weight chunks of one 32-block: `v[j]` holds each row's values `4j..4j + 4`
-/// (unsigned; q8_0 signed).
+/// (unsigned; q8_0 and the iq4 formats signed).
 #[inline(always)]
 unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
     let ld = |i: usize| [vld1q_u8(p.add(32 * i)), vld1q_u8(p.add(32 * i + 16))];
@@ -409,6 +415,13 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
             };
             v[j][h] = s(lo);
             v[j + 4][h] = s(hi);
+        }
+    }
+    if F == IQ4NL || F == IQ4XS {
+        // The values by index (`tbl`).
+        let t = vld1q_s8(IQ4.as_ptr());
+        for x in v.iter_mut().flatten() {
+            *x = vqtbl1q_s8(t, vreinterpretq_u8_s8(*x));
         }
     }
     v
@@ -476,6 +489,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
         Q5_1 => Format::Q5_1,
+        IQ4NL => Format::IQ4NL,
         _ => Format::Q8_0,
     };
     let has_min = F == Q4_1 || F == Q5_1;
@@ -484,7 +498,11 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
         Q5_0 => 16,
         _ => 0,
     };
-    let span = if F == Q8_0 { D::SPAN_Q8 } else { 8 };
+    let span = if F == Q8_0 || F == IQ4NL {
+        D::SPAN_Q8
+    } else {
+        8
+    };
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let r = acts.rows::<MT>(i0);
     let mut acc = [[[vdupq_n_f32(0.0); 2]; 8]; MT];
@@ -516,7 +534,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     store(&acc, out, ldo, cols);
 }
 
-/// q4_K, q5_K and q6_K: per super block, each 32-block's dot is scaled by its integer
+/// q4_K, q5_K, q6_K and iq4_xs: per super block, each 32-block's dot is scaled by its integer
 /// sub-block scales and summed in i32 (`isum`); q4_K's and q5_K's mins give `msum` = sum of `min * block sum`.
 /// One float term per super block: `(wd * ad) * isum (+ (wm * ad) * msum)`.
 #[inline(always)]
@@ -532,9 +550,11 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     let f = match F {
         Q4K => Format::Q4K,
         Q5K => Format::Q5K,
+        IQ4XS => Format::IQ4XS,
+        Q3K => Format::Q3K,
         _ => Format::Q6K,
     };
-    let has_min = F != Q6K;
+    let has_min = F == Q4K || F == Q5K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -564,16 +584,27 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                         isum[i][h] = vmlaq_s32(isum[i][h], d[i][h], sc[h]);
                     }
                 }
+            } else if F == IQ4XS {
+                // Signed block scales and values (the widening path sums them as q8_0's).
+                let sc = bytes8(hdr.add(16 + 8 * bi), true);
+                let d = dots_by::<D, MT, 0, 8>(&w, &a, D::SPAN_Q8);
+                for i in 0..MT {
+                    for h in 0..2 {
+                        isum[i][h] = vmlaq_s32(isum[i][h], d[i][h], sc[h]);
+                    }
+                }
             } else {
-                // Half-block scales: s0 * (h0 - 32 * hs0) + s1 * (h1 - 32 * hs1), exact i32.
+                // Half-block scales: s0 * (h0 - z * hs0) + s1 * (h1 - z * hs1), the zero point
+                // z 32 (q6_K) or 4 (q3_K), exact i32.
                 let s0 = bytes8(hdr.add(16 + 16 * bi), true);
                 let s1 = bytes8(hdr.add(24 + 16 * bi), true);
                 let d0 = dots_by::<D, MT, 0, 4>(&w, &a, D::SPAN_Q6);
                 let d1 = dots_by::<D, MT, 4, 8>(&w, &a, D::SPAN_Q6);
                 for i in 0..MT {
                     let hp = *r.hpair[i].add(b);
-                    let c0 = vdupq_n_s32(32 * (hp as i16 as i32));
-                    let c1 = vdupq_n_s32(32 * (hp >> 16));
+                    let z = if F == Q3K { 4 } else { 32 };
+                    let c0 = vdupq_n_s32(z * (hp as i16 as i32));
+                    let c1 = vdupq_n_s32(z * (hp >> 16));
                     for h in 0..2 {
                         let t = vmulq_s32(s0[h], vsubq_s32(d0[i][h], c0));
                         let t = vmlaq_s32(t, s1[h], vsubq_s32(d1[i][h], c1));

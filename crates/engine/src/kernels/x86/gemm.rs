@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 pub(crate) use crate::kernels::tile::{tile_rows, Tile};
-use crate::kernels::{Format, QK};
+use crate::kernels::{Format, IQ4, QK};
 
 /// Least distance streaming calls prefetch ahead.
 const AHEAD: usize = 12 << 10;
@@ -49,6 +49,14 @@ pub(crate) const Q4K: u8 = 4;
 pub(crate) const Q6K: u8 = 5;
 pub(crate) const Q5K: u8 = 6;
 pub(crate) const Q5_1: u8 = 7;
+pub(crate) const IQ4NL: u8 = 8;
+pub(crate) const IQ4XS: u8 = 9;
+pub(crate) const Q3K: u8 = 10;
+
+/// Formats whose weights are signed bytes, multiplied as q8_0's.
+pub(crate) const fn signed(f: u8) -> bool {
+    matches!(f, Q8_0 | IQ4NL | IQ4XS)
+}
 
 /// 32-byte chunks in a 32-block's plane of the packed-nibble formats (`repack.rs`): four of
 /// nibbles, one more for the 5-bit formats' top bits, two for q6_K's.
@@ -70,6 +78,9 @@ pub(crate) fn code(f: Format) -> u8 {
         Format::Q4K => Q4K,
         Format::Q5K => Q5K,
         Format::Q6K => Q6K,
+        Format::IQ4NL => IQ4NL,
+        Format::IQ4XS => IQ4XS,
+        Format::Q3K => Q3K,
     }
 }
 
@@ -134,6 +145,7 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q5_1 => tile_n::<D, Q5_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        IQ4NL => tile_n::<D, IQ4NL, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
     }
 }
@@ -169,7 +181,10 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Q5_1 => go!(tile_n, Q5_1, 1),
         Q8_0 => go!(tile_n, Q8_0, 1),
         Q4K => go!(tile_k, Q4K),
+        IQ4NL => go!(tile_n, IQ4NL, 1),
         Q5K => go!(tile_k, Q5K),
+        IQ4XS => go!(tile_k, IQ4XS),
+        Q3K => go!(tile_k, Q3K),
         _ => go!(tile_k, Q6K),
     }
 }
@@ -197,7 +212,7 @@ unsafe fn bytes8(p: *const u8, signed: bool) -> __m256i {
 }
 
 /// The 8 weight sub-vectors of one 32-block: `v[j]` lane `r` holds row `r`'s values
-/// `4j..4j + 4` (unsigned; q8_0 signed).
+/// `4j..4j + 4` (unsigned; q8_0 and the iq4 formats signed).
 #[inline(always)]
 unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
     let mut v = [_mm256_setzero_si256(); 8];
@@ -242,6 +257,13 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
         for j in 0..4 {
             v[j] = _mm256_and_si256(c[j], m4);
             v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(c[j], 4), m4);
+        }
+        if F == IQ4NL || F == IQ4XS {
+            // The 16 values by index, one table per 128-bit lane.
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4.as_ptr() as *const __m128i));
+            for vj in v.iter_mut() {
+                *vj = _mm256_shuffle_epi8(t, *vj);
+            }
         }
     }
     v
@@ -487,6 +509,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
         Q5_1 => Format::Q5_1,
+        IQ4NL => Format::IQ4NL,
         _ => Format::Q8_0,
     };
     let has_min = F == Q4_1 || F == Q5_1;
@@ -507,7 +530,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
                 wm[p] = half8(hdr.add(16));
             }
             v[p] = weights::<F>(hdr.add(hb));
-            q[p] = if F == Q8_0 { D::q8_prep(&v[p]) } else { v[p] };
+            q[p] = if signed(F) { D::q8_prep(&v[p]) } else { v[p] };
         }
         if MT == 1 || prefetch {
             prefetch_run(group.as_ptr(), group.len(), P * b * sb, P * sb);
@@ -587,9 +610,11 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     let f = match F {
         Q4K => Format::Q4K,
         Q5K => Format::Q5K,
+        IQ4XS => Format::IQ4XS,
+        Q3K => Format::Q3K,
         _ => Format::Q6K,
     };
-    let has_min = F != Q6K;
+    let has_min = F == Q4K || F == Q5K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -623,17 +648,31 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                     };
                     isum[i] = _mm256_add_epi32(isum[i], d);
                 });
+            } else if F == IQ4XS {
+                // Signed block scales and values: the block dot as q8_0's, times the scale.
+                let sc = bytes8(hdr.add(16 + 8 * bi), true);
+                let q = D::q8_prep(&v);
+                each_row!(MT, i, {
+                    let bias = _mm256_set1_epi32(D::Q8_BIAS * *r.bsum[i].add(b));
+                    let d = _mm256_sub_epi32(D::q8(&v, &q, r.q[i].add(b * QK)), bias);
+                    isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, sc));
+                });
             } else {
-                // Half-block scales: s0, s1 scale the half sums, the pair (s0, s1) the
-                // zero-point correction.
+                // q6_K, q3_K: half-block scales s0, s1 scale the half sums, the pair (s0, s1)
+                // the zero-point correction.
                 let s0 = bytes8(hdr.add(16 + 16 * bi), true);
                 let s1 = bytes8(hdr.add(24 + 16 * bi), true);
                 let sc01 = pairs(s0, s1);
                 each_row!(MT, i, {
-                    // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
+                    // s0 * h0 + s1 * h1 - z * (s0 * hs0 + s1 * hs1), z 32 or 4, exact i32.
                     let h = D::q6k(&v, r.q[i].add(b * QK), s0, s1);
                     let hs = _mm256_set1_epi32(*r.hpair[i].add(b));
-                    let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc01, hs), 5);
+                    let m = _mm256_madd_epi16(sc01, hs);
+                    let corr = if F == Q3K {
+                        _mm256_slli_epi32(m, 2)
+                    } else {
+                        _mm256_slli_epi32(m, 5)
+                    };
                     isum[i] = _mm256_add_epi32(isum[i], _mm256_sub_epi32(h, corr));
                 });
             }

@@ -18,11 +18,12 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::gemm::{
-    code, each_row, plane_chunks, prefetch_run, Tile, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    code, each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q3K, Q4K, Q4_0, Q4_1, Q5K,
+    Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
-use crate::kernels::{Format, QK};
+use crate::kernels::{Format, IQ4, QK};
 
 /// The tile over `t.group`, which holds two whole repacked groups back to back; `t.cols` (up
 /// to 16) of its columns are stored.
@@ -88,6 +89,9 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         Q5_0 => go!(tile_n, Q5_0, P, 16),
         Q5_1 => go!(tile_n, Q5_1, P, 16),
         Q8_0 => go!(tile_n, Q8_0, P, 16),
+        IQ4NL => go!(tile_n, IQ4NL, P, 16),
+        IQ4XS => go!(tile_k, IQ4XS, 1, 16),
+        Q3K => go!(tile_k, Q3K, 1, 16),
         Q4K => go!(tile_k, Q4K, 1),
         Q5K => go!(tile_k, Q5K, 1),
         // Sixteen rows: 1115-1141 -> 1156-1161 GOP/s on 512 rows of q6_K (q4_K: 1420 -> 1270).
@@ -185,6 +189,18 @@ unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
             v[j] = _mm512_and_si512(c[j], m4);
             v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(c[j], 4), m4);
         }
+        if F == IQ4NL || F == IQ4XS {
+            // The values by index, `+ 128` (unsigned for `dpbusd`, as q8_0's), a table per
+            // 128-bit lane.
+            let t = _mm_xor_si128(
+                _mm_loadu_si128(IQ4.as_ptr() as *const __m128i),
+                _mm_set1_epi8(-128),
+            );
+            let t = _mm512_broadcast_i32x4(t);
+            for vj in v.iter_mut() {
+                *vj = _mm512_shuffle_epi8(t, *vj);
+            }
+        }
     }
     v
 }
@@ -245,6 +261,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
         Q4_1 => Format::Q4_1,
         Q5_0 => Format::Q5_0,
         Q5_1 => Format::Q5_1,
+        IQ4NL => Format::IQ4NL,
         _ => Format::Q8_0,
     };
     let has_min = F == Q4_1 || F == Q5_1;
@@ -260,7 +277,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     let zero = match F {
         Q4_0 => 8,
         Q5_0 => 16,
-        Q8_0 => 128,
+        Q8_0 | IQ4NL => 128,
         _ => 0,
     };
     for b in 0..nb {
@@ -317,9 +334,11 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     let f = match F {
         Q4K => Format::Q4K,
         Q5K => Format::Q5K,
+        IQ4XS => Format::IQ4XS,
+        Q3K => Format::Q3K,
         _ => Format::Q6K,
     };
-    let has_min = F != Q6K;
+    let has_min = F == Q4K || F == Q5K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -364,6 +383,20 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                         isum[i][p] = _mm512_add_epi32(isum[i][p], d);
                     }
                 });
+            } else if F == IQ4XS {
+                // Signed block scales; the values `+ 128` (`weights`), taken off with the sum.
+                let mut sc = [zero; P];
+                for p in 0..P {
+                    sc[p] = bytes16(h[p].0.add(16 + 8 * bi), h[p].1.add(16 + 8 * bi), true);
+                }
+                each_row!(MT, i, {
+                    let init = _mm512_set1_epi32(-128 * *r.bsum[i].add(b));
+                    let d = dp(&v, r.q[i].add(b * QK), 0, 8, init);
+                    for p in 0..P {
+                        let d = _mm512_mullo_epi32(d[p], sc[p]);
+                        isum[i][p] = _mm512_add_epi32(isum[i][p], d);
+                    }
+                });
             } else {
                 let (mut s0, mut s1, mut sc01) = ([zero; P], [zero; P], [zero; P]);
                 for p in 0..P {
@@ -372,7 +405,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                     sc01[p] = pairs(s0[p], s1[p]);
                 }
                 each_row!(MT, i, {
-                    // s0 * h0 + s1 * h1 - 32 * (s0 * hs0 + s1 * hs1), all exact i32.
+                    // s0 * h0 + s1 * h1 - z * (s0 * hs0 + s1 * hs1), z 32 (q6_K) or 4 (q3_K),
+                    // all exact i32.
                     let a = r.q[i].add(b * QK);
                     let (d0, d1) = (dp(&v, a, 0, 4, zero), dp(&v, a, 4, 8, zero));
                     let hs = _mm512_set1_epi32(*r.hpair[i].add(b));
@@ -381,7 +415,12 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                             _mm512_mullo_epi32(d0[p], s0[p]),
                             _mm512_mullo_epi32(d1[p], s1[p]),
                         );
-                        let corr = _mm512_slli_epi32(_mm512_madd_epi16(sc01[p], hs), 5);
+                        let m = _mm512_madd_epi16(sc01[p], hs);
+                        let corr = if F == Q3K {
+                            _mm512_slli_epi32(m, 2)
+                        } else {
+                            _mm512_slli_epi32(m, 5)
+                        };
                         isum[i][p] = _mm512_add_epi32(isum[i][p], _mm512_sub_epi32(h, corr));
                     }
                 });
