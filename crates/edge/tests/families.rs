@@ -23,7 +23,7 @@ use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
 /// gained after the first six.
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
     "qwen3",
     "llama3",
     "granite",
@@ -32,6 +32,7 @@ const FAMILIES: [&str; 12] = [
     "gemma2",
     "qwen3moe",
     "fmt_q5_1",
+    "fmt_q2_k",
     "fmt_q3_k",
     "fmt_q5_k",
     "fmt_iq4_nl",

@@ -1,5 +1,5 @@
-//! Matrices in the GGUF formats our packed kernels do not run (F16, BF16, Q2_K, Q3_K): kept
-//! as the file stores them, each row expanded to f32 when it is
+//! Matrices in the GGUF formats our packed kernels do not run (F16, BF16): kept as the file
+//! stores them, each row expanded to f32 when it is
 //! used and multiplied in a fixed order, so every output is the same whatever the batch.
 
 use half::{bf16, f16};

@@ -39,6 +39,7 @@ fn own_format(dtype: Dtype) -> Option<Format> {
         Dtype::Q5_0 => Some(Format::Q5_0),
         Dtype::Q5_1 => Some(Format::Q5_1),
         Dtype::Q8_0 => Some(Format::Q8_0),
+        Dtype::Q2K => Some(Format::Q2K),
         Dtype::Q3K => Some(Format::Q3K),
         Dtype::Q4K => Some(Format::Q4K),
         Dtype::Q5K => Some(Format::Q5K),

@@ -21,8 +21,8 @@ const ARCHS: [&str; 7] = [
     "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe",
 ];
 
-/// Every matrix of a small Llama in one GGUF format: f16, bf16 and q2_K kept as stored and
-/// expanded a row at a time, the rest in our packed kernels.
+/// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded
+/// a row at a time, the rest in our packed kernels.
 const FORMATS: [&str; 8] = [
     "fmt_f16",
     "fmt_bf16",

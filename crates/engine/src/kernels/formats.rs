@@ -1,5 +1,5 @@
-//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q5_1, q8_0, q3_K, q4_K, q5_K, q6_K, iq4_nl,
-//! iq4_xs) and their unpacking to
+//! GGUF block layouts (ggml's q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K,
+//! iq4_nl, iq4_xs) and their unpacking to
 //! blocks of 32 signed bytes with a float scale (and min), the form the dot kernel reads.
 
 use half::f16;
@@ -13,6 +13,7 @@ pub enum Format {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2K,
     Q3K,
     Q4K,
     Q5K,
@@ -36,7 +37,9 @@ impl Format {
     /// Values per stored block (32, or 256 for the K formats).
     pub fn block_values(self) -> usize {
         match self {
-            Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => 256,
+            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
+                256
+            }
             _ => QK,
         }
     }
@@ -48,6 +51,7 @@ impl Format {
             Format::Q5_0 => 2 + 4 + QK / 2,
             Format::Q5_1 => 4 + 4 + QK / 2,
             Format::Q8_0 => 2 + QK,
+            Format::Q2K => 16 + 64 + 2 + 2,
             Format::Q3K => 32 + 64 + 12 + 2,
             Format::Q4K => 4 + 12 + 128,
             Format::Q5K => 4 + 12 + 32 + 128,
@@ -61,7 +65,7 @@ impl Format {
     pub fn has_min(self) -> bool {
         matches!(
             self,
-            Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K
+            Format::Q4_1 | Format::Q5_1 | Format::Q2K | Format::Q4K | Format::Q5K
         )
     }
 
@@ -125,10 +129,25 @@ impl Format {
                         let (sc, m) = q4k_scale_min(scales, j);
                         out.sc[2 * (b0 + j)] = sc as i32;
                         out.sc[2 * (b0 + j) + 1] = sc as i32;
-                        out.mi[b0 + j] = m as i32;
+                        out.mi[2 * (b0 + j)] = m as i32;
+                        out.mi[2 * (b0 + j) + 1] = m as i32;
                     }
                     let mut v = [0u8; 256];
                     k_values(self, blk, &mut v);
+                    for (q, v) in q.iter_mut().zip(v) {
+                        *q = v as i8;
+                    }
+                }
+                Format::Q2K => {
+                    out.d[b0] = f16_at(blk, 80);
+                    out.m[b0] = -f16_at(blk, 82);
+                    // A byte per half block: the scale in the low nibble, the min above.
+                    for (h, &s) in blk[..16].iter().enumerate() {
+                        out.sc[2 * b0 + h] = (s & 15) as i32;
+                        out.mi[2 * b0 + h] = (s >> 4) as i32;
+                    }
+                    let mut v = [0u8; 256];
+                    q2k_values(blk, &mut v);
                     for (q, v) in q.iter_mut().zip(v) {
                         *q = v as i8;
                     }
@@ -137,8 +156,8 @@ impl Format {
                     out.d[b0] = f16_at(blk, 108);
                     out.m[b0] = 0.0;
                     for j in 0..8 {
-                        out.mi[b0 + j] = 0;
                         for h in 0..2 {
+                            out.mi[2 * (b0 + j) + h] = 0;
                             out.sc[2 * (b0 + j) + h] = q3k_scale(blk, 2 * j + h) as i32 - 32;
                         }
                     }
@@ -160,7 +179,8 @@ impl Format {
                         let sc = iq4xs_scale(blk, j) as i32 - 32;
                         out.sc[2 * (b0 + j)] = sc;
                         out.sc[2 * (b0 + j) + 1] = sc;
-                        out.mi[b0 + j] = 0;
+                        out.mi[2 * (b0 + j)] = 0;
+                        out.mi[2 * (b0 + j) + 1] = 0;
                         nibbles(
                             &blk[8 + 16 * j..24 + 16 * j],
                             0,
@@ -175,7 +195,8 @@ impl Format {
                     out.d[b0] = f16_at(blk, 208);
                     out.m[b0] = 0.0;
                     for j in 0..8 {
-                        out.mi[b0 + j] = 0;
+                        out.mi[2 * (b0 + j)] = 0;
+                        out.mi[2 * (b0 + j) + 1] = 0;
                         out.sc[2 * (b0 + j)] = sc[2 * j] as i8 as i32;
                         out.sc[2 * (b0 + j) + 1] = sc[2 * j + 1] as i8 as i32;
                     }
@@ -206,8 +227,8 @@ impl Format {
                 let b = i / QK;
                 if self.is_k() {
                     let s = b - b % per;
-                    let sc = un.sc[2 * b + (i % QK) / 16] as f32;
-                    (un.d[s] * sc) * q as f32 + un.m[s] * un.mi[b] as f32
+                    let h = 2 * b + (i % QK) / 16;
+                    (un.d[s] * un.sc[h] as f32) * q as f32 + un.m[s] * un.mi[h] as f32
                 } else {
                     un.d[b] * q as f32 + un.m[b]
                 }
@@ -223,6 +244,19 @@ pub(crate) fn q3k_scale(blk: &[u8], i: usize) -> u8 {
     let s = &blk[96..108];
     let low = if i < 8 { s[i] & 15 } else { s[i - 8] >> 4 };
     low | ((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4
+}
+
+/// The values (0..4) of a q2_K block: value `128n + 32j + l` at bits `2j` of `qs[32n + l]`.
+#[inline(always)]
+pub(crate) fn q2k_values(blk: &[u8], v: &mut [u8]) {
+    let qs = &blk[16..80];
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                v[128 * n + 32 * j + l] = (qs[32 * n + l] >> (2 * j)) & 3;
+            }
+        }
+    }
 }
 
 /// The unsigned values (0..8, 4 above the signed ones) of a q3_K block: value

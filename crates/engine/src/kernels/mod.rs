@@ -1,5 +1,5 @@
-//! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K,
-//! q5_K, q6_K, iq4_nl, iq4_xs).
+//! Quantized matrix multiply for the GGUF block formats (q4_0, q4_1, q5_0, q5_1, q8_0, q2_K,
+//! q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs).
 //!
 //! Activations are quantized per row to 8-bit blocks of 32 with an f32 scale. For each block
 //! pair the integer dot product is exact; blocks are then accumulated as floats in one
@@ -47,8 +47,8 @@ pub struct QMatrix {
 
 /// A weight row unpacked to one i8 per value: the scalar reference path's form. 32-block
 /// formats: float scale `d` and min `m` per block (`sc` all one). K formats: `d` and `m` (the
-/// negated `dmin`) per 256-value super block at its index, integer scales per half block in
-/// `sc` and integer mins per block in `mi`, all folded into the exact integer super-block sum.
+/// negated `dmin`) per 256-value super block at its index, integer scales and mins per half
+/// block in `sc` and `mi`, all folded into the exact integer super-block sum.
 #[derive(Clone)]
 struct Unpacked {
     // Read by the reference dot (tests); `dequantize` needs only the values and scales.
@@ -70,7 +70,7 @@ impl Unpacked {
             d: vec![0.0; nb],
             m: vec![0.0; nb],
             sc: vec![1; 2 * nb],
-            mi: vec![0; nb],
+            mi: vec![0; 2 * nb],
         }
     }
 }

@@ -52,8 +52,11 @@ pub(super) fn dot_scalar(w: &Unpacked, a: &QuantRow, f: Format) -> f32 {
             let (mut isum, mut msum) = (0i32, 0i32);
             for b in s * per..(s + 1) * per {
                 isum += w.sc[2 * b] * half(w, a, b, 0) + w.sc[2 * b + 1] * half(w, a, b, 1);
-                let bsum: i32 = a.q[b * QK..(b + 1) * QK].iter().map(|&q| q as i32).sum();
-                msum += w.mi[b] * bsum;
+                for h in 0..2 {
+                    let r = b * QK + 16 * h..b * QK + 16 * (h + 1);
+                    let hsum: i32 = a.q[r].iter().map(|&q| q as i32).sum();
+                    msum += w.mi[2 * b + h] * hsum;
+                }
             }
             let b0 = s * per;
             let mut t = (w.d[b0] * a.d[s]) * isum as f32;
@@ -122,6 +125,15 @@ fn unpack(f: Format, p: &[u8]) -> Chunks {
         for (j, vj) in v.iter_mut().enumerate() {
             for (x, &b) in vj.iter_mut().zip(&p[QK * j..QK * (j + 1)]) {
                 *x = b as i8;
+            }
+        }
+        return v;
+    }
+    if f == Format::Q2K {
+        // 2-bit values: chunk `j / 4`, bits `2 (j % 4)`.
+        for (j, vj) in v.iter_mut().enumerate() {
+            for (x, &b) in vj.iter_mut().zip(&p[QK * (j / 4)..QK * (j / 4 + 1)]) {
+                *x = ((b >> (2 * (j % 4))) & 3) as i8;
             }
         }
         return v;
@@ -234,13 +246,23 @@ fn tile_k(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS
             {
                 let row = i0 + i;
                 let a = &acts.q[row * acts.row_stride + b * QK..][..QK];
-                if f.has_min() {
-                    // q4_K, q5_K: sub-block scales and mins, 0..=63.
+                if matches!(f, Format::Q4K | Format::Q5K) {
+                    // Sub-block scales and mins, 0..=63.
                     let d = dots(&v, a, 0, 8);
                     let bsum = acts.bsum[row * acts.nb + b];
                     for r in 0..ROWS {
                         is[r] += d[r] * hdr[32 + 8 * bi + r] as i32;
                         ms[r] += hdr[96 + 8 * bi + r] as i32 * bsum;
+                    }
+                } else if f == Format::Q2K {
+                    // Half-block scales and mins, 0..=15: a byte each, the min above.
+                    let (d0, d1) = (dots(&v, a, 0, 4), dots(&v, a, 4, 8));
+                    let hp = acts.hpair[row * acts.nb + b];
+                    let (hs0, hs1) = (hp as i16 as i32, hp >> 16);
+                    for r in 0..ROWS {
+                        let (x0, x1) = (hdr[32 + 16 * bi + r] as i32, hdr[40 + 16 * bi + r] as i32);
+                        is[r] += (x0 & 15) * d0[r] + (x1 & 15) * d1[r];
+                        ms[r] += (x0 >> 4) * hs0 + (x1 >> 4) * hs1;
                     }
                 } else if f == Format::IQ4XS {
                     // Signed block scales (i8), signed values.

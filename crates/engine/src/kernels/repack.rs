@@ -11,7 +11,8 @@
 //!
 //! - header: q4_0/q5_0/q8_0/iq4_nl `d[8]` f16; q4_1/q5_1 `d[8] m[8]` f16; q4_K, q5_K
 //!   `d[8] dmin[8]` f16, `sc[8 blocks][8 rows]` u8, `m[8][8]` u8; q6_K `d[8]` f16,
-//!   `sc[16 halves][8 rows]` i8; q3_K as q6_K (its 6-bit scales less 32); iq4_xs `d[8]` f16,
+//!   `sc[16 halves][8 rows]` i8; q3_K as q6_K (its 6-bit scales less 32); q2_K `d[8] dmin[8]`
+//!   f16, `scale | min << 4[16 halves][8 rows]` u8 (as stored); iq4_xs `d[8]` f16,
 //!   `sc[8 blocks][8 rows]` i8 (signed).
 //! - the iq4 formats keep their 4-bit indices into `IQ4`; the kernels look the values up.
 //! - plane of a 32-block (values `v` unsigned, before any zero point), chunks of 32 bytes,
@@ -23,6 +24,8 @@
 //!   - q6_K (6-bit values): chunk `j` (0..4) = `v_r[4j + t] | (v_r[16 + 4j + t] & 3) << 6`,
 //!     chunk `4 + c` (c 0..2) = `v_r[16 + 8c + t] >> 2 | (v_r[20 + 8c + t] >> 2) << 4`.
 //!   - q8_0: chunk `j` (0..8) = `v_r[4j + t]`.
+//!   - q2_K (2-bit values): chunk `c` (0..2) = `v_r[16c + t] | v_r[16c + 4 + t] << 2 |
+//!     v_r[16c + 8 + t] << 4 | v_r[16c + 12 + t] << 6`.
 //!
 //!   The first four values of every byte of the wide formats come out with one `and`, the
 //!   other four with two shifts, two `and`s and an `or`, with no bit crossing a byte boundary
@@ -32,7 +35,9 @@
 // Byte and value indices are the layout; index loops say it most plainly.
 #![allow(clippy::needless_range_loop)]
 
-use super::formats::{iq4xs_scale, k_values, q3k_scale, q3k_values, q4k_scale_min, Format};
+use super::formats::{
+    iq4xs_scale, k_values, q2k_values, q3k_scale, q3k_values, q4k_scale_min, Format,
+};
 use super::QK;
 use rayon::prelude::*;
 
@@ -50,7 +55,7 @@ impl Format {
             Format::Q4_0 | Format::Q5_0 | Format::Q8_0 | Format::IQ4NL => 16,
             Format::IQ4XS => 16 + 64,
             Format::Q4_1 | Format::Q5_1 => 32,
-            Format::Q4K | Format::Q5K => 32 + 128,
+            Format::Q4K | Format::Q5K | Format::Q2K => 32 + 128,
             Format::Q3K | Format::Q6K => 16 + 128,
         }
     }
@@ -65,6 +70,7 @@ impl Format {
             | Format::IQ4XS
             | Format::Q3K => 128,
             Format::Q5_0 | Format::Q5_1 | Format::Q5K => 160,
+            Format::Q2K => 64,
             Format::Q6K => 192,
             Format::Q8_0 => 256,
         }
@@ -97,6 +103,7 @@ impl Format {
             Format::Q8_0 => v[..32].copy_from_slice(&blk[2..34]),
             Format::Q4K | Format::Q5K => k_values(self, blk, v),
             Format::Q3K => q3k_values(blk, v),
+            Format::Q2K => q2k_values(blk, v),
             Format::IQ4XS => {
                 for (j, qs) in blk[8..136].chunks_exact(16).enumerate() {
                     for (l, &x) in qs.iter().enumerate() {
@@ -156,6 +163,16 @@ impl Format {
                             h | (v[c * 64 + l] >> 4) << (2 * c)
                                 | (v[c * 64 + 32 + l] >> 4) << (2 * c + 1)
                         });
+                    }
+                }
+            }
+            Format::Q2K => {
+                blk[16..80].fill(0);
+                for n in 0..2 {
+                    for j in 0..4 {
+                        for l in 0..32 {
+                            blk[16 + 32 * n + l] |= v[128 * n + 32 * j + l] << (2 * j);
+                        }
                     }
                 }
             }
@@ -285,6 +302,7 @@ fn d_at(f: Format) -> usize {
     match f {
         Format::Q6K => 208,
         Format::Q3K => 108,
+        Format::Q2K => 80,
         _ => 0,
     }
 }
@@ -297,6 +315,7 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
             Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => {
                 h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4])
             }
+            Format::Q2K => h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[82..84]),
             _ => {}
         }
         match f {
@@ -310,6 +329,12 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
             Format::Q6K => {
                 for j in 0..16 {
                     h[16 + 8 * j + r] = blk[192 + j];
+                }
+            }
+            // A byte per half block, as stored.
+            Format::Q2K => {
+                for j in 0..16 {
+                    h[32 + 8 * j + r] = blk[j];
                 }
             }
             // The signed scales, as i8.
@@ -335,6 +360,7 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
         Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => {
             blk[2..4].copy_from_slice(&h[16 + 2 * r..18 + 2 * r])
         }
+        Format::Q2K => blk[82..84].copy_from_slice(&h[16 + 2 * r..18 + 2 * r]),
         _ => {}
     }
     match f {
@@ -352,6 +378,11 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
         Format::Q6K => {
             for j in 0..16 {
                 blk[192 + j] = h[16 + 8 * j + r];
+            }
+        }
+        Format::Q2K => {
+            for j in 0..16 {
+                blk[j] = h[32 + 8 * j + r];
             }
         }
         Format::Q3K => {
@@ -383,6 +414,16 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
 }
 
 fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
+    if f == Format::Q2K {
+        for (r, vr) in v.iter().enumerate() {
+            for j in 0..8 {
+                for t in 0..4 {
+                    p[32 * (j / 4) + 4 * r + t] |= vr[4 * j + t] << (2 * (j % 4));
+                }
+            }
+        }
+        return;
+    }
     if f == Format::Q8_0 {
         for j in 0..8 {
             for (r, vr) in v.iter().enumerate() {
@@ -414,6 +455,14 @@ fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
 }
 
 fn read_plane(f: Format, p: &[u8], r: usize, v: &mut [u8]) {
+    if f == Format::Q2K {
+        for j in 0..8 {
+            for t in 0..4 {
+                v[4 * j + t] = (p[32 * (j / 4) + 4 * r + t] >> (2 * (j % 4))) & 3;
+            }
+        }
+        return;
+    }
     if f == Format::Q8_0 {
         for j in 0..8 {
             for t in 0..4 {

@@ -21,12 +21,13 @@ fn random_gguf(format: Format, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
         let at = match format {
             Format::Q6K => 208,
             Format::Q3K => 108,
+            Format::Q2K => 80,
             _ => 0,
         };
         blk[at..at + 2].copy_from_slice(&d);
         if format.has_min() {
             let m = half::f16::from_f32(0.01 * (lcg(seed) % 7) as f32).to_le_bytes();
-            blk[2..4].copy_from_slice(&m);
+            blk[at + 2..at + 4].copy_from_slice(&m);
         }
         data.extend(blk);
     }
@@ -39,7 +40,7 @@ fn random_x(m: usize, k: usize, seed: &mut u64) -> Vec<f32> {
         .collect()
 }
 
-const FORMATS: [Format; 11] = [
+const FORMATS: [Format; 12] = [
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
@@ -51,6 +52,7 @@ const FORMATS: [Format; 11] = [
     Format::IQ4NL,
     Format::IQ4XS,
     Format::Q3K,
+    Format::Q2K,
 ];
 
 #[test]
@@ -687,6 +689,7 @@ fn every_format_unpacks_as_the_reference_dequantizer() {
         ("iq4_nl", Format::IQ4NL),
         ("iq4_xs", Format::IQ4XS),
         ("q3_k", Format::Q3K),
+        ("q2_k", Format::Q2K),
     ] {
         let b = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
         let (per, size) = (f.block_values(), f.block_bytes());

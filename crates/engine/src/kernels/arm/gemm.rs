@@ -72,6 +72,7 @@ const Q5_1: u8 = 7;
 const IQ4NL: u8 = 8;
 const IQ4XS: u8 = 9;
 const Q3K: u8 = 10;
+const Q2K: u8 = 11;
 
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile) {
@@ -108,6 +109,7 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Format::IQ4NL => go!(tile_n, IQ4NL),
         Format::IQ4XS => go!(tile_k, IQ4XS),
         Format::Q3K => go!(tile_k, Q3K),
+        Format::Q2K => go!(tile_k, Q2K),
     }
 }
 
@@ -375,6 +377,19 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
         }
         return v;
     }
+    if F == Q2K {
+        // Four 2-bit values a byte, in two chunks.
+        let m2 = vdupq_n_u8(3);
+        for c in 0..2 {
+            for (h, x) in ld(c).into_iter().enumerate() {
+                v[4 * c][h] = s(vandq_u8(x, m2));
+                v[4 * c + 1][h] = s(vandq_u8(vshrq_n_u8::<2>(x), m2));
+                v[4 * c + 2][h] = s(vandq_u8(vshrq_n_u8::<4>(x), m2));
+                v[4 * c + 3][h] = s(vshrq_n_u8::<6>(x));
+            }
+        }
+        return v;
+    }
     let c: [[uint8x16_t; 2]; 4] = std::array::from_fn(ld);
     for j in 0..4 {
         for h in 0..2 {
@@ -552,9 +567,12 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         Q5K => Format::Q5K,
         IQ4XS => Format::IQ4XS,
         Q3K => Format::Q3K,
+        Q2K => Format::Q2K,
         _ => Format::Q6K,
     };
+    // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
+    let mins = has_min || F == Q2K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -567,6 +585,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     for s in 0..acts.ns {
         let hdr = gp.add(s * sb);
         let mut isum = [[vdupq_n_s32(0); 2]; MT];
+        let mut msum = [[vdupq_n_s32(0); 2]; MT];
         for bi in 0..bps {
             let b = s * bps + bi;
             if MT == 1 || prefetch {
@@ -582,6 +601,28 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 for i in 0..MT {
                     for h in 0..2 {
                         isum[i][h] = vmlaq_s32(isum[i][h], d[i][h], sc[h]);
+                    }
+                }
+            } else if F == Q2K {
+                // A byte per half block, the scale (0..=15) below the min: the scales times
+                // the half dots, the mins times the half sums.
+                let (x0, x1) = (
+                    bytes8(hdr.add(32 + 16 * bi), false),
+                    bytes8(hdr.add(40 + 16 * bi), false),
+                );
+                let d0 = dots_by::<D, MT, 0, 4>(&w, &a, D::SPAN_Q6);
+                let d1 = dots_by::<D, MT, 4, 8>(&w, &a, D::SPAN_Q6);
+                let m15 = vdupq_n_s32(15);
+                for i in 0..MT {
+                    let hp = *r.hpair[i].add(b);
+                    let (hs0, hs1) = (hp as i16 as i32, hp >> 16);
+                    for h in 0..2 {
+                        let t = vmulq_s32(vandq_s32(x0[h], m15), d0[i][h]);
+                        isum[i][h] =
+                            vaddq_s32(isum[i][h], vmlaq_s32(t, vandq_s32(x1[h], m15), d1[i][h]));
+                        let m = vmulq_n_s32(vshrq_n_s32::<4>(x0[h]), hs0);
+                        msum[i][h] =
+                            vaddq_s32(msum[i][h], vmlaq_n_s32(m, vshrq_n_s32::<4>(x1[h]), hs1));
                     }
                 }
             } else if F == IQ4XS {
@@ -616,7 +657,6 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         let wd = half8(hdr);
         if has_min {
             // Mins (0..=63) of each block times the block's activation sum.
-            let mut msum = [[vdupq_n_s32(0); 2]; MT];
             for bi in 0..bps {
                 let m = bytes8(hdr.add(96 + 8 * bi), false);
                 for i in 0..MT {
@@ -626,6 +666,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                     }
                 }
             }
+        }
+        if mins {
             let dm = half8(hdr.add(16));
             for i in 0..MT {
                 let da = vdupq_n_f32(*r.d[i].add(s));

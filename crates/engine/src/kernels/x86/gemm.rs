@@ -52,6 +52,7 @@ pub(crate) const Q5_1: u8 = 7;
 pub(crate) const IQ4NL: u8 = 8;
 pub(crate) const IQ4XS: u8 = 9;
 pub(crate) const Q3K: u8 = 10;
+pub(crate) const Q2K: u8 = 11;
 
 /// Formats whose weights are signed bytes, multiplied as q8_0's.
 pub(crate) const fn signed(f: u8) -> bool {
@@ -59,9 +60,11 @@ pub(crate) const fn signed(f: u8) -> bool {
 }
 
 /// 32-byte chunks in a 32-block's plane of the packed-nibble formats (`repack.rs`): four of
-/// nibbles, one more for the 5-bit formats' top bits, two for q6_K's.
+/// nibbles, one more for the 5-bit formats' top bits, two for q6_K's; q2_K's two of 2-bit
+/// values.
 pub(crate) const fn plane_chunks(f: u8) -> usize {
     match f {
+        Q2K => 2,
         Q5_0 | Q5_1 | Q5K => 5,
         Q6K => 6,
         _ => 4,
@@ -81,6 +84,7 @@ pub(crate) fn code(f: Format) -> u8 {
         Format::IQ4NL => IQ4NL,
         Format::IQ4XS => IQ4XS,
         Format::Q3K => Q3K,
+        Format::Q2K => Q2K,
     }
 }
 
@@ -185,6 +189,7 @@ unsafe fn tile<D: Dots>(t: &Tile) {
         Q5K => go!(tile_k, Q5K),
         IQ4XS => go!(tile_k, IQ4XS),
         Q3K => go!(tile_k, Q3K),
+        Q2K => go!(tile_k, Q2K),
         _ => go!(tile_k, Q6K),
     }
 }
@@ -226,7 +231,16 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [__m256i; 8] {
     for (i, ci) in c.iter_mut().enumerate().take(plane_chunks(F)) {
         *ci = _mm256_loadu_si256(p.add(32 * i) as *const __m256i);
     }
-    if F == Q5_0 || F == Q5_1 || F == Q5K {
+    if F == Q2K {
+        // Four 2-bit values a byte.
+        let m2 = _mm256_set1_epi8(0x03);
+        for (h, ch) in c.iter().take(2).enumerate() {
+            v[4 * h] = _mm256_and_si256(*ch, m2);
+            v[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(*ch, 2), m2);
+            v[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(*ch, 4), m2);
+            v[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(*ch, 6), m2);
+        }
+    } else if F == Q5_0 || F == Q5_1 || F == Q5K {
         // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
         let hs = [
             _mm256_slli_epi16(c[4], 3),
@@ -612,9 +626,12 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         Q5K => Format::Q5K,
         IQ4XS => Format::IQ4XS,
         Q3K => Format::Q3K,
+        Q2K => Format::Q2K,
         _ => Format::Q6K,
     };
+    // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
+    let mins = has_min || F == Q2K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -628,6 +645,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     for s in 0..ns {
         let hdr = gp.add(s * sb);
         let mut isum = [_mm256_setzero_si256(); MT];
+        let mut msum = [_mm256_setzero_si256(); MT];
         for bi in 0..bps {
             let b = s * bps + bi;
             let plane = hdr.add(hb + bi * pb);
@@ -647,6 +665,20 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                         D::q5k(&v, a, sc)
                     };
                     isum[i] = _mm256_add_epi32(isum[i], d);
+                });
+            } else if F == Q2K {
+                // A byte per half block, the scale (0..=15) below the min: the scales times
+                // the half dots, the mins times the half sums.
+                let x0 = bytes8(hdr.add(32 + 16 * bi), false);
+                let x1 = bytes8(hdr.add(40 + 16 * bi), false);
+                let m15 = _mm256_set1_epi32(15);
+                let (s0, s1) = (_mm256_and_si256(x0, m15), _mm256_and_si256(x1, m15));
+                let mp = pairs(_mm256_srli_epi32(x0, 4), _mm256_srli_epi32(x1, 4));
+                each_row!(MT, i, {
+                    let h = D::q6k(&v, r.q[i].add(b * QK), s0, s1);
+                    isum[i] = _mm256_add_epi32(isum[i], h);
+                    let hs = _mm256_set1_epi32(*r.hpair[i].add(b));
+                    msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(mp, hs));
                 });
             } else if F == IQ4XS {
                 // Signed block scales and values: the block dot as q8_0's, times the scale.
@@ -680,7 +712,6 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
         let wd = half8(hdr);
         if has_min {
             // Mins (0..=63) of blocks 2p and 2p + 1 as i16 pairs against the pair of block sums.
-            let mut msum = [_mm256_setzero_si256(); MT];
             for p in 0..bps / 2 {
                 let m0 = bytes8(hdr.add(96 + 16 * p), false);
                 let m1 = bytes8(hdr.add(104 + 16 * p), false);
@@ -690,6 +721,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                     msum[i] = _mm256_add_epi32(msum[i], _mm256_madd_epi16(mp, bp));
                 });
             }
+        }
+        if mins {
             let wm = _mm256_xor_ps(half8(hdr.add(16)), _mm256_set1_ps(-0.0));
             each_row!(MT, i, {
                 let da = _mm256_set1_ps(*r.d[i].add(s));

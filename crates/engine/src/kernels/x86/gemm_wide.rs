@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::gemm::{
-    code, each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q3K, Q4K, Q4_0, Q4_1, Q5K,
+    code, each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K,
     Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::kernels::act_quant::Acts;
@@ -80,8 +80,8 @@ unsafe fn tile<const P: usize>(t: &Tile) {
     // slower (16 weight vectors and each row's super-block sums outrun the registers).
     assert!(P == 1 || !k_format, "the K formats take two-group tiles");
     assert!(
-        mt <= 8 || !matches!(f, Format::Q4K | Format::Q5K),
-        "q4_K and q5_K take up to eight rows"
+        mt <= 8 || !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K),
+        "the K formats with mins take up to eight rows"
     );
     match code(f) {
         Q4_0 => go!(tile_n, Q4_0, P, 16),
@@ -92,6 +92,7 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         IQ4NL => go!(tile_n, IQ4NL, P, 16),
         IQ4XS => go!(tile_k, IQ4XS, 1, 16),
         Q3K => go!(tile_k, Q3K, 1, 16),
+        Q2K => go!(tile_k, Q2K, 1),
         Q4K => go!(tile_k, Q4K, 1),
         Q5K => go!(tile_k, Q5K, 1),
         // Sixteen rows: 1115-1141 -> 1156-1161 GOP/s on 512 rows of q6_K (q4_K: 1420 -> 1270).
@@ -155,7 +156,16 @@ unsafe fn weights<const F: u8>(a: *const u8, b: *const u8) -> [__m512i; 8] {
     }
     // `(x & m) | y` for `y` already masked, in one ternary-logic operation.
     const SELECT_OR: i32 = 0xEC;
-    if F == Q5_0 || F == Q5_1 || F == Q5K {
+    if F == Q2K {
+        // Four 2-bit values a byte.
+        let m2 = _mm512_set1_epi8(0x03);
+        for h in 0..2 {
+            v[4 * h] = _mm512_and_si512(c[h], m2);
+            v[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(c[h], 2), m2);
+            v[4 * h + 2] = _mm512_and_si512(_mm512_srli_epi16(c[h], 4), m2);
+            v[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(c[h], 6), m2);
+        }
+    } else if F == Q5_0 || F == Q5_1 || F == Q5K {
         // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
         let hs = [
             _mm512_slli_epi16(c[4], 3),
@@ -336,9 +346,12 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
         Q5K => Format::Q5K,
         IQ4XS => Format::IQ4XS,
         Q3K => Format::Q3K,
+        Q2K => Format::Q2K,
         _ => Format::Q6K,
     };
+    // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
+    let mins = has_min || F == Q2K;
     let (bps, hb, pb, sb) = (
         f.blocks_per_super(),
         f.header_bytes(),
@@ -357,6 +370,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
         let h: [(*const u8, *const u8); P] =
             std::array::from_fn(|p| (gp[p].0.add(s * sb), gp[p].1.add(s * sb)));
         let mut isum = [[zero; P]; MT];
+        let mut msum = [[zero; P]; MT];
         for bi in 0..bps {
             let b = s * bps + bi;
             let pl: [(*const u8, *const u8); P] =
@@ -381,6 +395,30 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                     for p in 0..P {
                         let d = _mm512_mullo_epi32(d[p], sc[p]);
                         isum[i][p] = _mm512_add_epi32(isum[i][p], d);
+                    }
+                });
+            } else if F == Q2K {
+                // A byte per half block, the scale (0..=15) below the min.
+                let (mut s0, mut s1, mut mp) = ([zero; P], [zero; P], [zero; P]);
+                let m15 = _mm512_set1_epi32(15);
+                for p in 0..P {
+                    let x0 = bytes16(h[p].0.add(32 + 16 * bi), h[p].1.add(32 + 16 * bi), false);
+                    let x1 = bytes16(h[p].0.add(40 + 16 * bi), h[p].1.add(40 + 16 * bi), false);
+                    s0[p] = _mm512_and_si512(x0, m15);
+                    s1[p] = _mm512_and_si512(x1, m15);
+                    mp[p] = pairs(_mm512_srli_epi32(x0, 4), _mm512_srli_epi32(x1, 4));
+                }
+                each_row!(MT, i, {
+                    let a = r.q[i].add(b * QK);
+                    let (d0, d1) = (dp(&v, a, 0, 4, zero), dp(&v, a, 4, 8, zero));
+                    let hs = _mm512_set1_epi32(*r.hpair[i].add(b));
+                    for p in 0..P {
+                        let h = _mm512_add_epi32(
+                            _mm512_mullo_epi32(d0[p], s0[p]),
+                            _mm512_mullo_epi32(d1[p], s1[p]),
+                        );
+                        isum[i][p] = _mm512_add_epi32(isum[i][p], h);
+                        msum[i][p] = _mm512_add_epi32(msum[i][p], _mm512_madd_epi16(mp[p], hs));
                     }
                 });
             } else if F == IQ4XS {
@@ -431,7 +469,6 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             wd[p] = half16(h[p].0, h[p].1);
         }
         if has_min {
-            let mut msum = [[zero; P]; MT];
             for q in 0..bps / 2 {
                 let mut mp = [zero; P];
                 for p in 0..P {
@@ -446,6 +483,8 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
                     }
                 });
             }
+        }
+        if mins {
             // -dmin, by its sign bit (no AVX-512 DQ needed).
             let mut wm = [_mm512_setzero_ps(); P];
             for p in 0..P {

@@ -57,10 +57,11 @@ pub(crate) fn run_groups(
                 2 => pair,
                 _ => one,
             };
-            // The 512-bit tiles but q4_K's and q5_K's take sixteen rows at a time: each
+            // The 512-bit tiles but those of the K formats with mins take sixteen rows: each
             // block's weights are unpacked once for twice the rows.
-            let wide_rows =
-                level.wide() && span >= 2 && !matches!(w.format, Format::Q4K | Format::Q5K);
+            let wide_rows = level.wide()
+                && span >= 2
+                && !matches!(w.format, Format::Q2K | Format::Q4K | Format::Q5K);
             let group = &w.data[g * gb..(g + span) * gb];
             let col = g * repack::ROWS;
             let cols = (w.n - col).min(span * repack::ROWS);
