@@ -80,8 +80,8 @@ unsafe fn tile<const P: usize>(t: &Tile) {
     // slower (16 weight vectors and each row's super-block sums outrun the registers).
     assert!(P == 1 || !k_format, "the K formats take two-group tiles");
     assert!(
-        mt <= 8 || !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K),
-        "the K formats with mins take up to eight rows"
+        mt <= 8 || super::sixteen_rows(f),
+        "{f:?} takes up to eight rows"
     );
     match code(f) {
         Q4_0 => go!(tile_n, Q4_0, P, 16),

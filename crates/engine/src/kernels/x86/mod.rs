@@ -10,6 +10,12 @@ mod gemm_wide;
 use super::act_quant::Acts;
 use super::{repack, Format, Level, QMatrix, ACT_CHUNK, STREAM_ROWS};
 
+/// Whether `f`'s 512-bit tiles take sixteen activation rows: all but the K formats with mins,
+/// whose per-row super-block sums would spill.
+pub(crate) fn sixteen_rows(f: Format) -> bool {
+    !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K)
+}
+
 /// A tile kernel (`gemm`, `gemm_wide`).
 type TileFn = unsafe fn(&gemm::Tile);
 
@@ -59,9 +65,7 @@ pub(crate) fn run_groups(
             };
             // The 512-bit tiles but those of the K formats with mins take sixteen rows: each
             // block's weights are unpacked once for twice the rows.
-            let wide_rows = level.wide()
-                && span >= 2
-                && !matches!(w.format, Format::Q2K | Format::Q4K | Format::Q5K);
+            let wide_rows = level.wide() && span >= 2 && sixteen_rows(w.format);
             let group = &w.data[g * gb..(g + span) * gb];
             let col = g * repack::ROWS;
             let cols = (w.n - col).min(span * repack::ROWS);
