@@ -25,16 +25,7 @@ for s in "${SHAPES[@]}"; do
   q="$dir/$s.$lower.gguf"
   if [ ! -f "$q" ]; then
     .venv-bench/bin/python scripts/ref/synth.py "$s" --out "$dir"
-    .venv-bench/bin/python - "$dir/$s.gguf" "$q.part" "$ftype" <<'PY'
-import sys, llama_cpp
-p = llama_cpp.llama_model_quantize_default_params()
-p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
-p.nthread = 2
-p.allow_requantize = True  # from the Q8_0 the generator writes
-if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) != 0:
-    sys.exit("llama.cpp could not quantize " + sys.argv[1])
-PY
-    mv "$q.part" "$q"
+    .venv-bench/bin/python scripts/ref/quantize.py "$dir/$s.gguf" "$q" "$ftype"
   fi
   ./target/release/edgeprompt-bench engine --model "$q" --threads 2 --skip-candle \
     --llama-python .venv-bench/bin/python

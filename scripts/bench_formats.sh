@@ -22,16 +22,7 @@ for m in "${MODELS[@]}"; do
     lower=$(tr '[:upper:]' '[:lower:]' <<<"$ftype")
     q="models/requant/$m.$lower.gguf"
     if [ ! -f "$q" ]; then
-      .venv-bench/bin/python - "models/${FILE[$m]}" "$q.part" "$ftype" <<'PY'
-import sys, llama_cpp
-p = llama_cpp.llama_model_quantize_default_params()
-p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
-p.nthread = 2
-p.allow_requantize = True
-if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) != 0:
-    sys.exit("llama.cpp could not quantize " + sys.argv[1])
-PY
-      mv "$q.part" "$q"
+      .venv-bench/bin/python scripts/ref/quantize.py "models/${FILE[$m]}" "$q" "$ftype"
     fi
     ./target/release/edgeprompt-bench engine --model "$q" --threads 2 --skip-candle \
       --llama-python .venv-bench/bin/python

@@ -7,19 +7,62 @@ use half::f16;
 use super::{Unpacked, QK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Format {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q2K,
-    Q3K,
-    Q4K,
-    Q5K,
-    Q6K,
-    IQ4NL,
-    IQ4XS,
+    Q4_0 = 0,
+    Q4_1 = 1,
+    Q5_0 = 2,
+    Q5_1 = 7,
+    Q8_0 = 3,
+    Q2K = 11,
+    Q3K = 10,
+    Q4K = 4,
+    Q5K = 6,
+    Q6K = 5,
+    IQ4NL = 8,
+    IQ4XS = 9,
+}
+
+impl Format {
+    /// The format as the tiles' const generic parameter (`code`).
+    pub(crate) const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The format of a tile's `code` (q2_K for none).
+    pub(crate) const fn of_code(c: u8) -> Format {
+        match c {
+            code::Q4_0 => Format::Q4_0,
+            code::Q4_1 => Format::Q4_1,
+            code::Q5_0 => Format::Q5_0,
+            code::Q8_0 => Format::Q8_0,
+            code::Q4K => Format::Q4K,
+            code::Q6K => Format::Q6K,
+            code::Q5K => Format::Q5K,
+            code::Q5_1 => Format::Q5_1,
+            code::IQ4NL => Format::IQ4NL,
+            code::IQ4XS => Format::IQ4XS,
+            code::Q3K => Format::Q3K,
+            _ => Format::Q2K,
+        }
+    }
+}
+
+/// The formats' codes, to match on in the tiles.
+pub(crate) mod code {
+    use super::Format;
+    pub(crate) const Q4_0: u8 = Format::Q4_0.code();
+    pub(crate) const Q4_1: u8 = Format::Q4_1.code();
+    pub(crate) const Q5_0: u8 = Format::Q5_0.code();
+    pub(crate) const Q8_0: u8 = Format::Q8_0.code();
+    pub(crate) const Q4K: u8 = Format::Q4K.code();
+    pub(crate) const Q6K: u8 = Format::Q6K.code();
+    pub(crate) const Q5K: u8 = Format::Q5K.code();
+    pub(crate) const Q5_1: u8 = Format::Q5_1.code();
+    pub(crate) const IQ4NL: u8 = Format::IQ4NL.code();
+    pub(crate) const IQ4XS: u8 = Format::IQ4XS.code();
+    pub(crate) const Q3K: u8 = Format::Q3K.code();
+    pub(crate) const Q2K: u8 = Format::Q2K.code();
 }
 
 /// The 16 values of the non-linear 4-bit formats (ggml's `kvalues_iq4nl`).

@@ -41,18 +41,7 @@ pub(crate) unsafe fn prefetch_run(base: *const u8, tile: usize, at: usize, bytes
     }
 }
 
-pub(crate) const Q4_0: u8 = 0;
-pub(crate) const Q4_1: u8 = 1;
-pub(crate) const Q5_0: u8 = 2;
-pub(crate) const Q8_0: u8 = 3;
-pub(crate) const Q4K: u8 = 4;
-pub(crate) const Q6K: u8 = 5;
-pub(crate) const Q5K: u8 = 6;
-pub(crate) const Q5_1: u8 = 7;
-pub(crate) const IQ4NL: u8 = 8;
-pub(crate) const IQ4XS: u8 = 9;
-pub(crate) const Q3K: u8 = 10;
-pub(crate) const Q2K: u8 = 11;
+pub(crate) use crate::kernels::formats::code::*;
 
 /// Formats whose weights are signed bytes, multiplied as q8_0's.
 pub(crate) const fn signed(f: u8) -> bool {
@@ -68,23 +57,6 @@ pub(crate) const fn plane_chunks(f: u8) -> usize {
         Q5_0 | Q5_1 | Q5K => 5,
         Q6K => 6,
         _ => 4,
-    }
-}
-
-pub(crate) fn code(f: Format) -> u8 {
-    match f {
-        Format::Q4_0 => Q4_0,
-        Format::Q4_1 => Q4_1,
-        Format::Q5_0 => Q5_0,
-        Format::Q5_1 => Q5_1,
-        Format::Q8_0 => Q8_0,
-        Format::Q4K => Q4K,
-        Format::Q5K => Q5K,
-        Format::Q6K => Q6K,
-        Format::IQ4NL => IQ4NL,
-        Format::IQ4XS => IQ4XS,
-        Format::Q3K => Q3K,
-        Format::Q2K => Q2K,
     }
 }
 
@@ -144,7 +116,7 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         prefetch,
         ..
     } = *t;
-    match code(t.f) {
+    match t.f.code() {
         Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
         Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
@@ -178,7 +150,7 @@ unsafe fn tile<D: Dots>(t: &Tile) {
             }
         };
     }
-    match code(f) {
+    match f.code() {
         Q4_0 => go!(tile_n, Q4_0, 1),
         Q4_1 => go!(tile_n, Q4_1, 1),
         Q5_0 => go!(tile_n, Q5_0, 1),
@@ -518,14 +490,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4_0 => Format::Q4_0,
-        Q4_1 => Format::Q4_1,
-        Q5_0 => Format::Q5_0,
-        Q5_1 => Format::Q5_1,
-        IQ4NL => Format::IQ4NL,
-        _ => Format::Q8_0,
-    };
+    let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
@@ -621,14 +586,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4K => Format::Q4K,
-        Q5K => Format::Q5K,
-        IQ4XS => Format::IQ4XS,
-        Q3K => Format::Q3K,
-        Q2K => Format::Q2K,
-        _ => Format::Q6K,
-    };
+    let f = Format::of_code(F);
     // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
     let mins = has_min || F == Q2K;

@@ -18,8 +18,8 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::gemm::{
-    code, each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K,
-    Q5_0, Q5_1, Q6K, Q8_0,
+    each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0,
+    Q5_1, Q6K, Q8_0,
 };
 use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
@@ -83,7 +83,7 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         mt <= 8 || super::sixteen_rows(f),
         "{f:?} takes up to eight rows"
     );
-    match code(f) {
+    match f.code() {
         Q4_0 => go!(tile_n, Q4_0, P, 16),
         Q4_1 => go!(tile_n, Q4_1, P, 16),
         Q5_0 => go!(tile_n, Q5_0, P, 16),
@@ -266,14 +266,7 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4_0 => Format::Q4_0,
-        Q4_1 => Format::Q4_1,
-        Q5_0 => Format::Q5_0,
-        Q5_1 => Format::Q5_1,
-        IQ4NL => Format::IQ4NL,
-        _ => Format::Q8_0,
-    };
+    let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
     let nb = acts.nb;
@@ -341,14 +334,7 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4K => Format::Q4K,
-        Q5K => Format::Q5K,
-        IQ4XS => Format::IQ4XS,
-        Q3K => Format::Q3K,
-        Q2K => Format::Q2K,
-        _ => Format::Q6K,
-    };
+    let f = Format::of_code(F);
     // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
     let mins = has_min || F == Q2K;
