@@ -169,6 +169,8 @@ fn engine_section(dir: &Path, md: &mut String) {
         "qwen15-iq4_xs",
         "qwen05-q2_k",
         "qwen15-q2_k",
+        "qwen05-f16",
+        "qwen05-bf16",
         "synth-qwen3-0.6b",
         "synth-llama3.2-1b",
         "synth-qwen3moe-a3b",

@@ -22,8 +22,8 @@ mod common;
 use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
-/// gained after the first six.
-const FAMILIES: [&str; 13] = [
+/// gained after the first six, or in f16 or bf16 (the float kernels).
+const FAMILIES: [&str; 15] = [
     "qwen3",
     "llama3",
     "granite",
@@ -37,6 +37,8 @@ const FAMILIES: [&str; 13] = [
     "fmt_q5_k",
     "fmt_iq4_nl",
     "fmt_iq4_xs",
+    "fmt_f16",
+    "fmt_bf16",
 ];
 
 const CLOUD: &str = "Acme Rail handbook. Tickets are refundable in full up to 24 hours before \

@@ -1,6 +1,5 @@
-//! Matrices in the GGUF formats our packed kernels do not run (F16, BF16): kept as the file
-//! stores them, each row expanded to f32 when it is
-//! used and multiplied in a fixed order, so every output is the same whatever the batch.
+//! Vectors (norms, biases) in any GGUF format the engine reads, expanded to f32 at load; the
+//! expansion is also the reference the quantized formats' tests hold the kernels to.
 
 use half::{bf16, f16};
 

@@ -1,5 +1,6 @@
-//! Model tensors, loaded from GGUF. Matrices stay quantized (our packed kernels, or rows
-//! expanded as used: `dequant`); norms and biases are plain f32.
+//! Model tensors, loaded from GGUF. Matrices stay in their file's format (quantized ones
+//! repacked for the packed kernels, F32/F16/BF16 as stored for the float kernels); norms and
+//! biases are plain f32 (`dequant`).
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -9,27 +10,32 @@ use std::sync::Arc;
 use crate::config::ModelConfig;
 use crate::dequant;
 use crate::gguf::{Content, Dtype};
-use crate::kernels::{Carver, Format, QMatrix, Slab};
+use crate::kernels::{Carver, FloatMatrix, Floats, Format, QMatrix, Slab};
 use crate::{EngineError, Result};
 
-/// A weight matrix: our packed kernels for their formats, plain floats for F32 (a router),
-/// the file's blocks expanded row by row for the rest.
+/// A weight matrix: the packed kernels for the quantized formats, the float GEMM for F32,
+/// F16 and BF16 (kept as the file stores them).
 pub(crate) enum Matrix {
     Own(QMatrix),
-    /// `[n, k]` row-major f32, as stored: each output a dot in a fixed order, so a row's
-    /// result never depends on the rows beside it.
-    F32 {
-        w: Vec<f32>,
-        n: usize,
-        k: usize,
-    },
-    /// `[n, k]` in `dtype`'s blocks as the file stores them.
-    Blocks {
-        dtype: Dtype,
-        raw: Vec<u8>,
-        n: usize,
-        k: usize,
-    },
+    Float(FloatMatrix),
+}
+
+/// A float tensor's values from its little-endian bytes (`None`: not a float type).
+fn floats(dtype: Dtype, raw: &[u8]) -> Option<Floats> {
+    let two = || {
+        raw.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    Some(match dtype {
+        Dtype::F32 => Floats::F32(
+            raw.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        Dtype::F16 => Floats::F16(two().map(half::f16::from_bits).collect()),
+        Dtype::BF16 => Floats::BF16(two().map(half::bf16::from_bits).collect()),
+        _ => return None,
+    })
 }
 
 fn own_format(dtype: Dtype) -> Option<Format> {
@@ -72,120 +78,42 @@ impl Matrix {
     fn bytes(&self) -> usize {
         match self {
             Matrix::Own(m) => m.bytes(),
-            Matrix::F32 { w, .. } => w.len() * 4,
-            Matrix::Blocks { raw, .. } => raw.len(),
+            Matrix::Float(m) => m.bytes(),
         }
     }
 
     fn dims(&self) -> (usize, usize) {
         match self {
             Matrix::Own(m) => (m.out_dim(), m.in_dim()),
-            Matrix::F32 { n, k, .. } => (*n, *k),
-            Matrix::Blocks { n, k, .. } => (*n, *k),
+            Matrix::Float(m) => (m.out_dim(), m.in_dim()),
         }
     }
 
     fn matmul(&self, x: &[f32], rows: usize, in_dim: usize) -> Result<Vec<f32>> {
-        match self {
-            Matrix::Own(m) => Ok(m.matmul(x, rows)),
-            Matrix::F32 { w, n, k } => {
-                let mut out = vec![0f32; rows * n];
-                // A few rows a task; every value of a row is its own fixed-order dot.
-                let mut jobs: Vec<(&mut [f32], &[f32])> =
-                    out.chunks_mut(*n * 4).zip(x.chunks(*k * 4)).collect();
-                crate::par::each(&mut jobs, 2, &|_, (o, xs)| {
-                    for (o, xr) in o.chunks_exact_mut(*n).zip(xs.chunks_exact(*k)) {
-                        for (j, y) in o.iter_mut().enumerate() {
-                            *y = dot_f32(xr, &w[j * k..(j + 1) * k]);
-                        }
-                    }
-                });
-                debug_assert_eq!(in_dim, *k);
-                Ok(out)
-            }
-            Matrix::Blocks { dtype, raw, n, k } => {
-                debug_assert_eq!(in_dim, *k);
-                Ok(blocks_matmul(*dtype, raw, *n, *k, x, rows))
-            }
-        }
+        debug_assert_eq!(in_dim, self.dims().1);
+        Ok(match self {
+            Matrix::Own(m) => m.matmul(x, rows),
+            Matrix::Float(m) => m.matmul(x, rows),
+        })
     }
 
-    /// Rows `ids` of the matrix, dequantized (embedding lookup).
+    /// Rows `ids` of the matrix, as f32 (embedding lookup).
     fn rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
         match self {
             Matrix::Own(m) => Ok(ids
                 .iter()
                 .flat_map(|&i| m.dequantize_row(i as usize))
                 .collect()),
-            Matrix::F32 { w, k, .. } => Ok(ids
-                .iter()
-                .flat_map(|&i| w[i as usize * k..(i as usize + 1) * k].iter().copied())
-                .collect()),
-            Matrix::Blocks { dtype, raw, n, k } => {
-                let per = raw.len() / n.max(&1);
+            Matrix::Float(m) => {
+                let k = m.in_dim();
                 let mut out = vec![0f32; ids.len() * k];
-                for (&i, y) in ids.iter().zip(out.chunks_exact_mut(*k)) {
-                    let i = i as usize;
-                    dequant::row(*dtype, &raw[i * per..(i + 1) * per], y);
+                for (&i, y) in ids.iter().zip(out.chunks_exact_mut(k)) {
+                    m.row(i as usize, y);
                 }
                 Ok(out)
             }
         }
     }
-}
-
-/// `x [rows, k] . w^T` for a matrix kept in its file's blocks: each weight row expanded once
-/// per call and dotted with every input row in a fixed order.
-fn blocks_matmul(dtype: Dtype, raw: &[u8], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f32> {
-    const COLS: usize = 64;
-    let per = raw.len() / n.max(1);
-    let mut parts: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(COLS))
-        .map(|c| (c * COLS, Vec::new()))
-        .collect();
-    crate::par::each(&mut parts, 2, &|_, (first, part)| {
-        let cols = COLS.min(n - *first);
-        let mut w = vec![0f32; k];
-        *part = vec![0f32; rows * cols];
-        for c in 0..cols {
-            let j = *first + c;
-            dequant::row(dtype, &raw[j * per..(j + 1) * per], &mut w);
-            for (r, xr) in x.chunks_exact(k).enumerate() {
-                part[r * cols + c] = dot_f32(xr, &w);
-            }
-        }
-    });
-    let mut out = vec![0f32; rows * n];
-    for (first, part) in &parts {
-        let cols = COLS.min(n - first);
-        for (r, p) in part.chunks_exact(cols).enumerate() {
-            out[r * n + first..r * n + first + cols].copy_from_slice(p);
-        }
-    }
-    out
-}
-
-/// `a . b` in a fixed order: sixteen lane sums, added by a fixed tree (the same bits on every
-/// machine and in any batch).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    for (i, (x, y)) in ta.iter().zip(tb).enumerate() {
-        lanes[i] += x * y;
-    }
-    let mut w = 8;
-    while w > 0 {
-        for i in 0..w {
-            lanes[i] += lanes[i + w];
-        }
-        w /= 2;
-    }
-    lanes[0]
 }
 
 /// The bytes of one tensor type in a file, and what runs its matrices.
@@ -205,8 +133,10 @@ fn tensor_types(bytes: std::collections::HashMap<Dtype, usize>) -> Vec<TensorTyp
             bytes,
             runs_in: match (own_format(t), t) {
                 (Some(_), _) => format!("packed kernels ({})", crate::kernels::LEVEL.name()),
-                (None, Dtype::F32) => "f32 (vectors; matrices as fixed-order dots)".into(),
-                _ => "rows expanded to f32 (dequant.rs)".into(),
+                (None, Dtype::F32 | Dtype::F16 | Dtype::BF16) => {
+                    format!("float kernels ({})", crate::kernels::LEVEL.name())
+                }
+                _ => "no kernel (refused at load)".into(),
             },
         })
         .collect();
@@ -355,6 +285,18 @@ struct Loader<'a> {
     type_bytes: std::collections::HashMap<Dtype, usize>,
 }
 
+/// A matrix of a float type from its bytes; any other type is one no kernel runs.
+fn float_matrix(name: &str, dtype: Dtype, raw: &[u8], n: usize, k: usize) -> Result<Matrix> {
+    floats(dtype, raw)
+        .and_then(|w| FloatMatrix::new(w, n, k))
+        .map(Matrix::Float)
+        .ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "tensor {name}: {dtype} [{n}, {k}] is not a matrix this engine runs"
+            ))
+        })
+}
+
 impl Loader<'_> {
     /// A tensor's bytes as the file stores them, in a format `dequant` expands.
     fn raw(&mut self, name: &str) -> Result<(Dtype, Vec<u8>)> {
@@ -420,12 +362,7 @@ impl Loader<'_> {
             )));
         };
         let (dtype, raw) = self.raw(name)?;
-        if dtype == Dtype::F32 {
-            let mut w = vec![0f32; n * k];
-            dequant::row(dtype, &raw, &mut w);
-            return Ok(Matrix::F32 { w, n, k });
-        }
-        Ok(Matrix::Blocks { dtype, raw, n, k })
+        float_matrix(name, dtype, &raw, n, k)
     }
 
     /// Rows `first..first + n` of matrix `e` of the stack `name` (its `k` columns), read
@@ -468,7 +405,7 @@ impl Loader<'_> {
                 .and_then(|_| self.reader.read_exact(&mut raw))
                 .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
             *self.type_bytes.entry(dtype).or_default() += raw.len();
-            return Ok(Matrix::Blocks { dtype, raw, n, k });
+            return float_matrix(name, dtype, &raw, n, k);
         };
         let row_bytes = QMatrix::gguf_bytes(f, 1, k).ok_or_else(bad)?;
         let bytes = n * row_bytes;

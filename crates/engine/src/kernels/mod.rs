@@ -8,12 +8,15 @@
 //! dotprod, i8mm; `portable.rs` in plain Rust on any other CPU), picked at run time by
 //! `level.rs`, and the scalar reference (`portable::dot_scalar`) produce the same bits, and a row's result never depends on how many
 //! rows share the call: prefill, chunked prefill and batched decode agree exactly.
+//!
+//! Float matrices (F32, F16, BF16) run in `float.rs`, as floats, by the same rules.
 
 mod act_quant;
 mod arena;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod arm;
 pub(crate) mod exp;
+pub(crate) mod float;
 mod formats;
 pub(crate) mod gated;
 mod level;
@@ -31,6 +34,7 @@ use act_quant::Acts;
 
 pub(crate) use arena::Carver;
 pub use arena::Slab;
+pub use float::{FloatMatrix, Floats};
 pub use formats::Format;
 pub(crate) use formats::IQ4;
 pub use level::{Level, LEVEL};

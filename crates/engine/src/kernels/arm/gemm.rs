@@ -61,18 +61,7 @@ pub(crate) unsafe fn tile_i8mm(t: &Tile) {
     tile::<Smmla>(t)
 }
 
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q8_0: u8 = 3;
-const Q4K: u8 = 4;
-const Q6K: u8 = 5;
-const Q5K: u8 = 6;
-const Q5_1: u8 = 7;
-const IQ4NL: u8 = 8;
-const IQ4XS: u8 = 9;
-const Q3K: u8 = 10;
-const Q2K: u8 = 11;
+use crate::kernels::formats::code::*;
 
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile) {
@@ -338,7 +327,7 @@ impl Dots for Smmla {
 
 /// 8 f16 -> 8 f32 (`fcvtl`, exact).
 #[inline(always)]
-unsafe fn half8(p: *const u8) -> [float32x4_t; 2] {
+pub(super) unsafe fn half8(p: *const u8) -> [float32x4_t; 2] {
     let h = vld1q_u16(p as *const u16);
     let (lo, hi): (float32x4_t, float32x4_t);
     asm!(
@@ -499,14 +488,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4_0 => Format::Q4_0,
-        Q4_1 => Format::Q4_1,
-        Q5_0 => Format::Q5_0,
-        Q5_1 => Format::Q5_1,
-        IQ4NL => Format::IQ4NL,
-        _ => Format::Q8_0,
-    };
+    let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
     let zero_point = match F {
         Q4_0 => 8,
@@ -562,14 +544,7 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
     cols: usize,
     prefetch: bool,
 ) {
-    let f = match F {
-        Q4K => Format::Q4K,
-        Q5K => Format::Q5K,
-        IQ4XS => Format::IQ4XS,
-        Q3K => Format::Q3K,
-        Q2K => Format::Q2K,
-        _ => Format::Q6K,
-    };
+    let f = Format::of_code(F);
     // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
     let mins = has_min || F == Q2K;

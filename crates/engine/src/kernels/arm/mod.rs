@@ -1,9 +1,11 @@
 //! The aarch64 kernels: the GEMM over repacked groups on Advanced SIMD (`gemm.rs`: widening
-//! multiplies on ARMv8.0, `sdot` with dotprod, `smmla` with i8mm), the activation
-//! quantizer (`act_quant.rs`), exp (`exp.rs`) and the gated activations (`gated.rs`).
+//! multiplies on ARMv8.0, `sdot` with dotprod, `smmla` with i8mm), the float GEMM's tiles
+//! (`float.rs`), the activation quantizer (`act_quant.rs`), exp (`exp.rs`) and the gated
+//! activations (`gated.rs`).
 
 pub(crate) mod act_quant;
 pub(crate) mod exp;
+pub(crate) mod float;
 pub(crate) mod gated;
 mod gemm;
 
