@@ -35,24 +35,41 @@ pub(crate) fn forward(
     }
     // Each (row, k)'s expert output, in place: `ys[(r * used + k) * d..]`.
     let mut ys = vec![0f32; rows * x.used * d];
-    let (mut rows_in, mut gate_up, mut y) = (Vec::new(), [Vec::new(), Vec::new()], Vec::new());
-    for (e, members) in of.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
+    let (mut rows_in, mut gate_up, mut y) = (Vec::new(), Vec::new(), Vec::new());
+    // Experts that take the same rows (every expert a lone row picks: decode) run their gate
+    // and up projections in one call, the rows quantized once and one pool call for all;
+    // each row's result is the same either way.
+    let active: Vec<usize> = (0..count).filter(|&e| !of[e].is_empty()).collect();
+    let mut i = 0;
+    while i < active.len() {
+        let members = &of[active[i]];
+        let rows_of = |e: usize| of[e].iter().map(|m| m.0);
+        let same = active[i..]
+            .iter()
+            .take_while(|&&e| rows_of(e).eq(rows_of(active[i])))
+            .count();
+        let group = &active[i..i + same];
+        i += same;
         rows_in.clear();
         for &(r, _) in members {
             rows_in.extend_from_slice(&h[r * d..(r + 1) * d]);
         }
         let n = members.len();
-        Linear::forward_many_into(&[&x.gate[e], &x.up[e]], &rows_in, n, &mut gate_up)?;
-        let [g, u] = &mut gate_up;
-        if gelu {
-            crate::kernels::gelu_mul(g, u);
-        } else {
-            crate::kernels::silu_mul(g, u);
-        }
-        Linear::forward_many_into(&[&x.down[e]], g, n, std::slice::from_mut(&mut y))?;
-        for (i, &(r, k)) in members.iter().enumerate() {
-            let at = (r * x.used + k) * d;
-            ys[at..at + d].copy_from_slice(&y[i * d..(i + 1) * d]);
+        let ls: Vec<&Linear> = group.iter().flat_map(|&e| [&x.gate[e], &x.up[e]]).collect();
+        gate_up.resize_with(ls.len(), Vec::new);
+        Linear::forward_many_into(&ls, &rows_in, n, &mut gate_up[..ls.len()])?;
+        for (pair, &e) in gate_up.chunks_exact_mut(2).zip(group) {
+            let [g, u] = pair else { continue };
+            if gelu {
+                crate::kernels::gelu_mul(g, u);
+            } else {
+                crate::kernels::silu_mul(g, u);
+            }
+            Linear::forward_many_into(&[&x.down[e]], g, n, std::slice::from_mut(&mut y))?;
+            for (i, &(r, k)) in of[e].iter().enumerate() {
+                let at = (r * x.used + k) * d;
+                ys[at..at + d].copy_from_slice(&y[i * d..(i + 1) * d]);
+            }
         }
     }
     out.clear();
