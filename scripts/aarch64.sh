@@ -12,11 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target=aarch64-unknown-linux-gnu
 start=$(date +%s)
-rustup target list --installed | grep -qx "$target" || rustup target add "$target"
-if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
-fi
+bash scripts/setup.sh aarch64
 python3 scripts/models.py smollm2 qwen05
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 echo "aarch64: cross-building the engine's tests"

@@ -10,7 +10,7 @@ MODELS=(${MODELS[*]})
 # shellcheck source=scripts/llama_venv.sh
 source scripts/llama_venv.sh
 python3 scripts/models.py "${MODELS[@]}"
-cargo build -j2 --release --bin edgeprompt-bench
+cargo build -j2 --release --bin edgeprompt-bench --features edgeprompt-bench/candle
 for m in "${MODELS[@]}"; do
   ./target/release/edgeprompt-bench engine --model "$m" --threads 2 --llama-python .venv-bench/bin/python
 done

@@ -8,10 +8,7 @@ cd "$(dirname "$0")/.."
 model=${MODEL:-smollm2}
 shot=${1:-target/browser/chat.png}
 mkdir -p "$(dirname "$shot")"
-if ! command -v chromium >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
-(cd scripts/browser && npm ci --silent --no-audit --no-fund)
+bash scripts/setup.sh browser
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 cloud=$(port); link=$(port); edge=$(port); keyed=$(port)
 logs=$(mktemp -d)

@@ -28,8 +28,7 @@ else
   model=${MODEL:-qwen05} items=${ITEMS:-100} docs=${DOCS:-30} out=${OUT:-bench-out/lm_eval}
 fi
 rm -rf "$out" && mkdir -p "$out/runs"
-[ -x .venv-lmeval/bin/lm_eval ] || python3 -m venv .venv-lmeval
-.venv-lmeval/bin/pip install --quiet --disable-pip-version-check -r scripts/lm_eval-requirements.txt
+bash scripts/setup.sh lm_eval
 python3 scripts/models.py "$model" sharegpt >/dev/null
 cargo build -j2 --release --bin edgeprompt
 case "$model" in

@@ -25,12 +25,27 @@ fi
 # The real openai client for the HTTP API tests.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt
-# The model families' synthetic GGUFs (random weights, written the same on every machine) that
-# llama.cpp's reference logits in tests/fixtures/synth/ were taken on.
-step .venv-test/bin/python scripts/ref/synth.py
+mkdir -p target
+# In the background while the workspace compiles: the later steps' tools (apt packages, Rust
+# toolchains, venvs, npm), and the model families' synthetic GGUFs (random weights, written the
+# same on every machine) that llama.cpp's reference logits in tests/fixtures/synth/ were taken on.
+bash scripts/setup.sh aarch64 fuzz browser lm_eval >target/setup.log 2>&1 &
+setup=$!
+.venv-test/bin/python scripts/ref/synth.py >target/synth.log 2>&1 &
+synth=$!
+# A background job's exit status, its log printed.
+finish() {
+  local rc=0
+  wait "$1" || rc=$?
+  cat "$2" >&2
+  return $rc
+}
 step cargo fmt --all -- --check
 step cargo clippy -j2 --release --workspace --all-targets -- -D warnings
-step cargo test -j2 --release --workspace --no-fail-fast -- --include-ignored
+step finish $synth target/synth.log
+# Every test binary, two at a time (scripts/run_tests.py), slow ones included.
+step python3 scripts/run_tests.py -- --include-ignored
+step cargo test -j2 --release --workspace --doc
 # The engine's unit tests again on the AVX2 kernels: an AVX-512 machine ran its own above, and
 # every path must give the portable bits.
 # The binary the workspace run built (asking cargo for `-p edgeprompt-engine` alone would
@@ -43,6 +58,7 @@ engine_units() {
   EDGEPROMPT_AVX2=1 "$exe" -q
 }
 step engine_units
+step finish $setup target/setup.log
 # The aarch64 kernels under qemu emulation: the engine's unit tests on a CPU model for each
 # path (neon, dotprod, i8mm) and a real model's logits on every path against the fixture.
 step bash scripts/aarch64.sh

@@ -4,9 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file;
-use candle_core::{Device, Tensor};
-use candle_transformers::models::{quantized_gemma3, quantized_llama, quantized_qwen2};
 use edgeprompt_engine::{Arch, Model, Sequence};
 use serde::Serialize;
 
@@ -139,7 +136,10 @@ fn bench_ids(model: &Model, n: usize) -> Result<Vec<u32>, BenchError> {
     Ok(ids)
 }
 
-fn best_of<F: FnMut() -> Result<f64, BenchError>>(n: usize, mut f: F) -> Result<f64, BenchError> {
+pub(crate) fn best_of<F: FnMut() -> Result<f64, BenchError>>(
+    n: usize,
+    mut f: F,
+) -> Result<f64, BenchError> {
     let mut best = f64::INFINITY;
     for _ in 0..n.max(1) {
         best = best.min(f()?);
@@ -246,90 +246,6 @@ fn time_ours(model: &Model, ids: &[u32], s: &Settings, ctx: usize) -> Result<Spe
     })?;
     out.decode = 1.0 / per_tok;
     eprintln!("  ours     decode @{ctx}: {:8.1} tok/s", out.decode);
-    Ok(out)
-}
-
-enum CandleModel {
-    Llama(quantized_llama::ModelWeights),
-    Qwen2(quantized_qwen2::ModelWeights),
-    Gemma3(quantized_gemma3::ModelWeights),
-}
-
-impl CandleModel {
-    fn load(path: &Path, arch: Arch) -> Result<Self, BenchError> {
-        let mut f = std::fs::File::open(path)?;
-        let ct = gguf_file::Content::read(&mut f)?;
-        Ok(match arch {
-            Arch::Llama => Self::Llama(quantized_llama::ModelWeights::from_gguf(
-                ct,
-                &mut f,
-                &Device::Cpu,
-            )?),
-            Arch::Qwen2 => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(
-                ct,
-                &mut f,
-                &Device::Cpu,
-            )?),
-            Arch::Gemma3 => Self::Gemma3(quantized_gemma3::ModelWeights::from_gguf(
-                ct,
-                &mut f,
-                &Device::Cpu,
-            )?),
-            other => {
-                return Err(BenchError::Data(format!(
-                    "candle-transformers has no {other:?} model to compare with"
-                )))
-            }
-        })
-    }
-
-    /// Run `ids` at positions `pos..`; position 0 resets the model's cache.
-    fn forward(&mut self, ids: &[u32], pos: usize) -> Result<(), BenchError> {
-        let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
-        let y = match self {
-            Self::Llama(m) => m.forward(&x, pos)?,
-            Self::Gemma3(m) => m.forward(&x, pos)?,
-            Self::Qwen2(m) => m.forward(&x, pos)?,
-        };
-        y.to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        Ok(())
-    }
-}
-
-fn time_candle(
-    path: &Path,
-    arch: Arch,
-    ids: &[u32],
-    s: &Settings,
-    ctx: usize,
-) -> Result<Speeds, BenchError> {
-    let mut m = CandleModel::load(path, arch)?;
-    let mut out = Speeds::default();
-    for &n in &s.prompt_lens {
-        let secs = best_of(s.repeats, || {
-            let t = Instant::now();
-            for (c, chunk) in ids[..n].chunks(512).enumerate() {
-                m.forward(chunk, c * 512)?;
-            }
-            Ok(t.elapsed().as_secs_f64())
-        })?;
-        out.prefill.push((n, n as f64 / secs));
-        eprintln!("  candle   prefill {n:5}: {:8.1} tok/s", n as f64 / secs);
-    }
-    let per_tok = best_of(s.repeats, || {
-        for (c, chunk) in ids[..ctx].chunks(512).enumerate() {
-            m.forward(chunk, c * 512)?;
-        }
-        let t = Instant::now();
-        for i in 0..s.decode_tokens {
-            m.forward(&ids[ctx + i..ctx + i + 1], ctx + i)?;
-        }
-        Ok(t.elapsed().as_secs_f64() / s.decode_tokens as f64)
-    })?;
-    out.decode = 1.0 / per_tok;
-    eprintln!("  candle   decode @{ctx}: {:8.1} tok/s", out.decode);
     Ok(out)
 }
 
@@ -494,9 +410,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let candle = if s.skip_candle {
         None
     } else {
-        time_candle(&s.model, arch, &ids, s, ctx)
-            .inspect_err(|e| eprintln!("  candle   failed, left out: {e}"))
-            .ok()
+        candle_baseline(&s.model, arch, &ids, s, ctx)
     };
     let llama_cpp_rss_bytes = llama_cpp.as_ref().and_then(|l| l.rss_bytes);
     Ok(Report {
@@ -515,6 +429,25 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         llama_cpp_rss_bytes,
         roofline,
     })
+}
+
+#[cfg(feature = "candle")]
+fn candle_baseline(
+    path: &Path,
+    arch: Arch,
+    ids: &[u32],
+    s: &Settings,
+    ctx: usize,
+) -> Option<Speeds> {
+    crate::candle::time(path, arch, ids, s, ctx)
+        .inspect_err(|e| eprintln!("  candle   failed, left out: {e}"))
+        .ok()
+}
+
+#[cfg(not(feature = "candle"))]
+fn candle_baseline(_: &Path, _: Arch, _: &[u32], _: &Settings, _: usize) -> Option<Speeds> {
+    eprintln!("  candle   not built in (build with `--features candle`), left out");
+    None
 }
 
 /// The human-readable table: tok/s and ratios against each baseline.

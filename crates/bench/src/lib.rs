@@ -2,6 +2,8 @@
 //! baselines measured in the same run, and writes JSON under `bench-out/`.
 
 pub mod batch;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod chat;
 pub mod codecs;
 pub mod decode;
@@ -26,6 +28,7 @@ pub use edgeprompt_engine::machine;
 pub enum BenchError {
     #[error(transparent)]
     Engine(#[from] edgeprompt_engine::EngineError),
+    #[cfg(feature = "candle")]
     #[error("candle baseline: {0}")]
     Candle(#[from] candle_core::Error),
     #[error("llama.cpp baseline: {0}")]

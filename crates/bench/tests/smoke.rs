@@ -76,7 +76,11 @@ fn every_benchmark_runs_at_toy_scale_and_reports() {
     assert!(rf["stream_read_gbps"].as_f64().unwrap() > 0.0);
     assert!(rf["weight_bytes_per_token"].as_u64().unwrap() > 50_000_000);
     assert!(rf["decode_roofline_fraction"].as_f64().unwrap() > 0.0);
-    assert!(v["candle"]["prefill"][0][1].as_f64().unwrap() > 0.0);
+    if cfg!(feature = "candle") {
+        assert!(v["candle"]["prefill"][0][1].as_f64().unwrap() > 0.0);
+    } else {
+        assert!(v["candle"].is_null(), "{}", v["candle"]);
+    }
 
     ttft::run(&ttft::Settings {
         model: model.clone(),

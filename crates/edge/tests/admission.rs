@@ -11,7 +11,7 @@ use edgeprompt_edge::scheduler::{
 use edgeprompt_engine::SamplingParams;
 use tokio::sync::mpsc;
 
-mod common;
+use crate::common;
 use common::model;
 
 fn job(max_tokens: usize) -> (Job, mpsc::UnboundedReceiver<Event>) {

@@ -8,7 +8,7 @@ use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::scheduler::{Batcher, Done, SchedulerConfig};
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
 
-mod common;
+use crate::common;
 use common::{done, edge_ids, job, model, CODING, SUPPORT};
 
 const QUESTIONS: [&str; 8] = [

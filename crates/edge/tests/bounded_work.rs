@@ -14,7 +14,7 @@ use edgeprompt_kv::SealKey;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-mod common;
+use crate::common;
 use common::{edge_ids, model, pki, serve_cloud, CODING, SUPPORT};
 
 fn prefixes(m: &Arc<Model>, cfg: PrefixConfig) -> Arc<Prefixes> {

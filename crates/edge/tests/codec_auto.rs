@@ -11,7 +11,7 @@ use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_link::{Link, Profile};
 
-mod common;
+use crate::common;
 use common::{model, start_cloud};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

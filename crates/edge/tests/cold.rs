@@ -18,7 +18,7 @@ use edgeprompt_protocol::{
     fetch_message::Body, FetchMessage, FetchRequest, ListReply, ListRequest,
 };
 
-mod common;
+use crate::common;
 use common::{done, edge_ids, greedy_text, job, model, CODING, SUPPORT};
 
 const USERS: [&str; 3] = [

@@ -9,7 +9,7 @@ use edgeprompt_edge::scheduler::{Batcher, Extras, SchedulerConfig};
 use edgeprompt_engine::{Grammars, Model, PrefixKv, Sampler, SamplingParams, Sequence, Spec};
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::{done, edge_ids, job, model, SUPPORT};
 
 const QUESTIONS: [&str; 8] = [

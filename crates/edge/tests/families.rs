@@ -18,7 +18,7 @@ use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Model, Sequence};
 
-mod common;
+use crate::common;
 use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels

@@ -11,7 +11,7 @@ use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::{SchedulerConfig, DEAD, FAULT, FAULTS_TO_DIE};
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::{model, start_cloud, SUPPORT};
 
 const USER: &str = "My train was cancelled. What can I do with my ticket?";

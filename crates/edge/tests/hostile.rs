@@ -19,7 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-mod common;
+use crate::common;
 use common::{edge_ids, model, CODING, SUPPORT};
 
 const USER: &str = "Can I bring my bike on the train tomorrow?";

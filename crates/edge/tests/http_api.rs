@@ -12,7 +12,7 @@ use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
 
-mod common;
+use crate::common;
 use common::{edge_ids, model, python, start_cloud, CODING, SUPPORT};
 
 const USER: &str = "I booked a train for tomorrow at 9am. Can I still get my money back?";

@@ -23,7 +23,7 @@ use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
 
-mod common;
+use crate::common;
 
 const SYSTEM: &str = "You are the release assistant of the Tern build system. Tern caches every \
 build step by the hash of its inputs, runs steps in parallel up to the core count, and never \

@@ -11,7 +11,7 @@ use edgeprompt_engine::{Model, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
 
-mod common;
+use crate::common;
 use common::{edge_ids, model, start_cloud, CODING, SUPPORT};
 
 /// Greedy tokens; with `forced`, feed those tokens instead (teacher forcing) and return the

@@ -16,7 +16,7 @@ use edgeprompt_edge::ClientSecurity;
 use edgeprompt_engine::Model;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::{model, serve_cloud, SUPPORT};
 
 const TOKEN: &str = "cloud-s3cret";

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
-mod common;
+use crate::common;
 use common::{model, post_json, prompt_specs, Tap, CODING, SUPPORT};
 
 /// What a service was asked.

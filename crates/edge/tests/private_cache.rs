@@ -14,7 +14,7 @@ use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::{model, CODING, SUPPORT};
 
 const PRIVATE: &str = "You are the assistant of Dana Whitfield, account 4417. Be brief.";

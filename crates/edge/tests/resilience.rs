@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 
-mod common;
+use crate::common;
 use common::{edge_ids, model, start_cloud, Switch, SUPPORT};
 
 const USER: &str = "My train was cancelled an hour before departure. What do I get back?";

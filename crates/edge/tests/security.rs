@@ -10,7 +10,7 @@ use edgeprompt_protocol::PromptRef;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-mod common;
+use crate::common;
 use common::{model, pki, SUPPORT};
 
 async fn fetch(url: &str, sec: &ClientSecurity) -> Result<usize, String> {

@@ -20,7 +20,7 @@ use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use edgeprompt_kv::{content_address, DiskStore};
 use edgeprompt_link::{Link, Profile};
 
-mod common;
+use crate::common;
 
 const USER: &str = "\n\nQuestion: what is the text above about? Answer in one sentence.\nAnswer:";
 const MAX_TOKENS: usize = 16;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
 
-mod common;
+use crate::common;
 use common::{load, python, start_cloud};
 
 const QWEN15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";

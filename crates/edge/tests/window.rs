@@ -14,7 +14,7 @@ use edgeprompt_engine::{Model, Sequence};
 use edgeprompt_kv::Codec;
 use edgeprompt_protocol::PromptRef;
 
-mod common;
+use crate::common;
 
 const CLOUD_TOKENS: usize = 2048;
 
