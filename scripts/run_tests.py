@@ -40,15 +40,23 @@ def build(cargo):
         name = target["name"]
         if target["kind"] != ["test"]:
             name = f"{name} ({target['kind'][0]} tests)"
-        pkg = msg["package_id"]
         bins.append({
             "name": name,
             "target": target["name"],
             "exe": msg["executable"],
             "dir": os.path.dirname(msg["manifest_path"]),
-            "package": pkg.split("#")[1].split("@")[0] if "#" in pkg else pkg.split()[0],
+            "package": package_name(msg["package_id"]),
         })
     return bins
+
+
+def package_name(pkg_id):
+    """`path+file:///w/crates/edge#edgeprompt-edge@0.1.0`, or `...#0.1.0` where the directory
+    is the name, or the old `name 0.1.0 (path+file:///...)`."""
+    if "#" not in pkg_id:
+        return pkg_id.split()[0]
+    url, frag = pkg_id.split("#", 1)
+    return frag.split("@")[0] if "@" in frag else url.rstrip("/").rsplit("/", 1)[-1]
 
 
 def order(bins):
