@@ -87,8 +87,8 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     lm_eval_section(dir, &mut md);
     batch_section(dir, &mut md);
     // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), the Zen 5 AVX-512 EPYC's, then
-    // the Zen 4's (fresh private prompts, the same batch for both servers).
-    for sub in ["", "avx512/", "zen4/"] {
+    // the Zen 4's and the AVX2 Zen 1's (fresh private prompts, the same batch for both servers).
+    for sub in ["", "avx512/", "zen4/", "zen1/"] {
         serve_section(dir, sub, &mut md);
     }
     crate::chat::report::section(dir, &mut md);
@@ -152,7 +152,8 @@ fn engine_section(dir: &Path, md: &mut String) {
     // (`docs/results/avx512/`; `avx512-as-avx2/`: the same machine with our kernels held to
     // AVX2 and a llama.cpp built without AVX-512; `avx512-long/`: prompts of 2048 and 4096
     // tokens and decode after 4096; `avx512-as-avx2-long/`: both), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
-    // (`xeon-emr/`, Emerald Rapids), and a Zen 4 EPYC (`zen4/`), where there are such runs.
+    // (`xeon-emr/`, Emerald Rapids), a Zen 4 EPYC (`zen4/`) and an AVX2-only Zen 1 EPYC
+    // (`zen1/`), where there are such runs.
     // The four models we have, Qwen requantized to other file types (scripts/bench_formats.sh),
     // then the synthetic real-shape GGUFs of the families we have no weights for
     // (scripts/bench_families.sh).
@@ -185,6 +186,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "xeon/",
             "xeon-emr/",
             "zen4/",
+            "zen1/",
         ]
         .map(|sub| format!("{sub}engine-{m}.json"))
     });

@@ -5,16 +5,18 @@
 //!
 //! Private stays private: entries live in memory only (never the disk tier, never peers, never
 //! named on a link), and each belongs to a scope (the API key, and the request's `cache_salt`):
-//! a request runs only on its own scope's entries. The budget is shared, so a caller that fills
-//! it evicts others' entries (learning at most how much others keep, never what).
+//! a request runs only on its own scope's entries. The budget is shared, but over it the scope
+//! holding the most drops first: a caller that floods the cache evicts its own conversations
+//! before anyone else's (and learns at most how much others keep, never what).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use edgeprompt_engine::PrefixKv;
 use sha2::{Digest, Sha256};
 
 /// Who may read an entry: a digest of the API key (none on an open API) and `cache_salt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Scope([u8; 32]);
 
 impl Scope {
@@ -116,16 +118,10 @@ impl PrivateCache {
             used,
         });
         while inner.bytes > self.budget {
-            let Some(lru) = inner
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(i, _)| i)
-            else {
+            let Some(at) = victim(&inner.entries) else {
                 break;
             };
-            let gone = inner.entries.swap_remove(lru);
+            let gone = inner.entries.swap_remove(at);
             inner.bytes -= gone.kv.bytes();
         }
     }
@@ -147,6 +143,22 @@ impl PrivateCache {
     pub fn is_on(&self) -> bool {
         self.budget > 0
     }
+}
+
+/// The entry to drop over budget: the least recently used of the scope holding the most bytes
+/// (of those, if several hold as much), so no caller's flood evicts a smaller holder.
+fn victim(entries: &[Entry]) -> Option<usize> {
+    let mut held: HashMap<Scope, usize> = HashMap::new();
+    for e in entries {
+        *held.entry(e.scope).or_default() += e.kv.bytes();
+    }
+    let most = held.values().copied().max()?;
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| held.get(&e.scope) == Some(&most))
+        .min_by_key(|(_, e)| e.used)
+        .map(|(i, _)| i)
 }
 
 #[cfg(test)]
@@ -217,5 +229,39 @@ mod tests {
         c.put(s, cut);
         assert!(c.get(&s, &[5, 6, 7, 8], 0).is_none());
         assert!(!PrivateCache::new(0).is_on());
+    }
+
+    #[test]
+    fn a_caller_flooding_the_cache_evicts_its_own_conversations_first() {
+        let one = kv(&[1, 2]).bytes();
+        let c = PrivateCache::new(10 * one);
+        let (a, b) = (
+            Scope::new(Some(&[1; 32]), None),
+            Scope::new(Some(&[2; 32]), None),
+        );
+        // b's conversations are the least recently used of all when a floods.
+        c.put(b, kv(&[1, 2]));
+        c.put(b, kv(&[3, 4]));
+        for i in 0..100u32 {
+            c.put(a, kv(&[100 + i, 7]));
+            assert!(c.bytes() <= 10 * one);
+        }
+        assert_eq!(c.len(), 10);
+        assert!(c.get(&b, &[1, 2, 9], 0).is_some());
+        assert!(c.get(&b, &[3, 4, 9], 0).is_some());
+        // a keeps its most recent, within what b leaves.
+        assert!(c.get(&a, &[199, 7, 1], 0).is_some());
+        assert!(c.get(&a, &[192, 7, 1], 0).is_some());
+        assert!(c.get(&a, &[191, 7, 1], 0).is_none());
+        // b holds the most (3 of 5): its oldest goes, though a's first is older still.
+        let c = PrivateCache::new(4 * one);
+        c.put(a, kv(&[1, 1]));
+        c.put(b, kv(&[2, 2]));
+        c.put(a, kv(&[3, 3]));
+        c.put(b, kv(&[4, 4]));
+        c.put(b, kv(&[5, 5]));
+        assert!(c.get(&b, &[2, 2, 0], 0).is_none());
+        assert!(c.get(&b, &[4, 4, 0], 0).is_some());
+        assert!(c.get(&a, &[1, 1, 0], 0).is_some() && c.get(&a, &[3, 3, 0], 0).is_some());
     }
 }

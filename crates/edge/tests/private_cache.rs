@@ -2,7 +2,8 @@
 //! first turn's KV answers exactly as an edge that keeps nothing (token for token, every
 //! log-probability), alone and in a batch, after a cloud prompt that was cold at turn one and
 //! after a private system message; a caller never reads another's entries (another API key,
-//! another `cache_salt`); and the cache stays within its budget under a flood of conversations.
+//! another `cache_salt`); and the cache stays within its budget under a flood of conversations,
+//! which evicts the flooding caller's own conversations before another's.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -218,9 +219,17 @@ async fn a_flood_of_conversations_stays_within_the_budget() {
     let m = model();
     let cloud = common::start_cloud(m.clone()).await;
     // Room for a few conversations only.
-    let budget = 4 << 20;
+    let budget = 10 << 20;
     let (warm, state) = edge(&m, &cloud, budget).await;
     tokio::task::spawn_blocking(move || {
+        // Another caller's conversation, older than every one of the flood's.
+        let first = [("system", SUPPORT), ("user", "Can I change my seat?")];
+        let a1 = answer(&post(warm, "sk-b", &turn(&first, None)));
+        let one = state.private.bytes();
+        assert!(
+            3 * one <= budget && 24 * one / 2 > budget,
+            "{one} bytes a conversation"
+        );
         for i in 0..24 {
             let user = format!("Question {i}: is ticket {} refundable?", 1000 + i);
             post(
@@ -236,6 +245,10 @@ async fn a_flood_of_conversations_stays_within_the_budget() {
         }
         assert!(!state.private.is_empty());
         assert!(state.private.len() < 24, "least recently used dropped");
+        // The flooding caller dropped its own conversations: the other's next turn still
+        // runs on what it kept.
+        let t2 = post(warm, "sk-b", &turn(&refs(&second(SUPPORT, &a1)), None));
+        assert!(cached(&t2) > 4, "{}", t2["edgeprompt"]);
     })
     .await
     .unwrap();
