@@ -47,6 +47,7 @@ pub struct Metrics {
     pub batch_rows: Histogram,
     pub kv_reserved_bytes: Gauge,
     pub prefix_cache_bytes: Gauge,
+    pub prefix_cache_held_bytes: Gauge,
     pub private_cache_bytes: Gauge,
     pub resident_memory_bytes: Gauge,
     pub draining: Gauge,
@@ -83,6 +84,7 @@ impl Metrics {
             batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             kv_reserved_bytes: Gauge::default(),
             prefix_cache_bytes: Gauge::default(),
+            prefix_cache_held_bytes: Gauge::default(),
             private_cache_bytes: Gauge::default(),
             resident_memory_bytes: Gauge::default(),
             draining: Gauge::default(),
@@ -193,8 +195,13 @@ impl Metrics {
         );
         registry.register(
             "prefix_cache_bytes",
-            "Cloud-prompt KV bytes held in memory (bounded by --prefix-cache-mb)",
+            "Cloud-prompt KV bytes held in memory (bounded by --prefix-cache-mb plus what requests hold)",
             m.prefix_cache_bytes.clone(),
+        );
+        registry.register(
+            "prefix_cache_held_bytes",
+            "Of the cloud-prompt KV in memory, the bytes running or queued requests hold (not evictable now)",
+            m.prefix_cache_held_bytes.clone(),
         );
         registry.register(
             "private_cache_bytes",

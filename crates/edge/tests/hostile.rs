@@ -1013,6 +1013,41 @@ fn in_flight_kv_counts_against_the_prompt_cache_and_a_dropped_request_stops_its_
 }
 
 #[test]
+fn the_prompt_cache_exceeds_its_budget_only_by_what_requests_hold() {
+    let g = Arc::new(Genuine::new());
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let private = "You handle the payroll of Acme GmbH; salaries are confidential. Be brief.";
+    let (private_ids, _) = edge_ids(&m, private, USER);
+    let bytes = |n: usize| n * m.cfg.kv_bytes_per_token();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Room for the larger prompt, not both; computed here (no cloud).
+        let p = prefixes(
+            &m,
+            PrefixConfig {
+                cache_bytes: bytes(ids.len().max(private_ids.len())),
+                ..Default::default()
+            },
+        );
+        let a = p.for_system(&ids).await.unwrap();
+        let b = p.for_system(&private_ids).await.unwrap();
+        assert_eq!((a.source, b.source), (Source::Local, Source::Local));
+        let both = a.prefix.bytes() + b.prefix.bytes();
+        // Both held: both kept, over the budget by what is held.
+        assert_eq!(p.memory_bytes(), (both, both));
+        // One let go: it is evicted when the cache is next measured, not at the next lookup.
+        drop(a);
+        assert_eq!(p.memory_bytes(), (b.prefix.bytes(), b.prefix.bytes()));
+        assert_eq!(p.entries(), 1);
+        // The last one let go fits the budget: kept, idle.
+        let kept = b.prefix.bytes();
+        drop(b);
+        assert_eq!(p.memory_bytes(), (kept, 0));
+    });
+}
+
+#[test]
 fn a_fifo_or_a_symlink_in_the_cache_dir_is_not_read() {
     let g = Arc::new(Genuine::new());
     let m = g.model.clone();

@@ -98,6 +98,8 @@ pub struct Report {
     pub limits: Limits,
     /// Every bound held at every sample.
     pub bounds_held: bool,
+    /// Each broken bound with its worst sample.
+    pub bounds_exceeded: Vec<String>,
     pub samples: Vec<Sample>,
     pub timeline: Vec<Bucket>,
 }
@@ -143,8 +145,8 @@ impl Report {
                 self.mismatches
             ));
         }
-        if !self.bounds_held {
-            v.push("a memory or queue bound was exceeded (see samples)".into());
+        for b in &self.bounds_exceeded {
+            v.push(format!("bound exceeded: {b}"));
         }
         if self.edge_exit_codes.iter().any(|c| *c != Some(0)) {
             v.push(format!("edge exit codes {:?}", self.edge_exit_codes));
@@ -328,7 +330,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             })
             .collect(),
     };
-    let bounds_held = samples::bounds_held(&samples, &limits);
+    let bounds_exceeded = samples::bounds_exceeded(&samples, &limits);
     let mut counts = BTreeMap::new();
     let mut chaos_counts = BTreeMap::new();
     let mut defects = Vec::new();
@@ -365,7 +367,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         edges,
         faults: faults_seen,
         limits,
-        bounds_held,
+        bounds_held: bounds_exceeded.is_empty(),
+        bounds_exceeded,
         timeline: samples::timeline(&specs, &outcomes, s.secs),
         samples,
     };
@@ -509,6 +512,7 @@ fn summary(r: &Report) -> String {
         r.bounds_held,
         r.edges
     );
+    t += &samples::maxima(&r.samples, &r.limits);
     for f in &r.faults {
         t += &format!(
             "  {:6.1} s {:?} on {}: recovery {} ({})\n",

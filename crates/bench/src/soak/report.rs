@@ -85,8 +85,8 @@ fn bounds_line(v: &Value) -> String {
     let l = &v["limits"];
     let mut t = format!(
         "Bounds, sampled every second on both edges ({} samples; held: **{}**): reserved private KV max \
-         {:.1} MB of {:.0} MB; prefix cache max {:.1} MB of {:.0} MB (running requests may hold one \
-         prompt beyond it: idle prompts only are evicted); queue max {} of {}",
+         {:.1} MB of {:.0} MB; prefix cache max {:.1} MB of {:.0} MB (beyond it only by the prompts \
+         requests hold: idle prompts only are evicted); queue max {} of {}",
         samples.len(),
         v["bounds_held"],
         max("kv_reserved_bytes", None) / 1e6,

@@ -15,6 +15,8 @@ pub struct Sample {
     pub edge: usize,
     pub kv_reserved_bytes: u64,
     pub prefix_cache_bytes: u64,
+    /// Of those, the bytes requests hold (the cache evicts only the rest).
+    pub prefix_cache_held_bytes: u64,
     pub private_cache_bytes: u64,
     pub queue_depth: u64,
     pub rss_bytes: u64,
@@ -109,6 +111,7 @@ pub async fn sample_every_second(
                 edge,
                 kv_reserved_bytes: g("edgeprompt_kv_reserved_bytes"),
                 prefix_cache_bytes: g("edgeprompt_prefix_cache_bytes"),
+                prefix_cache_held_bytes: g("edgeprompt_prefix_cache_held_bytes"),
                 private_cache_bytes: g("edgeprompt_private_cache_bytes"),
                 queue_depth: g("edgeprompt_queue_depth"),
                 rss_bytes: g("edgeprompt_resident_memory_bytes"),
@@ -118,19 +121,94 @@ pub async fn sample_every_second(
     out
 }
 
-/// Whether every sample kept every bound. The prefix cache may exceed its budget only while
-/// running requests hold every entry; with this load's prompts that never needs more than
-/// the budget plus one prompt, which the check allows.
-pub fn bounds_held(samples: &[Sample], l: &Limits) -> bool {
-    let one_prompt = 16 << 20;
-    !samples.is_empty()
-        && samples.iter().all(|s| {
-            s.kv_reserved_bytes <= l.kv_budget_bytes
-                && s.prefix_cache_bytes <= l.prefix_cache_bytes + one_prompt
-                && s.private_cache_bytes <= l.private_cache_bytes
-                && s.queue_depth <= l.max_queue
-                && l.rss_bytes.get(s.edge).is_some_and(|&r| s.rss_bytes <= r)
-        })
+/// The bounds some sample broke, each with its worst sample. The prefix cache may exceed its
+/// budget only by what requests hold (it evicts idle prompts only); the RSS bound is each
+/// edge's RSS once ready plus every budget and a margin.
+pub fn bounds_exceeded(samples: &[Sample], l: &Limits) -> Vec<String> {
+    if samples.is_empty() {
+        return vec!["no sample of the edges' bounds was taken".into()];
+    }
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    type Check = (
+        &'static str,
+        fn(&Sample) -> u64,
+        fn(&Sample, &Limits) -> u64,
+    );
+    let checks: [Check; 5] = [
+        (
+            "reserved private KV",
+            |s| s.kv_reserved_bytes,
+            |_, l| l.kv_budget_bytes,
+        ),
+        (
+            "prefix cache (budget + held by requests)",
+            |s| s.prefix_cache_bytes,
+            |s, l| l.prefix_cache_bytes + s.prefix_cache_held_bytes,
+        ),
+        (
+            "private cache",
+            |s| s.private_cache_bytes,
+            |_, l| l.private_cache_bytes,
+        ),
+        ("queue depth", |s| s.queue_depth, |_, l| l.max_queue),
+        (
+            "RSS",
+            |s| s.rss_bytes,
+            |s, l| l.rss_bytes.get(s.edge).copied().unwrap_or(0),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, value, limit) in checks {
+        let worst = samples
+            .iter()
+            .filter(|s| value(s) > limit(s, l))
+            .max_by_key(|s| value(s) - limit(s, l));
+        if let Some(s) = worst {
+            let n = samples.iter().filter(|s| value(s) > limit(s, l)).count();
+            let (v, lim) = (value(s), limit(s, l));
+            out.push(if name == "queue depth" {
+                format!(
+                    "{name}: {v} > {lim} on edge {} at {:.0} s ({n} samples)",
+                    s.edge, s.t
+                )
+            } else {
+                format!(
+                    "{name}: {:.1} MB > {:.1} MB on edge {} at {:.0} s ({n} samples)",
+                    mb(v),
+                    mb(lim),
+                    s.edge,
+                    s.t
+                )
+            });
+        }
+    }
+    out
+}
+
+/// Each edge's largest sample of each bounded quantity, against its limit.
+pub fn maxima(samples: &[Sample], l: &Limits) -> String {
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut t = String::new();
+    for (edge, rss) in l.rss_bytes.iter().enumerate() {
+        let mine = || samples.iter().filter(move |s| s.edge == edge);
+        let max = |f: fn(&Sample) -> u64| mine().map(f).max().unwrap_or(0);
+        t += &format!(
+            "edge {edge} maxima: reserved KV {:.1}/{:.0} MB, prefix cache {:.1} MB (held {:.1}, budget {:.0}), \
+             private cache {:.1}/{:.0} MB, queue {}/{}, RSS {:.0}/{:.0} MB\n",
+            mb(max(|s| s.kv_reserved_bytes)),
+            mb(l.kv_budget_bytes),
+            mb(max(|s| s.prefix_cache_bytes)),
+            mb(max(|s| s.prefix_cache_held_bytes)),
+            mb(l.prefix_cache_bytes),
+            mb(max(|s| s.private_cache_bytes)),
+            mb(l.private_cache_bytes),
+            max(|s| s.queue_depth),
+            l.max_queue,
+            mb(max(|s| s.rss_bytes)),
+            mb(*rss),
+        );
+    }
+    t
 }
 
 fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
@@ -173,6 +251,43 @@ pub fn timeline(specs: &[Spec], ended: &[Ended], secs: f64) -> Vec<Bucket> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(prefix: u64, held: u64, queue: u64) -> Sample {
+        Sample {
+            t: 3.0,
+            edge: 1,
+            kv_reserved_bytes: 0,
+            prefix_cache_bytes: prefix,
+            prefix_cache_held_bytes: held,
+            private_cache_bytes: 0,
+            queue_depth: queue,
+            rss_bytes: 100,
+        }
+    }
+
+    #[test]
+    fn names_each_broken_bound_with_its_worst_sample() {
+        let l = Limits {
+            kv_budget_bytes: 1 << 20,
+            prefix_cache_bytes: 16 << 20,
+            private_cache_bytes: 1 << 20,
+            max_queue: 4,
+            rss_bytes: vec![1000, 1000],
+        };
+        // Over the budget by what requests hold: within the bound.
+        let fine = [sample(40 << 20, 24 << 20, 4), sample(1 << 20, 0, 0)];
+        assert_eq!(bounds_exceeded(&fine, &l), Vec::<String>::new());
+        // Idle bytes over the budget, and a queue too deep.
+        let bad = [sample(20 << 20, 0, 5), sample(30 << 20, 8 << 20, 2)];
+        assert_eq!(
+            bounds_exceeded(&bad, &l),
+            [
+                "prefix cache (budget + held by requests): 30.0 MB > 24.0 MB on edge 1 at 3 s (2 samples)",
+                "queue depth: 5 > 4 on edge 1 at 3 s (1 samples)",
+            ]
+        );
+        assert_eq!(bounds_exceeded(&[], &l).len(), 1);
+    }
 
     #[test]
     fn reads_gauges_by_exact_name() {

@@ -143,7 +143,9 @@ pub async fn health(State(s): AppState) -> Response {
 pub async fn metrics(State(s): AppState) -> Response {
     let m = &s.metrics;
     m.kv_reserved_bytes.set(s.scheduler.reserved_bytes() as i64);
-    m.prefix_cache_bytes.set(s.prefixes.memory_bytes() as i64);
+    let (cached, held) = s.prefixes.memory_bytes();
+    m.prefix_cache_bytes.set(cached as i64);
+    m.prefix_cache_held_bytes.set(held as i64);
     m.private_cache_bytes.set(s.private.bytes() as i64);
     m.resident_memory_bytes
         .set(edgeprompt_engine::machine::rss().unwrap_or(0) as i64);

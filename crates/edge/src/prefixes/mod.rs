@@ -443,14 +443,12 @@ impl Prefixes {
         })
     }
 
-    /// Bytes of cloud-prompt KV held in memory (over the budget only while requests hold
-    /// every entry).
-    pub fn memory_bytes(&self) -> usize {
-        self.entries.lock().map_or(0, |e| {
-            e.values()
-                .filter_map(|v| v.cell.get().map(|p| p.bytes()))
-                .sum()
-        })
+    /// Bytes of cloud-prompt KV in memory, and of those the bytes requests hold. Idle prompts
+    /// over the budget go first (a request that ended may have left them idle).
+    pub fn memory_bytes(&self) -> (usize, usize) {
+        self.entries
+            .lock()
+            .map_or((0, 0), |mut e| self.evict_in(&mut e))
     }
 
     /// Wait until every disk write started so far has finished, or `within` has passed.
@@ -951,22 +949,33 @@ impl Prefixes {
 
     /// Drop the least recently used prompts that no request holds until under the budget.
     fn evict(&self) {
-        let Ok(mut e) = self.entries.lock() else {
-            return;
-        };
-        let size = |e: &Entry| e.cell.get().map_or(0, |p| p.bytes());
-        let mut total: usize = e.values().map(size).sum();
-        while total > self.cfg.cache_bytes {
-            let idle = e
-                .iter()
-                .filter(|(_, v)| v.cell.get().is_some_and(|p| Arc::strong_count(p) == 1))
-                .min_by_key(|(_, v)| v.last_used)
-                .map(|(k, _)| k.clone());
-            let Some(k) = idle else { break };
-            if let Some(v) = e.remove(&k) {
-                total -= size(&v);
+        let _ = self.memory_bytes();
+    }
+
+    /// Returns the bytes left and, of those, the bytes requests hold, both from one reading
+    /// of who holds what (a request may let go meanwhile): the first exceeds the budget by at
+    /// most the second.
+    fn evict_in(&self, e: &mut HashMap<String, Entry>) -> (usize, usize) {
+        let mut idle = Vec::new();
+        let (mut total, mut held) = (0, 0);
+        for (k, v) in e.iter() {
+            let Some(p) = v.cell.get() else { continue };
+            total += p.bytes();
+            if Arc::strong_count(p) == 1 {
+                idle.push((v.last_used, p.bytes(), k.clone()));
+            } else {
+                held += p.bytes();
             }
         }
+        idle.sort_unstable();
+        for (_, bytes, k) in idle {
+            if total <= self.cfg.cache_bytes {
+                break;
+            }
+            e.remove(&k);
+            total -= bytes;
+        }
+        (total, held)
     }
 
     /// The tiers below memory, in order: disk, peers, cloud, then compute here. A private
