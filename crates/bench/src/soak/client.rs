@@ -21,6 +21,9 @@ pub struct Spec {
     /// Sent by the chaos schedule (a burst that fills the KV budget, prompts for a
     /// disk that cannot be written), not the load.
     pub by_chaos: bool,
+    /// Sent only once the fault of this index has been applied (at `at` or after): what it
+    /// tests needs the fault in place, however late a slow machine applies it.
+    pub after_fault: Option<usize>,
 }
 
 /// How a request ended, as its client saw it.

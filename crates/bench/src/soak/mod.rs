@@ -200,6 +200,7 @@ fn load(s: &Settings, model: &Model) -> Result<(Vec<String>, Vec<Spec>), BenchEr
             stream,
             cancel_after: (stream && rng.random::<f64>() < 0.1).then_some(3),
             by_chaos: false,
+            after_fault: None,
         });
     }
     Ok((prompts, specs))
@@ -230,6 +231,7 @@ fn burst(
             stream: true,
             cancel_after: (i < 2).then_some(80),
             by_chaos: true,
+            after_fault: None,
         })
         .collect()
 }
@@ -241,7 +243,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (prompts, mut specs) = load(s, &model)?;
     let faults = chaos::schedule(s.secs, s.seed);
     let user = specs.first().map(|x| x.user.clone()).unwrap_or_default();
-    for f in &faults {
+    for (i, f) in faults.iter().enumerate() {
         match f.kind {
             chaos::Kind::FillBudget => {
                 let b = burst(s, &model, f.target, f.at, specs.len(), &user);
@@ -261,6 +263,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                         stream: k == 0,
                         cancel_after: None,
                         by_chaos: true,
+                        after_fault: Some(i),
                     });
                 }
             }
@@ -399,17 +402,21 @@ async fn drive(
         begin,
         Duration::from_secs_f64(s.secs + 5.0),
     ));
+    // How many faults have been applied, for the requests that must follow theirs.
+    let (applied_tx, applied_rx) = tokio::sync::watch::channel(0usize);
     let chaos = {
         let (cluster, model, faults) = (cluster.clone(), model.clone(), faults.to_vec());
+        let applied = applied_tx;
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            for f in &faults {
+            for (i, f) in faults.iter().enumerate() {
                 let wait = f.at - begin.elapsed().as_secs_f64();
                 if wait > 0.0 {
                     std::thread::sleep(Duration::from_secs_f64(wait));
                 }
                 eprintln!("soak: [{:6.1} s] fault {:?} on {}", f.at, f.kind, f.target);
                 out.push(cluster.apply(f, &model));
+                applied.send_replace(i + 1);
             }
             out
         })
@@ -417,15 +424,20 @@ async fn drive(
     let timeout = Duration::from_secs(s.client_timeout_secs);
     let mut tasks = Vec::with_capacity(specs.len());
     for spec in specs {
-        let (http, base, spec) = (
+        let (http, base, spec, mut applied) = (
             http.clone(),
             cluster.edge_urls[spec.edge].clone(),
             spec.clone(),
+            applied_rx.clone(),
         );
         // The edges serve the model under the name they were started with: its path.
         let model_id = s.model.display().to_string();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until((begin + Duration::from_secs_f64(spec.at)).into()).await;
+            if let Some(f) = spec.after_fault {
+                // The chaos task applies every fault, then ends: the wait ends either way.
+                let _ = applied.wait_for(|n| *n > f).await;
+            }
             let start = begin.elapsed().as_secs_f64();
             let o = client::send(&http, &base, &model_id, &spec, timeout).await;
             (start, begin.elapsed().as_secs_f64(), o)
