@@ -203,6 +203,12 @@ fn load(s: &Settings, model: &Model) -> Result<(Vec<String>, Vec<Spec>), BenchEr
             after_fault: None,
         });
     }
+    // One more cloud prompt, published and never asked for by the load: the disk fault's
+    // requests use it, so their edge must fetch it and write it down after the fault, whatever
+    // its memory holds by then (a system prompt the cloud does not publish is private and
+    // never written to disk).
+    let mut prompts = prompts;
+    prompts.push(text(&mut rng, s.cloud_len)?);
     Ok((prompts, specs))
 }
 
@@ -249,15 +255,16 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 let b = burst(s, &model, f.target, f.at, specs.len(), &user);
                 specs.extend(b);
             }
-            // New system prompts while the disk cannot be written: the edge computes them and
-            // cannot store them; the answers must not suffer.
+            // A cloud prompt the edge has not seen, once its disk cannot be written: it is
+            // fetched and cannot be stored; the answers must not suffer.
             chaos::Kind::DiskUnwritable => {
+                let unseen = prompts.last().cloned().unwrap_or_default();
                 for k in 0..2 {
                     specs.push(Spec {
                         id: specs.len(),
                         at: f.at + f.hold_s * (k + 1) as f64 / 3.0,
                         edge: f.target,
-                        system: format!("You answer as briefly as you can (case {k})."),
+                        system: unseen.clone(),
                         user: user.clone(),
                         max_tokens: s.max_tokens,
                         stream: k == 0,
@@ -271,7 +278,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         }
     }
     eprintln!(
-        "soak: {} requests over {:.0} s ({} sent by the fault schedule), {} cloud prompts, faults at {:?}",
+        "soak: {} requests over {:.0} s ({} sent by the fault schedule), {} cloud prompts (the last one for the disk fault only), faults at {:?}",
         specs.len(),
         s.secs,
         specs.iter().filter(|x| x.by_chaos).count(),
