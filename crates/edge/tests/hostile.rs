@@ -957,13 +957,17 @@ fn a_silent_stalled_or_dripping_cloud_is_given_up_and_the_prompt_computed_here()
     });
 }
 
+/// The support prompt's ids and a private system prompt's, for the prompt cache's budget tests.
+fn two_prompts(m: &Model) -> (Vec<u32>, Vec<u32>) {
+    let private = "You handle the payroll of Acme GmbH; salaries are confidential. Be brief.";
+    (edge_ids(m, SUPPORT, USER).0, edge_ids(m, private, USER).0)
+}
+
 #[test]
 fn in_flight_kv_counts_against_the_prompt_cache_and_a_dropped_request_stops_its_fetch() {
     let g = Arc::new(Genuine::new());
     let m = g.model.clone();
-    let (ids, _) = edge_ids(&m, SUPPORT, USER);
-    let private = "You handle the payroll of Acme GmbH; salaries are confidential. Be brief.";
-    let (private_ids, _) = edge_ids(&m, private, USER);
+    let (ids, private_ids) = two_prompts(&m);
     let bytes = |n: usize| n * m.cfg.kv_bytes_per_token();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -1016,9 +1020,7 @@ fn in_flight_kv_counts_against_the_prompt_cache_and_a_dropped_request_stops_its_
 fn the_prompt_cache_exceeds_its_budget_only_by_what_requests_hold() {
     let g = Arc::new(Genuine::new());
     let m = g.model.clone();
-    let (ids, _) = edge_ids(&m, SUPPORT, USER);
-    let private = "You handle the payroll of Acme GmbH; salaries are confidential. Be brief.";
-    let (private_ids, _) = edge_ids(&m, private, USER);
+    let (ids, private_ids) = two_prompts(&m);
     let bytes = |n: usize| n * m.cfg.kv_bytes_per_token();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
