@@ -1,9 +1,10 @@
 //! `x [m, k] · wᵀ` for weights kept as floats: f32, and f16 or bf16 as the file stores them,
 //! each value widened exactly to f32 as it is read (no value of the file is converted).
 //!
-//! Every output is `dot`'s: value `i` into lane `i % 16` by a multiply then an add (no fused
-//! multiply-add, so every path rounds alike), the tail into the first lanes, the lanes summed
-//! by a fixed tree. The tiled paths (`x86/float.rs`, `arm/float.rs`) give those bits, and a
+//! Every output is `dot`'s: value `i` into lane `i % 16` by a fused multiply-add (one rounding,
+//! the same in every path's FMA and in `f32::mul_add`; half the floating-point operations of a
+//! multiply then an add, which bound the tiles on AVX2), the tail into the first lanes, the
+//! lanes summed by a fixed tree. The tiled paths (`x86/float.rs`, `arm/float.rs`) give those bits, and a
 //! row's result never depends on the rows beside it.
 
 use half::{bf16, f16};
@@ -187,7 +188,7 @@ pub(crate) fn dot<E: Elem>(x: &[f32], w: &[E]) -> f32 {
     let mut lanes = [0f32; 16];
     for (xs, ws) in x[..full].chunks_exact(16).zip(w[..full].chunks_exact(16)) {
         for i in 0..16 {
-            lanes[i] += xs[i] * ws[i].get();
+            lanes[i] = xs[i].mul_add(ws[i].get(), lanes[i]);
         }
     }
     finish(lanes, &x[full..], &w[full..])
@@ -196,7 +197,7 @@ pub(crate) fn dot<E: Elem>(x: &[f32], w: &[E]) -> f32 {
 /// The tail values into the first lanes, then the lanes summed by a fixed tree.
 fn finish<E: Elem>(mut lanes: [f32; 16], x: &[f32], w: &[E]) -> f32 {
     for (i, (a, b)) in x.iter().zip(w).enumerate() {
-        lanes[i] += a * b.get();
+        lanes[i] = a.mul_add(b.get(), lanes[i]);
     }
     let mut h = 8;
     while h > 0 {
@@ -215,7 +216,7 @@ pub(crate) trait Lanes<E>: Copy {
     unsafe fn x(p: *const f32) -> Self;
     /// Sixteen weights at `p`, widened to f32.
     unsafe fn w(p: *const E) -> Self;
-    /// `acc + a * b`, rounded after the multiply and after the add.
+    /// `acc + a * b`, fused: rounded once.
     unsafe fn mul_add(acc: Self, a: Self, b: Self) -> Self;
     unsafe fn store(self, out: &mut [f32; 16]);
 }

@@ -82,7 +82,10 @@ pub static LEVEL: std::sync::LazyLock<Level> = std::sync::LazyLock::new(|| {
 
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Option<Level> {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
         return None;
     }
     let vnni = is_x86_feature_detected!("avx512f")

@@ -63,9 +63,7 @@ impl<E: Load> Lanes<E> for N16 {
     }
     #[inline(always)]
     unsafe fn mul_add(acc: Self, a: Self, b: Self) -> Self {
-        N16(std::array::from_fn(|i| {
-            vaddq_f32(acc.0[i], vmulq_f32(a.0[i], b.0[i]))
-        }))
+        N16(std::array::from_fn(|i| vfmaq_f32(acc.0[i], a.0[i], b.0[i])))
     }
     #[inline(always)]
     unsafe fn store(self, out: &mut [f32; 16]) {

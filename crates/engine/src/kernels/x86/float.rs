@@ -70,7 +70,7 @@ impl<E: Load> Lanes<E> for W512 {
     }
     #[inline(always)]
     unsafe fn mul_add(acc: Self, a: Self, b: Self) -> Self {
-        W512(_mm512_add_ps(acc.0, _mm512_mul_ps(a.0, b.0)))
+        W512(_mm512_fmadd_ps(a.0, b.0, acc.0))
     }
     #[inline(always)]
     unsafe fn store(self, out: &mut [f32; 16]) {
@@ -97,8 +97,8 @@ impl<E: Load> Lanes<E> for W256 {
     #[inline(always)]
     unsafe fn mul_add(acc: Self, a: Self, b: Self) -> Self {
         W256(
-            _mm256_add_ps(acc.0, _mm256_mul_ps(a.0, b.0)),
-            _mm256_add_ps(acc.1, _mm256_mul_ps(a.1, b.1)),
+            _mm256_fmadd_ps(a.0, b.0, acc.0),
+            _mm256_fmadd_ps(a.1, b.1, acc.1),
         )
     }
     #[inline(always)]
@@ -130,7 +130,7 @@ pub(crate) unsafe fn block512<E: Load>(
 ///
 /// # Safety
 /// AVX2 and F16C present; the slices as `float::block`'s.
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn block256<E: Load>(
     w: &[E],
     cols: usize,
