@@ -217,7 +217,13 @@ impl Cluster {
     }
 
     /// Carry out one fault; returns when it is over (restarts done) with what was seen.
-    pub fn apply(&self, f: &Fault, model: &Arc<Model>) -> Result<FaultRecord, BenchError> {
+    /// `during` runs once the fault is in place and holds it: the fault ends when it returns.
+    pub fn apply(
+        &self,
+        f: &Fault,
+        model: &Arc<Model>,
+        during: &dyn Fn(&Fault),
+    ) -> Result<FaultRecord, BenchError> {
         let start = self.now();
         let mut rec = FaultRecord {
             fault: f.clone(),
@@ -229,10 +235,12 @@ impl Cluster {
         match f.kind {
             Kind::StopRedis => {
                 let code = lock(&self.redis).term(Duration::from_secs(10));
+                during(f);
                 rec.note = format!("redis-server exited with {code:?}");
             }
             Kind::StartRedis => {
                 lock(&self.redis).start()?;
+                during(f);
                 // Recovered when a cloud node next reads a prompt's KV from Redis (the
                 // cloud restart that follows in the schedule does).
                 rec.note =
@@ -246,7 +254,7 @@ impl Cluster {
                     _ => (&self.links, "cut"),
                 };
                 lock(&procs[f.target]).kill9();
-                std::thread::sleep(Duration::from_secs_f64(f.hold_s));
+                during(f);
                 match f.kind {
                     Kind::KillCloud => self.start_cloud(f.target)?,
                     _ => self.start_link(f.target)?,
@@ -264,12 +272,13 @@ impl Cluster {
                 let aside = dir.with_extension("aside");
                 std::fs::rename(dir, &aside)?;
                 std::fs::write(dir, b"not a directory")?;
-                std::thread::sleep(Duration::from_secs_f64(f.hold_s));
+                during(f);
                 std::fs::remove_file(dir)?;
                 std::fs::rename(&aside, dir)?;
                 rec.note = format!("{} replaced by a file", dir.display());
             }
             Kind::FillBudget => {
+                during(f);
                 rec.note = "a burst of long requests (see the burst outcomes)".into();
             }
         }

@@ -413,7 +413,7 @@ async fn drive(
     let (applied_tx, applied_rx) = tokio::sync::watch::channel(0usize);
     let chaos = {
         let (cluster, model, faults) = (cluster.clone(), model.clone(), faults.to_vec());
-        let applied = applied_tx;
+        let (applied, http, rt) = (applied_tx, http.clone(), tokio::runtime::Handle::current());
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             for (i, f) in faults.iter().enumerate() {
@@ -422,7 +422,27 @@ async fn drive(
                     std::thread::sleep(Duration::from_secs_f64(wait));
                 }
                 eprintln!("soak: [{:6.1} s] fault {:?} on {}", f.at, f.kind, f.target);
-                out.push(cluster.apply(f, &model));
+                let during = |f: &chaos::Fault| {
+                    // In place: the requests that follow this fault go now.
+                    applied.send_replace(i + 1);
+                    std::thread::sleep(Duration::from_secs_f64(f.hold_s));
+                    if f.kind == chaos::Kind::DiskUnwritable {
+                        // Held until its edge has failed a write (its requests make it fetch a
+                        // prompt it must store), within a deadline: the order of events, not
+                        // the speed of the machine, decides what the check sees.
+                        let url = [cluster.edge_urls[f.target].clone()];
+                        let deadline = Instant::now() + Duration::from_secs(90);
+                        while Instant::now() < deadline
+                            && rt
+                                .block_on(samples::edge_counts(&http, &url))
+                                .first()
+                                .is_none_or(|c| c.disk_write_errors == 0)
+                        {
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                };
+                out.push(cluster.apply(f, &model, &during));
                 applied.send_replace(i + 1);
             }
             out
