@@ -443,6 +443,7 @@ async fn drive(
                     }
                 };
                 out.push(cluster.apply(f, &model, &during));
+                // Also when `apply` failed before the fault was in place: its requests go anyway.
                 applied.send_replace(i + 1);
             }
             out

@@ -4,8 +4,8 @@
 //! Every output is `dot`'s: value `i` into lane `i % 16` by a fused multiply-add (one rounding,
 //! the same in every path's FMA and in `f32::mul_add`; half the floating-point operations of a
 //! multiply then an add, which bound the tiles on AVX2), the tail into the first lanes, the
-//! lanes summed by a fixed tree. The tiled paths (`x86/float.rs`, `arm/float.rs`) give those bits, and a
-//! row's result never depends on the rows beside it.
+//! lanes summed by a fixed tree. The tiled paths (`x86/float.rs`, `arm/float.rs`) give those
+//! bits, and a row's result never depends on the rows beside it.
 
 use half::{bf16, f16};
 

@@ -129,7 +129,7 @@ pub(crate) unsafe fn block512<E: Load>(
 /// registers).
 ///
 /// # Safety
-/// AVX2 and F16C present; the slices as `float::block`'s.
+/// AVX2, FMA and F16C present; the slices as `float::block`'s.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn block256<E: Load>(
     w: &[E],
