@@ -270,6 +270,14 @@ trait Dots {
     unsafe fn q5(v: &[__m256i; 8], a: *const i8) -> __m256i;
     /// q8_0: `v` the weights, `p` their `q8_prep` form.
     unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i;
+    /// iq4_xs: `(q8 dot - Q8_BIAS * bsum)` times `sc` (i32 lanes, -32..=31).
+    unsafe fn q8s(
+        v: &[__m256i; 8],
+        p: &[__m256i; 8],
+        a: *const i8,
+        bsum: i32,
+        sc: __m256i,
+    ) -> __m256i;
     /// q4_K: the dot times `sc` (i32 lanes, 0..=63).
     unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
     /// q5_K (0..=31): the dot times `sc`.
@@ -330,6 +338,25 @@ impl Dots for Avx2 {
         for j in 0..8 {
             let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
             s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), ones));
+        }
+        s
+    }
+
+    #[inline(always)]
+    unsafe fn q8s(
+        v: &[__m256i; 8],
+        p: &[__m256i; 8],
+        a: *const i8,
+        _bsum: i32,
+        sc: __m256i,
+    ) -> __m256i {
+        // The scale as the pair multiplier of the `madd` that widens each term: no `mullo`
+        // (the exact integer sum: |pair| <= 2 * 127 * 127, times |sc| <= 32, eight terms).
+        let sp = pairs(sc, sc);
+        let mut s = _mm256_setzero_si256();
+        for j in 0..8 {
+            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), sp));
         }
         s
     }
@@ -401,6 +428,18 @@ impl Dots for Vnni {
     #[inline(always)]
     unsafe fn q8(_v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i {
         dp(p, a, 0, 8)
+    }
+
+    #[inline(always)]
+    unsafe fn q8s(
+        v: &[__m256i; 8],
+        p: &[__m256i; 8],
+        a: *const i8,
+        bsum: i32,
+        sc: __m256i,
+    ) -> __m256i {
+        let d = _mm256_sub_epi32(Self::q8(v, p, a), _mm256_set1_epi32(Self::Q8_BIAS * bsum));
+        _mm256_mullo_epi32(d, sc)
     }
 
     #[inline(always)]
@@ -643,9 +682,8 @@ unsafe fn tile_k<D: Dots, const F: u8, const MT: usize>(
                 let sc = bytes8(hdr.add(16 + 8 * bi), true);
                 let q = D::q8_prep(&v);
                 each_row!(MT, i, {
-                    let bias = _mm256_set1_epi32(D::Q8_BIAS * *r.bsum[i].add(b));
-                    let d = _mm256_sub_epi32(D::q8(&v, &q, r.q[i].add(b * QK)), bias);
-                    isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, sc));
+                    let d = D::q8s(&v, &q, r.q[i].add(b * QK), *r.bsum[i].add(b), sc);
+                    isum[i] = _mm256_add_epi32(isum[i], d);
                 });
             } else {
                 // q6_K, q3_K: half-block scales s0, s1 scale the half sums, the pair (s0, s1)
