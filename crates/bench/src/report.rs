@@ -272,7 +272,7 @@ fn engine_section(dir: &Path, md: &mut String) {
                 md,
                 "Roofline: streaming read {:.1} GB/s on the same threads; decode streams {:.0} MB of \
                  weights per token = {:.1} GB/s, **{:.0} %** {share}.{kv} Prefill through the \
-                 layers: {} GOP/s (int8, 2 ops per multiply-add).\n",
+                 layers: {} GOP/s (2 ops per multiply-add).\n",
                 f(&rf["stream_read_gbps"]),
                 f(&rf["weight_bytes_per_token"]) / 1e6,
                 f(&rf["decode_gbps"]),
