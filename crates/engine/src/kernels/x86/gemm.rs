@@ -304,6 +304,18 @@ unsafe fn sum16(v: &[__m256i; 8], a: *const i8, from: usize, to: usize) -> __m25
     s
 }
 
+/// The signed weights' dot (`q8_prep`'s |w| times a with w's sign), each term's i16 pairs
+/// widened by one `madd` against `m` (ones, or a block scale in both halves).
+#[inline(always)]
+unsafe fn signed_dot(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8, m: __m256i) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for j in 0..8 {
+        let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), m));
+    }
+    s
+}
+
 impl Dots for Avx2 {
     const Q8_BIAS: i32 = 0;
 
@@ -332,14 +344,7 @@ impl Dots for Avx2 {
 
     #[inline(always)]
     unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i {
-        // |w| (unsigned) times a with w's sign; one madd per term.
-        let ones = _mm256_set1_epi16(1);
-        let mut s = _mm256_setzero_si256();
-        for j in 0..8 {
-            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), ones));
-        }
-        s
+        signed_dot(v, p, a, _mm256_set1_epi16(1))
     }
 
     #[inline(always)]
@@ -352,13 +357,7 @@ impl Dots for Avx2 {
     ) -> __m256i {
         // The scale as the pair multiplier of the `madd` that widens each term: no `mullo`
         // (the exact integer sum: |pair| <= 2 * 127 * 127, times |sc| <= 32, eight terms).
-        let sp = pairs(sc, sc);
-        let mut s = _mm256_setzero_si256();
-        for j in 0..8 {
-            let aj = _mm256_sign_epi8(bcast(a.add(4 * j)), v[j]);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(p[j], aj), sp));
-        }
-        s
+        signed_dot(v, p, a, pairs(sc, sc))
     }
 
     #[inline(always)]
