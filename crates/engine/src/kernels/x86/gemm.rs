@@ -271,13 +271,17 @@ trait Dots {
     /// q8_0: `v` the weights, `p` their `q8_prep` form.
     unsafe fn q8(v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i;
     /// iq4_xs: `(q8 dot - Q8_BIAS * bsum)` times `sc` (i32 lanes, -32..=31).
+    #[inline(always)]
     unsafe fn q8s(
         v: &[__m256i; 8],
         p: &[__m256i; 8],
         a: *const i8,
         bsum: i32,
         sc: __m256i,
-    ) -> __m256i;
+    ) -> __m256i {
+        let d = _mm256_sub_epi32(Self::q8(v, p, a), _mm256_set1_epi32(Self::Q8_BIAS * bsum));
+        _mm256_mullo_epi32(d, sc)
+    }
     /// q4_K: the dot times `sc` (i32 lanes, 0..=63).
     unsafe fn q4k(v: &[__m256i; 8], a: *const i8, sc: __m256i) -> __m256i;
     /// q5_K (0..=31): the dot times `sc`.
@@ -427,18 +431,6 @@ impl Dots for Vnni {
     #[inline(always)]
     unsafe fn q8(_v: &[__m256i; 8], p: &[__m256i; 8], a: *const i8) -> __m256i {
         dp(p, a, 0, 8)
-    }
-
-    #[inline(always)]
-    unsafe fn q8s(
-        v: &[__m256i; 8],
-        p: &[__m256i; 8],
-        a: *const i8,
-        bsum: i32,
-        sc: __m256i,
-    ) -> __m256i {
-        let d = _mm256_sub_epi32(Self::q8(v, p, a), _mm256_set1_epi32(Self::Q8_BIAS * bsum));
-        _mm256_mullo_epi32(d, sc)
     }
 
     #[inline(always)]
