@@ -76,6 +76,11 @@ impl<E: Load> Lanes<E> for W512 {
     unsafe fn store(self, out: &mut [f32; 16]) {
         _mm512_storeu_ps(out.as_mut_ptr(), self.0)
     }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+        sum8(_mm256_add_ps(_mm512_castps512_ps256(self.0), hi))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -106,6 +111,18 @@ impl<E: Load> Lanes<E> for W256 {
         _mm256_storeu_ps(out.as_mut_ptr(), self.0);
         _mm256_storeu_ps(out.as_mut_ptr().add(8), self.1);
     }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        sum8(_mm256_add_ps(self.0, self.1))
+    }
+}
+
+/// Lanes 0-7 of `float::tree` after its first step: `i + 4`, `i + 2`, `i + 1` in that order.
+#[inline(always)]
+unsafe fn sum8(v: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps::<1>(d, d)))
 }
 
 /// `float::block` on 512-bit vectors: tiles of 4 activation rows by 4 weight rows (16
