@@ -1,5 +1,5 @@
 //! `x [m, k] · wᵀ` for weights kept as floats: f32, and f16 or bf16 as the file stores them,
-//! each value widened exactly to f32 as it is read (no value of the file is converted).
+//! each value widened exactly to f32 when a call reads it (the file's values are kept as stored).
 //!
 //! Every output is `dot`'s: value `i` into lane `i % 16` by a fused multiply-add (one rounding,
 //! the same in every path's FMA and in `f32::mul_add`; half the floating-point operations of a
