@@ -173,6 +173,7 @@ fn engine_section(dir: &Path, md: &mut String) {
         "qwen05-f16",
         "qwen15-f16",
         "qwen05-bf16",
+        "qwen15-bf16",
         "synth-qwen3-0.6b",
         "synth-llama3.2-1b",
         "synth-qwen3moe-a3b",
