@@ -360,11 +360,12 @@ pub async fn chat(
 }
 
 /// Files of a model's run: `serve.json` etc. for SmolLM2 (the default workload), else
-/// `serve-<model>.json` etc., so one results folder holds several models.
+/// `serve-<model>.json` etc., so one results folder holds several models (a model given as
+/// a path names one file, its separators as `_`: the engine bench's rule).
 pub fn file_tag(model_id: &str) -> String {
     match model_id {
         "smollm2" => String::new(),
-        m => format!("-{m}"),
+        m => format!("-{}", m.replace(['/', '\\'], "_")),
     }
 }
 
@@ -422,4 +423,20 @@ fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
         ),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_tag;
+
+    #[test]
+    fn a_model_path_tags_one_file_in_the_results_folder() {
+        assert_eq!(file_tag("smollm2"), "");
+        assert_eq!(file_tag("qwen05"), "-qwen05");
+        let tag = file_tag("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert_eq!(tag, "-models_SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(std::path::Path::new(&format!("serve{tag}.json"))
+            .parent()
+            .is_some_and(|p| p.as_os_str().is_empty()));
+    }
 }
