@@ -905,9 +905,10 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let report = engine::run(&settings)?;
             println!("{}", engine::table(&report));
             std::fs::create_dir_all(&a.out)?;
-            let path = a
-                .out
-                .join(format!("engine-{}.json", a.model.replace('/', "_")));
+            let path = a.out.join(format!(
+                "engine-{}.json",
+                edgeprompt_bench::file_part(&a.model)
+            ));
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             eprintln!("wrote {}", path.display());
             Ok(())

@@ -51,6 +51,11 @@ pub enum BenchError {
 
 pub use edgeprompt_engine::machine::start;
 
+/// A model name or path as part of one results file's name: separators become `_`.
+pub fn file_part(model: &str) -> String {
+    model.replace(['/', '\\'], "_")
+}
+
 /// `value` as pretty JSON in `dir/name`, creating `dir`: how every bench saves its report.
 pub fn write_json(
     dir: &std::path::Path,

@@ -360,12 +360,11 @@ pub async fn chat(
 }
 
 /// Files of a model's run: `serve.json` etc. for SmolLM2 (the default workload), else
-/// `serve-<model>.json` etc., so one results folder holds several models (a model given as
-/// a path names one file, its separators as `_`: the engine bench's rule).
+/// `serve-<model>.json` etc., so one results folder holds several models (`file_part`).
 pub fn file_tag(model_id: &str) -> String {
     match model_id {
         "smollm2" => String::new(),
-        m => format!("-{}", m.replace(['/', '\\'], "_")),
+        m => format!("-{}", crate::file_part(m)),
     }
 }
 
