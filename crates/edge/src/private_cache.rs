@@ -1,7 +1,10 @@
-//! The private prefix cache: a finished conversation's KV (cloud prompt, private messages and
-//! answer) kept in this process's memory, so the conversation's next turn prefills only what
-//! is new. The KV attends position by position, so a turn run on it gives the bits of the
-//! same turn run from the cloud prompt alone.
+//! The private prefix cache: a finished conversation's KV (its private messages and answer,
+//! after the cloud prompt's KV, which is held, not copied) kept in this process's memory, so the
+//! conversation's next turn prefills only what is new. The KV attends position by position, so
+//! a turn run on it gives the bits of the same turn run from the cloud prompt alone.
+//!
+//! The budget counts what the cache keeps alive: each entry's own positions, and each cloud
+//! prompt they follow once, however many conversations share it.
 //!
 //! Private stays private: entries live in memory only (never the disk tier, never peers, never
 //! named on a link), and each belongs to a scope (the API key, and the request's `cache_salt`):
@@ -9,10 +12,10 @@
 //! holding the most drops first: a caller that floods the cache evicts its own conversations
 //! before anyone else's (and learns at most how much others keep, never what).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use edgeprompt_engine::PrefixKv;
+use edgeprompt_engine::ContinuedKv;
 use sha2::{Digest, Sha256};
 
 /// Who may read an entry: a digest of the API key (none on an open API) and `cache_salt`.
@@ -40,7 +43,7 @@ impl Scope {
 
 struct Entry {
     scope: Scope,
-    kv: Arc<PrefixKv>,
+    kv: Arc<ContinuedKv>,
     used: u64,
 }
 
@@ -73,7 +76,7 @@ impl PrivateCache {
     /// The longest entry in `scope` that `ids` begin with, longer than `min` tokens and
     /// leaving at least one token of `ids` to run. Whole entries only: the running request
     /// shares the entry's KV (a cut would be a copy outside every budget).
-    pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Arc<PrefixKv>> {
+    pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Arc<ContinuedKv>> {
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
@@ -85,7 +88,7 @@ impl PrivateCache {
                 e.scope == *scope
                     && e.kv.n_tokens() > min
                     && e.kv.n_tokens() < ids.len()
-                    && ids.starts_with(&e.kv.token_ids)
+                    && e.kv.begins(ids)
             })
             .max_by_key(|(_, e)| e.kv.n_tokens())
             .map(|(i, _)| i)?;
@@ -95,34 +98,39 @@ impl PrivateCache {
     }
 
     /// Keep `kv` for `scope`, replacing the entries it extends.
-    pub fn put(&self, scope: Scope, kv: PrefixKv) {
-        let bytes = kv.bytes();
-        // Layers cut by a sliding window are not kept (not tested across turns).
-        if bytes == 0 || bytes > self.budget || kv.layers.iter().any(|l| l.start() > 0) {
+    pub fn put(&self, scope: Scope, kv: ContinuedKv) {
+        let whole = kv.bytes() + kv.prefix.as_ref().map_or(0, |p| p.bytes());
+        // After a prefix cut by a sliding window, not kept (not tested across turns).
+        let cut = kv
+            .prefix
+            .as_ref()
+            .is_some_and(|p| p.layers.iter().any(|l| l.start() > 0));
+        if kv.bytes() == 0 || whole > self.budget || cut {
             return;
         }
+        let mut all = kv
+            .prefix
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.token_ids.clone());
+        all.extend_from_slice(&kv.token_ids);
         let mut inner = self.lock();
         inner.clock += 1;
         let used = inner.clock;
-        let before = inner.entries.len();
         inner
             .entries
-            .retain(|e| !(e.scope == scope && kv.token_ids.starts_with(&e.kv.token_ids)));
-        if inner.entries.len() != before {
-            inner.bytes = inner.entries.iter().map(|e| e.kv.bytes()).sum();
-        }
-        inner.bytes += bytes;
+            .retain(|e| !(e.scope == scope && e.kv.begins(&all)));
         inner.entries.push(Entry {
             scope,
             kv: Arc::new(kv),
             used,
         });
+        inner.bytes = held(&inner.entries);
         while inner.bytes > self.budget {
             let Some(at) = victim(&inner.entries) else {
                 break;
             };
-            let gone = inner.entries.swap_remove(at);
-            inner.bytes -= gone.kv.bytes();
+            inner.entries.swap_remove(at);
+            inner.bytes = held(&inner.entries);
         }
     }
 
@@ -145,6 +153,18 @@ impl PrivateCache {
     }
 }
 
+/// Bytes the entries keep alive: their own, and each prefix they follow once.
+fn held(entries: &[Entry]) -> usize {
+    let mut seen = HashSet::new();
+    entries
+        .iter()
+        .map(|e| {
+            let prefix = e.kv.prefix.as_ref().filter(|p| seen.insert(Arc::as_ptr(p)));
+            e.kv.bytes() + prefix.map_or(0, |p| p.bytes())
+        })
+        .sum()
+}
+
 /// The entry to drop over budget: the least recently used of the scope holding the most bytes
 /// (of those, if several hold as much), so no caller's flood evicts a smaller holder.
 fn victim(entries: &[Entry]) -> Option<usize> {
@@ -164,17 +184,84 @@ fn victim(entries: &[Entry]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use edgeprompt_engine::LayerKv;
+    use edgeprompt_engine::{LayerKv, PrefixKv};
 
-    fn kv(ids: &[u32]) -> PrefixKv {
+    fn layer(n: usize, start: usize) -> Arc<LayerKv> {
         let mut l = LayerKv::new(1, 2);
-        let rows: Vec<f32> = (0..ids.len() * 2).map(|i| i as f32).collect();
-        l.append(&rows, &rows, ids.len());
-        PrefixKv {
+        let rows: Vec<f32> = (0..n * 2).map(|i| i as f32).collect();
+        l.append(&rows, &rows, n);
+        Arc::new(l.starting_at(start))
+    }
+
+    fn kv(ids: &[u32]) -> ContinuedKv {
+        ContinuedKv {
+            fingerprint: "m".into(),
+            prefix: None,
+            token_ids: ids.to_vec(),
+            layers: vec![layer(ids.len(), 0)],
+        }
+    }
+
+    /// `ids` after the shared `prefix`.
+    fn after(prefix: &Arc<PrefixKv>, ids: &[u32]) -> ContinuedKv {
+        ContinuedKv {
+            fingerprint: "m".into(),
+            prefix: Some(prefix.clone()),
+            token_ids: ids.to_vec(),
+            layers: vec![layer(ids.len(), prefix.n_tokens())],
+        }
+    }
+
+    fn prefix(ids: &[u32]) -> Arc<PrefixKv> {
+        Arc::new(PrefixKv {
             fingerprint: "m".into(),
             token_ids: ids.to_vec(),
-            layers: vec![Arc::new(l)],
-        }
+            layers: vec![layer(ids.len(), 0)],
+        })
+    }
+
+    #[test]
+    fn conversations_on_one_prefix_hold_it_once() {
+        let (p, q) = (prefix(&[1; 100]), prefix(&[2; 100]));
+        let c = PrivateCache::new(1 << 20);
+        let s = Scope::new(None, None);
+        c.put(s, after(&p, &[5, 6]));
+        let one = c.bytes();
+        assert_eq!(one, p.bytes() + after(&p, &[5, 6]).bytes());
+        c.put(s, after(&p, &[7, 8]));
+        assert_eq!(
+            c.bytes(),
+            one + after(&p, &[7, 8]).bytes(),
+            "the prefix again"
+        );
+        c.put(s, after(&q, &[5, 6]));
+        assert_eq!(c.bytes(), 2 * one + after(&p, &[7, 8]).bytes());
+        // Found by every id: the prefix's, then its own.
+        let mut ids = vec![1; 100];
+        ids.extend([7, 8, 9]);
+        assert_eq!(c.get(&s, &ids, 100).unwrap().token_ids, [7, 8]);
+        ids[0] = 2;
+        assert!(c.get(&s, &ids, 100).is_none());
+        // A turn that extends one replaces it; the last entry on a prefix frees it.
+        let mut ids = vec![2; 100];
+        ids.extend([5, 6, 1]);
+        c.put(s, after(&q, &[5, 6, 1, 2]));
+        assert_eq!(c.len(), 3);
+        assert_eq!(
+            c.get(&s, &[ids.clone(), vec![2, 3]].concat(), 100)
+                .unwrap()
+                .token_ids
+                .len(),
+            4
+        );
+        let tight = PrivateCache::new(one);
+        tight.put(s, after(&p, &[5, 6]));
+        tight.put(s, after(&q, &[5, 6]));
+        assert_eq!((tight.len(), tight.bytes()), (1, one));
+        // More than the budget with its prefix: not kept.
+        let small = PrivateCache::new(one - 1);
+        small.put(s, after(&p, &[5, 6]));
+        assert!(small.is_empty());
     }
 
     #[test]
@@ -223,11 +310,14 @@ mod tests {
         let mut longer = big.clone();
         longer.push(1);
         assert!(c.get(&s, &longer, 0).is_none());
-        // Layers cut by a sliding window: not kept.
-        let mut cut = kv(&[5, 6, 7]);
-        cut.layers[0] = Arc::new(LayerKv::clone(&cut.layers[0]).starting_at(1));
-        c.put(s, cut);
-        assert!(c.get(&s, &[5, 6, 7, 8], 0).is_none());
+        // After a prefix cut by a sliding window: not kept.
+        let cut = Arc::new(PrefixKv {
+            fingerprint: "m".into(),
+            token_ids: vec![5, 6, 7],
+            layers: vec![layer(2, 1)],
+        });
+        c.put(s, after(&cut, &[8]));
+        assert!(c.get(&s, &[5, 6, 7, 8, 9], 0).is_none());
         assert!(!PrivateCache::new(0).is_on());
     }
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{
-    draw, logprobs, sample_each, Constraint, Draw, Model, PrefixKv, Sampler, SamplingParams,
-    Sequence, TextStream, TokenLogprobs,
+    draw, logprobs, sample_each, Constraint, ContinuedKv, Draw, Model, PrefixKv, Sampler,
+    SamplingParams, Sequence, TextStream, TokenLogprobs,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -83,10 +83,13 @@ pub struct Extras {
     pub constraint: Option<Constraint>,
     /// Given the first answer's whole KV (prefix, prompt and answer) when it ends well.
     pub keep: Option<Keep>,
+    /// The conversation's earlier turns (the private prefix cache): the prompt continues them,
+    /// after their prefix, which is then `Job::prefix` too.
+    pub kept: Option<Arc<ContinuedKv>>,
 }
 
 /// Where a finished conversation's KV goes (the private prefix cache).
-pub type Keep = Box<dyn FnOnce(PrefixKv) + Send>;
+pub type Keep = Box<dyn FnOnce(ContinuedKv) + Send>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -714,12 +717,18 @@ impl Batcher {
         };
         for r in &self.active {
             u.private_bytes += r.seq.private_kv_bytes();
-            if let Some(p) = r.seq.prefix() {
-                for l in &p.layers {
-                    if seen.insert(Arc::as_ptr(l)) {
-                        u.shared_prefix_bytes += l.bytes();
-                        u.distinct_prefix_buffers += 1;
-                    }
+            let kept = r.seq.kept().map(|k| &k.layers);
+            for l in r
+                .seq
+                .prefix()
+                .map(|p| &p.layers)
+                .into_iter()
+                .chain(kept)
+                .flatten()
+            {
+                if seen.insert(Arc::as_ptr(l)) {
+                    u.shared_prefix_bytes += l.bytes();
+                    u.distinct_prefix_buffers += 1;
                 }
             }
         }
@@ -791,7 +800,7 @@ fn emit(
         }
         // Kept before the answer is said done: the next turn may come at once.
         if let Some(keep) = r.keep.take() {
-            if let Ok(kv) = r.seq.export_whole(model) {
+            if let Ok(kv) = r.seq.export_continued(model) {
                 keep(kv);
             }
         }
@@ -851,6 +860,23 @@ fn admission(
         (None, Some(s)) => s.token_ids().len(),
         (None, None) => 0,
     };
+    let prefix_len = match &extras.kept {
+        None => prefix_len,
+        Some(k) => {
+            let same = match (&job.prefix, &k.prefix) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            // The prompt's first token is scored after the prefix alone (`score_prompt`).
+            if !same || extras.cold.is_some() || extras.echo {
+                return Err(Refusal::Invalid(
+                    "kept turns go with their own prefix, not streamed or echoed".into(),
+                ));
+            }
+            k.n_tokens()
+        }
+    };
     if job.prompt.is_empty() {
         return Err(Refusal::Invalid("the prompt has no tokens".into()));
     }
@@ -868,12 +894,12 @@ fn admission(
             "max_tokens must be at least 1 (0 only with echo, to score the prompt)".into(),
         ));
     }
-    let seq = match &job.prefix {
-        Some(p) => {
-            Sequence::with_prefix(model, p.clone()).map_err(|e| Refusal::Invalid(e.to_string()))?
-        }
-        None => Sequence::new(model),
-    };
+    let seq = match (&extras.kept, &job.prefix) {
+        (Some(k), _) => Sequence::continuing(model, k.clone()),
+        (None, Some(p)) => Sequence::with_prefix(model, p.clone()),
+        (None, None) => Ok(Sequence::new(model)),
+    }
+    .map_err(|e| Refusal::Invalid(e.to_string()))?;
     let cold = match extras.cold {
         Some(stream) => Some(Cold {
             pass: Some(

@@ -254,6 +254,48 @@ async fn a_flood_of_conversations_stays_within_the_budget() {
     .unwrap();
 }
 
+/// Conversations on one cloud prompt hold its KV once: the first keeps the cloud prompt and its
+/// own positions, each further one only its own (the cloud prompt's KV is held, not copied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conversations_on_one_cloud_prompt_hold_its_kv_once() {
+    let m = model();
+    let cloud = common::start_cloud(m.clone()).await;
+    let (warm, state) = edge(&m, &cloud, 64 << 20).await;
+    let per_token = edgeprompt_edge::scheduler::kv_bytes_per_token(&m);
+    tokio::task::spawn_blocking(move || {
+        let mut held = Vec::new();
+        let mut before = 0;
+        for (i, key) in ["sk-a", "sk-b", "sk-a"].into_iter().enumerate() {
+            let user = format!("Question {i}: may I bring a dog?");
+            let r = post(
+                warm,
+                key,
+                &turn(&[("system", SUPPORT), ("user", &user)], None),
+            );
+            let b = &r["edgeprompt"];
+            let cloud_tokens = b["cloud_prompt"]["tokens"].as_u64().unwrap() as usize;
+            let private = b["private_tokens"].as_u64().unwrap() as usize;
+            let answered = r["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+            assert!(cloud_tokens > private, "{b}");
+            let added = state.private.bytes() - before;
+            before = state.private.bytes();
+            // Its own prompt and answer (the last token drawn is not run), and the cloud
+            // prompt's KV with the first conversation only.
+            let shared = if i == 0 { cloud_tokens } else { 0 };
+            assert!(
+                added >= (shared + private) * per_token
+                    && added <= (shared + private + answered) * per_token,
+                "conversation {i} added {added} bytes ({shared} + {private} + {answered} tokens)"
+            );
+            held.push(added);
+        }
+        assert_eq!(state.private.len(), 3);
+        assert!(held[1] + held[2] < held[0], "{held:?}");
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_an_open_api_only_a_salted_conversation_is_kept() {
     let m = model();

@@ -279,6 +279,79 @@ impl PrefixKv {
     }
 }
 
+/// Positions that continue a shared prefix: a conversation's earlier turns, kept between them
+/// (the edge's private prefix cache). The prefix is held, not copied, so conversations on one
+/// cloud prompt share its KV as running requests do.
+#[derive(Clone, Debug)]
+pub struct ContinuedKv {
+    /// Fingerprint of the model that computed it.
+    pub fingerprint: String,
+    /// The prefix these positions follow (`None`: they start at position 0).
+    pub prefix: Option<Arc<PrefixKv>>,
+    /// Ids of the positions after the prefix.
+    pub token_ids: Vec<u32>,
+    /// Per layer, positions `prefix_len()..n_tokens()`.
+    pub layers: Vec<Arc<LayerKv>>,
+}
+
+impl ContinuedKv {
+    /// Positions before these (the prefix's).
+    pub fn prefix_len(&self) -> usize {
+        self.prefix.as_ref().map_or(0, |p| p.n_tokens())
+    }
+
+    /// Every position: the prefix's and these.
+    pub fn n_tokens(&self) -> usize {
+        self.prefix_len() + self.token_ids.len()
+    }
+
+    /// Whether `ids` begin with every position's id (the prefix's, then these).
+    pub fn begins(&self, ids: &[u32]) -> bool {
+        let p = self.prefix.as_ref().map_or(&[][..], |p| &p.token_ids[..]);
+        ids.starts_with(p) && ids[p.len()..].starts_with(&self.token_ids)
+    }
+
+    /// Bytes of these positions' K and V (the prefix's not counted).
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.bytes()).sum()
+    }
+
+    /// Check that `cfg`'s model with `fingerprint` can attend to the prefix and these positions.
+    pub fn check_fits(&self, cfg: &ModelConfig, fingerprint: &str) -> Result<()> {
+        if let Some(p) = &self.prefix {
+            p.check_fits(cfg, fingerprint)?;
+        }
+        if self.fingerprint != fingerprint || self.layers.len() != cfg.n_layer {
+            return Err(EngineError::KvMismatch(format!(
+                "kept positions: model {} with {} layers, this model is {} with {}",
+                short(&self.fingerprint),
+                self.layers.len(),
+                short(fingerprint),
+                cfg.n_layer
+            )));
+        }
+        let (from, to) = (self.prefix_len(), self.n_tokens());
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.n_kv_head != cfg.n_kv_head
+                || l.head_dim != cfg.head_dim
+                || l.start() != from
+                || l.end() != to
+            {
+                return Err(EngineError::KvMismatch(format!(
+                    "kept layer {i}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{to}",
+                    l.n_kv_head,
+                    l.head_dim,
+                    l.start(),
+                    l.end(),
+                    cfg.n_kv_head,
+                    cfg.head_dim,
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn short(fp: &str) -> &str {
     &fp[..fp.len().min(12)]
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::gguf::Content;
 use sha2::{Digest, Sha256};
 
-use crate::attention::{attend_batch_scaled, KvView, Scores};
+use crate::attention::{attend_batch_kept, KeptView, KvView, Scores};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, ModelConfig};
 use crate::kv::{LayerKv, PrefixKv};
@@ -85,8 +85,17 @@ thread_local! {
 /// One sequence's share of a layer call: its new rows are the next `rows` rows of the batch.
 pub struct LayerInput<'a> {
     pub prefix: Option<&'a LayerKv>,
+    /// Kept positions between the prefix and the private KV (a conversation's earlier turns).
+    pub kept: Option<&'a LayerKv>,
     pub private: &'a mut LayerKv,
     pub rows: usize,
+}
+
+impl LayerInput<'_> {
+    /// Positions before the private KV.
+    fn before(&self) -> usize {
+        self.kept.or(self.prefix).map_or(0, |p| p.end())
+    }
 }
 
 impl Model {
@@ -284,7 +293,7 @@ impl Model {
         }
         // Checked for whole parts, before any piece: a refused call writes no KV.
         for part in parts.iter() {
-            let end = part.prefix.map_or(0, |p| p.end()) + part.private.len() + part.rows;
+            let end = part.before() + part.private.len() + part.rows;
             if end > self.max_positions() {
                 return Err(EngineError::Input(format!(
                     "context of {end} tokens exceeds the model's {}",
@@ -328,6 +337,7 @@ impl Model {
                 .zip(cut)
                 .map(|(p, &(_, rows))| LayerInput {
                     prefix: p.prefix,
+                    kept: p.kept,
                     private: &mut *p.private,
                     rows,
                 })
@@ -384,7 +394,7 @@ impl Model {
             jobs.push((part, qa, ka, va));
         }
         crate::par::each(&mut jobs, 4, &|_, (part, q, k, v)| {
-            let pos0 = part.prefix.map_or(0, |p| p.end()) + part.private.len();
+            let pos0 = part.before() + part.private.len();
             if let Some(rope) = rope {
                 rope.apply_rows(q, qw, pos0);
                 rope.apply_rows(k, kvw, pos0);
@@ -392,12 +402,15 @@ impl Model {
             part.private.append(k, v, part.rows);
         });
         drop(jobs);
-        let views: Vec<KvView> = parts
+        let views: Vec<KeptView> = parts
             .iter()
-            .map(|p| KvView {
-                prefix: p.prefix,
-                private: p.private,
-                rows: p.rows,
+            .map(|p| KeptView {
+                view: KvView {
+                    prefix: p.prefix,
+                    private: p.private,
+                    rows: p.rows,
+                },
+                kept: p.kept,
             })
             .collect();
         // Every value is written by `attend_batch`.
@@ -407,7 +420,7 @@ impl Model {
             scale: f.attn_scale,
             cap: f.attn_softcap,
         };
-        attend_batch_scaled(q, &views, c.n_head, hd, c.window_of(l), scores, attn);
+        attend_batch_kept(q, &views, c.n_head, hd, c.window_of(l), scores, attn);
         Linear::forward_many_into(&[&w.wo], attn, rows, std::slice::from_mut(o))?;
         if let Some(n) = &w.post_attn_norm {
             rms_norm_in_place(o, n, c.rms_eps);

@@ -1,9 +1,10 @@
-//! One conversation's state: an optional shared prefix (e.g. a cloud prompt's KV, read-only)
-//! and the private KV of everything after it.
+//! One conversation's state: an optional shared prefix (e.g. a cloud prompt's KV, read-only),
+//! the positions kept from its earlier turns (read-only too), and the private KV of everything
+//! after them.
 
 use std::sync::Arc;
 
-use crate::kv::{LayerKv, PrefixKv};
+use crate::kv::{ContinuedKv, LayerKv, PrefixKv};
 use crate::model::{LayerInput, Model, Scratch};
 use crate::Result;
 
@@ -11,6 +12,8 @@ use crate::Result;
 #[derive(Clone)]
 pub struct Sequence {
     prefix: Option<Arc<PrefixKv>>,
+    /// Positions after the prefix kept from earlier turns (its prefix is `prefix`).
+    kept: Option<Arc<ContinuedKv>>,
     kv: Vec<LayerKv>,
     /// Private token ids (after the prefix).
     tokens: Vec<u32>,
@@ -20,6 +23,7 @@ impl Sequence {
     pub fn new(model: &Model) -> Self {
         Self {
             prefix: None,
+            kept: None,
             kv: (0..model.cfg.n_layer)
                 .map(|_| model.new_layer_kv())
                 .collect(),
@@ -35,12 +39,29 @@ impl Sequence {
         Ok(s)
     }
 
+    /// A sequence that continues after `kept` (and the prefix it follows), checked first.
+    pub fn continuing(model: &Model, kept: Arc<ContinuedKv>) -> Result<Self> {
+        kept.check_fits(&model.cfg, &model.fingerprint)?;
+        let mut s = Self::new(model);
+        s.prefix = kept.prefix.clone();
+        s.kept = Some(kept);
+        Ok(s)
+    }
+
     pub fn prefix(&self) -> Option<&Arc<PrefixKv>> {
         self.prefix.as_ref()
     }
 
+    pub fn kept(&self) -> Option<&Arc<ContinuedKv>> {
+        self.kept.as_ref()
+    }
+
+    /// Positions before the private ones: the prefix's and the kept ones.
     pub fn prefix_len(&self) -> usize {
-        self.prefix.as_ref().map_or(0, |p| p.n_tokens())
+        match &self.kept {
+            Some(k) => k.n_tokens(),
+            None => self.prefix.as_ref().map_or(0, |p| p.n_tokens()),
+        }
     }
 
     /// Positions so far: prefix plus private tokens.
@@ -68,6 +89,7 @@ impl Sequence {
     pub(crate) fn layer_input(&mut self, l: usize, rows: usize) -> LayerInput<'_> {
         LayerInput {
             prefix: self.prefix.as_ref().map(|p| &*p.layers[l]),
+            kept: self.kept.as_ref().map(|k| &*k.layers[l]),
             private: &mut self.kv[l],
             rows,
         }
@@ -100,6 +122,11 @@ impl Sequence {
     /// Everything computed so far, prefix and private KV, as one prefix: what a later turn of
     /// the same conversation continues from (copied; the prefix itself is not changed).
     pub fn export_whole(&self, model: &Model) -> Result<PrefixKv> {
+        if self.kept.is_some() {
+            return Err(crate::EngineError::Input(
+                "a sequence on kept positions exports them with export_continued".into(),
+            ));
+        }
         let Some(p) = &self.prefix else {
             return self.export_prefix(model);
         };
@@ -118,10 +145,40 @@ impl Sequence {
         })
     }
 
+    /// Everything after the prefix computed so far (kept positions and private KV) as positions
+    /// that continue it: what a later turn continues from, the prefix held rather than copied.
+    pub fn export_continued(&self, model: &Model) -> Result<ContinuedKv> {
+        let from = self.prefix.as_ref().map_or(0, |p| p.n_tokens());
+        let layers = match &self.kept {
+            Some(k) => k
+                .layers
+                .iter()
+                .zip(&self.kv)
+                .map(|(a, b)| a.joined(b).map(Arc::new))
+                .collect::<Result<Vec<_>>>()?,
+            None => self
+                .kv
+                .iter()
+                .map(|l| Arc::new(l.clone().starting_at(from)))
+                .collect(),
+        };
+        let mut token_ids = self
+            .kept
+            .as_ref()
+            .map_or_else(Vec::new, |k| k.token_ids.clone());
+        token_ids.extend_from_slice(&self.tokens);
+        Ok(ContinuedKv {
+            fingerprint: model.fingerprint.clone(),
+            prefix: self.prefix.clone(),
+            token_ids,
+            layers,
+        })
+    }
+
     /// Export the whole context computed so far as a shareable prefix. Only a sequence
     /// without a prefix of its own can be exported (prefixes do not nest).
     pub fn export_prefix(&self, model: &Model) -> Result<PrefixKv> {
-        if self.prefix.is_some() {
+        if self.prefix.is_some() || self.kept.is_some() {
             return Err(crate::EngineError::Input(
                 "a sequence that already has a prefix cannot be exported as one".into(),
             ));
@@ -188,6 +245,7 @@ impl PrefillPass {
         }
         let mut parts = [LayerInput {
             prefix,
+            kept: None,
             private: &mut self.kv[l],
             rows: self.ids.len(),
         }];
@@ -239,6 +297,7 @@ impl PrefillPass {
         let logits = model.logits(&self.x[self.x.len() - d..])?;
         let seq = Sequence {
             prefix: Some(prefix),
+            kept: None,
             kv: self.kv,
             tokens: self.ids,
         };

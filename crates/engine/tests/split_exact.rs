@@ -352,3 +352,79 @@ fn a_turn_continued_from_the_last_turns_kv_is_bitwise_the_same() {
         assert!(!answer.is_empty());
     }
 }
+
+/// The same with turn 1's positions kept after the cloud prefix rather than copied with it
+/// (`export_continued`: the prefix held, not copied): turn 2 on them, alone and in one batch
+/// with a sequence on the cloud prefix and one with none, gives every step's logits bit for bit
+/// as the same turn run from the cloud prefix alone; kept again, they hold both turns.
+#[test]
+fn a_turn_on_kept_positions_after_a_held_prefix_is_bitwise_the_same() {
+    let model = common::smollm2();
+    for (i, p) in pairs(&model, 3).iter().enumerate() {
+        let cloud = {
+            let mut s = Sequence::new(&model);
+            s.prefill(&model, &p.cloud).unwrap();
+            Arc::new(s.export_prefix(&model).unwrap())
+        };
+        let mut turn1 = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let first = turn1.prefill(&model, &p.edge).unwrap();
+        decode(&model, &mut turn1, first);
+        let kept = Arc::new(turn1.export_continued(&model).unwrap());
+        assert!(
+            Arc::ptr_eq(kept.prefix.as_ref().unwrap(), &cloud),
+            "the prefix is held"
+        );
+        assert_eq!(kept.n_tokens(), turn1.len());
+        assert_eq!(
+            kept.bytes(),
+            turn1.private_kv_bytes(),
+            "only turn 1's own positions"
+        );
+        let rest: Vec<u32> = turn1
+            .private_tokens()
+            .iter()
+            .chain(&p.edge)
+            .copied()
+            .collect();
+        let mut cold = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let want = cold.prefill(&model, &rest).unwrap();
+        let (want_ids, want_logits) = decode(&model, &mut cold, want);
+
+        let mut warm = Sequence::continuing(&model, kept.clone()).unwrap();
+        assert_eq!(warm.prefix_len(), kept.n_tokens());
+        let got = warm.prefill(&model, &p.edge).unwrap();
+        let (got_ids, got_logits) = decode(&model, &mut warm, got);
+        assert_eq!(got_ids, want_ids, "pair {i}: tokens differ");
+        for (s, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "pair {i} step {s}: logits on the kept positions are not bit-identical"
+            );
+        }
+        // In a batch: the kept turn's prompt beside a sequence on the cloud prefix (their
+        // queries share its tiles) and one with no prefix.
+        let mut batched_warm = Sequence::continuing(&model, kept.clone()).unwrap();
+        let mut other = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let mut lone = Sequence::new(&model);
+        let out = model
+            .forward(&mut [
+                (&mut other, &p.edge[..]),
+                (&mut batched_warm, &p.edge[..]),
+                (&mut lone, &p.cloud[..]),
+            ])
+            .unwrap();
+        assert_eq!(
+            out[1], want_logits[0],
+            "pair {i}: the kept turn differs in a batch"
+        );
+        let mut alone = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        assert_eq!(out[0], alone.prefill(&model, &p.edge).unwrap());
+        // Kept again: both turns' positions after the same prefix.
+        let again = warm.export_continued(&model).unwrap();
+        assert!(Arc::ptr_eq(again.prefix.as_ref().unwrap(), &cloud));
+        assert_eq!(again.n_tokens(), warm.len());
+        let mut ids = kept.token_ids.clone();
+        ids.extend_from_slice(warm.private_tokens());
+        assert_eq!(again.token_ids, ids);
+    }
+}

@@ -700,10 +700,12 @@ async fn run(
     shape: Shape,
     keep: Option<Keep>,
 ) -> Result<Response, ApiError> {
-    let (prefix, cold) = match origin.kv() {
-        Some(PromptKv::Ready(p)) => (Some(p.clone()), None),
-        Some(PromptKv::Streaming(s)) => (None, Some(s.clone())),
-        None => (None, None),
+    // Kept turns run after their own prefix (the same cloud prompt's KV, whole).
+    let (prefix, cold, kept) = match (origin.kept(), origin.kv()) {
+        (Some(k), _) => (k.prefix.clone(), None, Some(k.clone())),
+        (None, Some(PromptKv::Ready(p))) => (Some(p.clone()), None, None),
+        (None, Some(PromptKv::Streaming(s))) => (None, Some(s.clone()), None),
+        (None, None) => (None, None, None),
     };
     let private_tokens = prompt.len();
     let logprobs = logprobs_asked(kind, &r)?;
@@ -734,6 +736,7 @@ async fn run(
         forks: txs,
         constraint: shape.constraint,
         keep,
+        kept,
     };
     s.scheduler.submit_with(job, extras).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_engine::PrefixKv;
+use edgeprompt_engine::ContinuedKv;
 use serde_json::{json, Value};
 
 use crate::layer_stream::PromptKv;
@@ -17,7 +17,7 @@ pub struct Origin {
     cloud: Option<Cloud>,
     /// This conversation's earlier turns, from the private prefix cache, and how many of
     /// their tokens are private (after the cloud prompt).
-    held: Option<(PromptKv, usize)>,
+    held: Option<(Arc<ContinuedKv>, usize)>,
 }
 
 /// The request's cloud prompt: its lookup until the first answer is done (a stream's bytes
@@ -37,15 +37,17 @@ impl Origin {
     }
 
     /// Run on `kv`, the conversation so far, of which `private` tokens are private.
-    pub fn hold(&mut self, kv: Arc<PrefixKv>, private: usize) {
-        self.held = Some((PromptKv::Ready(kv), private));
+    pub fn hold(&mut self, kv: Arc<ContinuedKv>, private: usize) {
+        self.held = Some((kv, private));
+    }
+
+    /// The conversation's earlier turns, when the private prefix cache held them.
+    pub fn kept(&self) -> Option<&Arc<ContinuedKv>> {
+        self.held.as_ref().map(|(kv, _)| kv)
     }
 
     /// The cloud prompt's KV, whole or streaming, until the facts are settled.
     pub fn kv(&self) -> Option<&PromptKv> {
-        if let Some((kv, _)) = &self.held {
-            return Some(kv);
-        }
         match &self.cloud {
             Some(Cloud::Lookup(l, _)) => Some(&l.kv),
             _ => None,

@@ -8,6 +8,7 @@ use super::State;
 use crate::kv::LayerKv;
 
 /// What one sequence's new rows attend to in one layer.
+#[derive(Clone, Copy)]
 pub struct KvView<'a> {
     /// Shared read-only prefix; every new row sees all of it.
     pub prefix: Option<&'a LayerKv>,
@@ -15,6 +16,21 @@ pub struct KvView<'a> {
     pub private: &'a LayerKv,
     /// How many new rows (the last ones in `private`).
     pub rows: usize,
+}
+
+/// A `KvView` with the sequence's kept positions (a conversation's earlier turns, read-only)
+/// between its prefix and its private KV: each new row sees all of them, after the prefix.
+#[derive(Clone, Copy)]
+pub struct KeptView<'a> {
+    pub view: KvView<'a>,
+    pub kept: Option<&'a LayerKv>,
+}
+
+impl KeptView<'_> {
+    /// Positions before the private KV.
+    fn before(&self) -> usize {
+        self.kept.or(self.view.prefix).map_or(0, |p| p.end())
+    }
 }
 
 /// Keys converted and read per tile, for every query that shares them.
@@ -79,6 +95,25 @@ pub fn attend_batch_scaled(
     scores: Scores,
     out: &mut [f32],
 ) {
+    let views: Vec<KeptView> = views
+        .iter()
+        .map(|&view| KeptView { view, kept: None })
+        .collect();
+    attend_batch_kept(q, &views, n_head, head_dim, window, scores, out)
+}
+
+/// `attend_batch_scaled` for sequences with kept positions: a view's kept keys come after the
+/// shared prefix and before its private keys (a query takes every key in position order, so
+/// the bits are those of one private segment holding them all).
+pub fn attend_batch_kept(
+    q: &[f32],
+    views: &[KeptView],
+    n_head: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    scores: Scores,
+    out: &mut [f32],
+) {
     // Group queries by (what prefix they read, KV head): a group reads the same keys. A view
     // takes a block of consecutive group ids, one per KV head, shared with the views before it
     // on the same prefix; each group's queries lie together in `flat`, in the order they came.
@@ -88,6 +123,7 @@ pub fn attend_batch_scaled(
     let bases: Vec<usize> = views
         .iter()
         .map(|v| {
+            let v = &v.view;
             let kv_heads = v.private.n_kv_head;
             let known = v.prefix.and_then(|p| {
                 prefixes
@@ -128,7 +164,7 @@ pub fn attend_batch_scaled(
     };
     let mut flat = vec![empty; bounds.last().map_or(0, |b| b.1)];
     let mut row = 0;
-    for (vi, (v, &base)) in views.iter().zip(&bases).enumerate() {
+    for (vi, (v, &base)) in views.iter().map(|v| &v.view).zip(&bases).enumerate() {
         let group = n_head / v.private.n_kv_head;
         for t in 0..v.rows {
             for head in 0..n_head {
@@ -227,11 +263,11 @@ impl Outputs {
 }
 
 /// Queries `qs`, all on KV head `g` and the same prefix: the shared prefix tile by tile for
-/// all of them, then each one's private keys; each query's output into `out`.
+/// all of them, then each one's kept and private keys; each query's output into `out`.
 #[allow(clippy::too_many_arguments)]
 fn attend_task(
     q: &[f32],
-    views: &[KvView],
+    views: &[KeptView],
     g: usize,
     qs: &[Query],
     n_head: usize,
@@ -260,10 +296,10 @@ fn attend_task(
     // Absolute position of each query, and the first position its window lets it see.
     let pos = |x: &Query| {
         let v = &views[x.view];
-        v.prefix.map_or(0, |p| p.end()) + v.private.len() - v.rows + x.t
+        v.before() + v.view.private.len() - v.view.rows + x.t
     };
     let first = |x: &Query| window.map_or(0, |w| (pos(x) + 1).saturating_sub(w));
-    if let Some(p) = qs.first().and_then(|f| views[f.view].prefix) {
+    if let Some(p) = qs.first().and_then(|f| views[f.view].view.prefix) {
         let ranges: Vec<(usize, usize)> = qs
             .iter()
             .map(|x| (first(x).saturating_sub(p.start()).min(p.len()), p.len()))
@@ -281,13 +317,28 @@ fn attend_task(
     // up to its causal limit.
     let mut at = 0;
     while at < qs.len() {
-        let view = &views[qs[at].view];
+        let kept = views[qs[at].view].kept;
+        let base = views[qs[at].view].before();
+        let view = &views[qs[at].view].view;
         let end = at
             + qs[at..]
                 .iter()
                 .take_while(|x| x.view == qs[at].view)
                 .count();
-        let base = view.prefix.map_or(0, |p| p.end());
+        if let Some(k) = kept {
+            let ranges: Vec<(usize, usize)> = qs[at..end]
+                .iter()
+                .map(|x| (first(x).saturating_sub(k.start()).min(k.len()), k.len()))
+                .collect();
+            attend_keys(
+                &mut states[at..end],
+                &rows[at * head_dim..end * head_dim],
+                k.keys(g),
+                k.values(g),
+                &ranges,
+                scores.cap,
+            );
+        }
         let ranges: Vec<(usize, usize)> = qs[at..end]
             .iter()
             .map(|x| {

@@ -25,7 +25,7 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use batch::{attend_batch, attend_batch_scaled, KvView, Scores};
+pub use batch::{attend_batch, attend_batch_kept, attend_batch_scaled, KeptView, KvView, Scores};
 use scalar::{attend_impl, fold_scalar};
 
 /// Largest head dimension the stack buffers hold.
