@@ -152,8 +152,8 @@ fn engine_section(dir: &Path, md: &mut String) {
     // (`docs/results/avx512/`; `avx512-as-avx2/`: the same machine with our kernels held to
     // AVX2 and a llama.cpp built without AVX-512; `avx512-long/`: prompts of 2048 and 4096
     // tokens and decode after 4096; `avx512-as-avx2-long/`: both), the AVX-512 Xeon (`docs/results/xeon/`) and the newer one
-    // (`xeon-emr/`, Emerald Rapids), a Zen 4 EPYC (`zen4/`) and an AVX2-only Zen 1 EPYC
-    // (`zen1/`), where there are such runs.
+    // (`xeon-emr/`, Emerald Rapids), a Zen 4 EPYC (`zen4/`) and the AVX2-only Zen 1 and Zen 3
+    // EPYCs (`zen1/`, `zen3/`), where there are such runs.
     // The four models we have, Qwen requantized to other file types (scripts/bench_formats.sh),
     // then the synthetic real-shape GGUFs of the families we have no weights for
     // (scripts/bench_families.sh).
@@ -189,6 +189,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "xeon-emr/",
             "zen4/",
             "zen1/",
+            "zen3/",
         ]
         .map(|sub| format!("{sub}engine-{m}.json"))
     });

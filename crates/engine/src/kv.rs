@@ -240,16 +240,7 @@ impl PrefixKv {
                 || l.end() != self.n_tokens()
                 || l.start() > from
             {
-                return Err(EngineError::KvMismatch(format!(
-                    "layer {i}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{}",
-                    l.n_kv_head,
-                    l.head_dim,
-                    l.start(),
-                    l.end(),
-                    cfg.n_kv_head,
-                    cfg.head_dim,
-                    self.n_tokens()
-                )));
+                return Err(misfit(&format!("layer {i}"), l, cfg, from, self.n_tokens()));
             }
         }
         Ok(())
@@ -337,19 +328,24 @@ impl ContinuedKv {
                 || l.start() != from
                 || l.end() != to
             {
-                return Err(EngineError::KvMismatch(format!(
-                    "kept layer {i}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{to}",
-                    l.n_kv_head,
-                    l.head_dim,
-                    l.start(),
-                    l.end(),
-                    cfg.n_kv_head,
-                    cfg.head_dim,
-                )));
+                return Err(misfit(&format!("kept layer {i}"), l, cfg, from, to));
             }
         }
         Ok(())
     }
+}
+
+/// `what` (a layer) does not have the shape and positions `from..to` that `cfg` expects.
+fn misfit(what: &str, l: &LayerKv, cfg: &ModelConfig, from: usize, to: usize) -> EngineError {
+    EngineError::KvMismatch(format!(
+        "{what}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{to}",
+        l.n_kv_head,
+        l.head_dim,
+        l.start(),
+        l.end(),
+        cfg.n_kv_head,
+        cfg.head_dim,
+    ))
 }
 
 fn short(fp: &str) -> &str {
