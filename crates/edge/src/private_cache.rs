@@ -41,6 +41,21 @@ impl Scope {
     }
 }
 
+/// What a request runs on from the cache: the first `len` of `kv`'s own positions (after its
+/// prefix, which the request then runs on too).
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub kv: Arc<ContinuedKv>,
+    pub len: usize,
+}
+
+impl Hit {
+    /// Positions the request does not compute: the prefix's and the kept ones it shares.
+    pub fn n_tokens(&self) -> usize {
+        self.kv.prefix_len() + self.len
+    }
+}
+
 struct Entry {
     scope: Scope,
     kv: Arc<ContinuedKv>,
@@ -73,28 +88,37 @@ impl PrivateCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The longest entry in `scope` that `ids` begin with, longer than `min` tokens and
-    /// leaving at least one token of `ids` to run. Whole entries only: the running request
-    /// shares the entry's KV (a cut would be a copy outside every budget).
-    pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Arc<ContinuedKv>> {
+    /// The entry in `scope` that shares the most positions with `ids` (its prefix whole, then
+    /// its own tokens up to where `ids` part from them), more than `min` in all and leaving at
+    /// least one token of `ids` to run. A conversation whose earlier answer re-tokenizes
+    /// differently still runs on the positions before the difference; they are borrowed, not
+    /// copied.
+    pub fn get(&self, scope: &Scope, ids: &[u32], min: usize) -> Option<Hit> {
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
-        let at = inner
+        let (at, len) = inner
             .entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| {
-                e.scope == *scope
-                    && e.kv.n_tokens() > min
-                    && e.kv.n_tokens() < ids.len()
-                    && e.kv.begins(ids)
+            .filter(|(_, e)| e.scope == *scope)
+            .filter_map(|(i, e)| {
+                let p = e.kv.prefix_len();
+                let len = e.kv.shared_with(ids)?.min(ids.len().checked_sub(p + 1)?);
+                (len > 0 && p + len > min).then_some((i, len))
             })
-            .max_by_key(|(_, e)| e.kv.n_tokens())
-            .map(|(i, _)| i)?;
+            .max_by_key(|&(i, len)| {
+                (
+                    inner.entries[i].kv.prefix_len() + len,
+                    inner.entries[i].used,
+                )
+            })?;
         let e = &mut inner.entries[at];
         e.used = now;
-        Some(e.kv.clone())
+        Some(Hit {
+            kv: e.kv.clone(),
+            len,
+        })
     }
 
     /// Keep `kv` for `scope`, replacing the entries it extends.
@@ -239,7 +263,7 @@ mod tests {
         // Found by every id: the prefix's, then its own.
         let mut ids = vec![1; 100];
         ids.extend([7, 8, 9]);
-        assert_eq!(c.get(&s, &ids, 100).unwrap().token_ids, [7, 8]);
+        assert_eq!(c.get(&s, &ids, 100).unwrap().kv.token_ids, [7, 8]);
         ids[0] = 2;
         assert!(c.get(&s, &ids, 100).is_none());
         // A turn that extends one replaces it; the last entry on a prefix frees it.
@@ -250,6 +274,7 @@ mod tests {
         assert_eq!(
             c.get(&s, &[ids.clone(), vec![2, 3]].concat(), 100)
                 .unwrap()
+                .kv
                 .token_ids
                 .len(),
             4
@@ -265,7 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_whole_entry_in_the_same_scope_is_found() {
+    fn the_entry_sharing_the_most_in_the_same_scope_is_found() {
         let c = PrivateCache::new(1 << 20);
         let (a, b) = (
             Scope::new(Some(&[1; 32]), None),
@@ -273,13 +298,17 @@ mod tests {
         );
         c.put(a, kv(&[1, 2, 3, 4, 5]));
         c.put(a, kv(&[1, 2, 7]));
-        // A diverging turn: only a whole entry it begins with is used.
-        assert_eq!(c.get(&a, &[1, 2, 7, 9, 9], 0).unwrap().token_ids, [1, 2, 7]);
-        assert!(c.get(&a, &[1, 2, 3, 9, 9], 0).is_none());
+        let got = |ids: &[u32]| c.get(&a, ids, 0).map(|h| (h.kv.token_ids.clone(), h.len));
+        assert_eq!(got(&[1, 2, 7, 9, 9]), Some((vec![1, 2, 7], 3)));
+        // A diverging turn runs on the positions before it parts from an entry.
+        assert_eq!(got(&[1, 2, 3, 9, 9]), Some((vec![1, 2, 3, 4, 5], 3)));
         // One token must be left to run.
-        assert!(c.get(&a, &[1, 2, 3, 4, 5], 0).is_none());
-        let got = c.get(&a, &[1, 2, 3, 4, 5, 6], 0).unwrap();
-        assert_eq!((got.n_tokens(), got.layers[0].len()), (5, 5));
+        assert_eq!(got(&[1, 2, 3, 4, 5]), Some((vec![1, 2, 3, 4, 5], 4)));
+        let whole = c.get(&a, &[1, 2, 3, 4, 5, 6], 0).unwrap();
+        assert_eq!(
+            (whole.n_tokens(), whole.len, whole.kv.layers[0].len()),
+            (5, 5, 5)
+        );
         // No more than the cloud prompt it already has: not worth it.
         assert!(c.get(&a, &[1, 2, 7, 9], 3).is_none());
         // Another key, or the same key with a salt, sees nothing.

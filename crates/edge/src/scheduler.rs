@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::layer_stream::LayerStream;
 use crate::metrics::Metrics;
 use crate::pipeline::{LayerTiming, Timeline};
+use crate::private_cache::Hit;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -83,9 +84,9 @@ pub struct Extras {
     pub constraint: Option<Constraint>,
     /// Given the first answer's whole KV (prefix, prompt and answer) when it ends well.
     pub keep: Option<Keep>,
-    /// The conversation's earlier turns (the private prefix cache): the prompt continues them,
-    /// after their prefix, which is then `Job::prefix` too.
-    pub kept: Option<Arc<ContinuedKv>>,
+    /// The conversation's earlier turns (the private prefix cache): the prompt continues the
+    /// positions it shares with them, after their prefix, which is then `Job::prefix` too.
+    pub kept: Option<Hit>,
 }
 
 /// Where a finished conversation's KV goes (the private prefix cache).
@@ -863,7 +864,7 @@ fn admission(
     let prefix_len = match &extras.kept {
         None => prefix_len,
         Some(k) => {
-            let same = match (&job.prefix, &k.prefix) {
+            let same = match (&job.prefix, &k.kv.prefix) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 (None, None) => true,
                 _ => false,
@@ -895,7 +896,7 @@ fn admission(
         ));
     }
     let seq = match (&extras.kept, &job.prefix) {
-        (Some(k), _) => Sequence::continuing(model, k.clone()),
+        (Some(k), _) => Sequence::continuing_first(model, k.kv.clone(), k.len),
         (None, Some(p)) => Sequence::with_prefix(model, p.clone()),
         (None, None) => Ok(Sequence::new(model)),
     }

@@ -4,6 +4,7 @@
 //! after a private system message; a caller never reads another's entries (another API key,
 //! another `cache_salt`); and the cache stays within its budget under a flood of conversations,
 //! which evicts the flooding caller's own conversations before another's.
+//! A turn that parts from the kept tokens mid-way runs on the positions before the difference.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -315,6 +316,46 @@ async fn on_an_open_api_only_a_salted_conversation_is_kept() {
                 Some(_) => assert!(cached(&t2) > 4, "{}", t2["edgeprompt"]),
             }
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// A second turn whose earlier answer is not the tokens the edge kept (the client edited it, or
+/// its text re-tokenizes differently) runs on the kept positions before the difference: fewer
+/// cached tokens than the whole turn, more than the first user message, and the answer of an
+/// edge that keeps nothing, bit for bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_that_parts_from_the_kept_answer_runs_on_what_it_shares() {
+    let m = model();
+    let cloud = common::start_cloud(m.clone()).await;
+    let (warm, _) = edge(&m, &cloud, 64 << 20).await;
+    let (cold, _) = edge(&m, &cloud, 0).await;
+    tokio::task::spawn_blocking(move || {
+        let first = [("system", SUPPORT), ("user", "Can I change my seat?")];
+        let a1 = answer(&post(warm, "sk-a", &turn(&first, Some("whole"))));
+        let whole = post(
+            warm,
+            "sk-a",
+            &turn(&refs(&second(SUPPORT, &a1)), Some("whole")),
+        );
+        post(warm, "sk-a", &turn(&first, Some("edited")));
+        let words: Vec<&str> = a1.split(' ').collect();
+        assert!(words.len() > 2, "{a1:?}");
+        let edited = format!("{} perhaps not", words[..words.len() / 2].join(" "));
+        let t2 = turn(&refs(&second(SUPPORT, &edited)), Some("edited"));
+        let (w2, c2) = (post(warm, "sk-a", &t2), post(cold, "sk-a", &t2));
+        assert_eq!(
+            bits(&w2),
+            bits(&c2),
+            "turn two on part of the kept turn differs"
+        );
+        let (part, all) = (cached(&w2), cached(&whole));
+        assert!(
+            part > 4 && part < all,
+            "cached {part} of the edited turn, {all} of the whole"
+        );
+        assert_eq!(cached(&c2), 0);
     })
     .await
     .unwrap();

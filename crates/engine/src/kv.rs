@@ -141,18 +141,15 @@ impl LayerKv {
 
     /// This layer's positions followed by `next`'s (the positions right after them).
     pub fn joined(&self, next: &LayerKv) -> Result<Self> {
-        if next.n_kv_head != self.n_kv_head || next.head_dim != self.head_dim {
-            return Err(EngineError::KvMismatch(
-                "joined layers differ in shape".into(),
-            ));
+        self.first(self.len).joined(next)
+    }
+
+    /// Its first `len` positions (all of them if it holds fewer), borrowed.
+    pub fn first(&self, len: usize) -> LayerSpan<'_> {
+        LayerSpan {
+            kv: self,
+            len: len.min(self.len),
         }
-        let mut out = self.clone();
-        for h in 0..self.n_kv_head {
-            out.k[h].extend_from_slice(&next.k[h]);
-            out.v[h].extend_from_slice(&next.v[h]);
-        }
-        out.len += next.len;
-        Ok(out)
     }
 
     pub fn truncate(&mut self, len: usize) {
@@ -162,6 +159,65 @@ impl LayerKv {
             }
             self.len = len;
         }
+    }
+}
+
+/// A layer's first positions, borrowed: what a turn reads of kept positions it shares only
+/// up to where its tokens part from them.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerSpan<'a> {
+    kv: &'a LayerKv,
+    len: usize,
+}
+
+impl<'a> LayerSpan<'a> {
+    pub fn start(&self) -> usize {
+        self.kv.start
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn end(&self) -> usize {
+        self.kv.start + self.len
+    }
+
+    pub fn keys(&self, head: usize) -> &'a [f16] {
+        &self.kv.k[head][..self.len * self.kv.head_dim]
+    }
+
+    pub fn values(&self, head: usize) -> &'a [f16] {
+        &self.kv.v[head][..self.len * self.kv.head_dim]
+    }
+
+    /// These positions followed by `next`'s (the positions right after them), copied.
+    pub fn joined(&self, next: &LayerKv) -> Result<LayerKv> {
+        let kv = self.kv;
+        if next.n_kv_head != kv.n_kv_head || next.head_dim != kv.head_dim {
+            return Err(EngineError::KvMismatch(
+                "joined layers differ in shape".into(),
+            ));
+        }
+        let n = self.len * kv.head_dim;
+        let cat = |a: &[Vec<f16>], b: &[Vec<f16>]| -> Vec<Vec<f16>> {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| [&x[..n], &y[..]].concat())
+                .collect()
+        };
+        Ok(LayerKv {
+            n_kv_head: kv.n_kv_head,
+            head_dim: kv.head_dim,
+            start: kv.start,
+            len: self.len + next.len,
+            k: cat(&kv.k, &next.k),
+            v: cat(&kv.v, &next.v),
+        })
     }
 }
 
@@ -300,6 +356,21 @@ impl ContinuedKv {
     pub fn begins(&self, ids: &[u32]) -> bool {
         let p = self.prefix.as_ref().map_or(&[][..], |p| &p.token_ids[..]);
         ids.starts_with(p) && ids[p.len()..].starts_with(&self.token_ids)
+    }
+
+    /// How many of these positions `ids` share after the prefix (`None` when `ids` do not
+    /// begin with the prefix's ids): a conversation whose earlier answer re-tokenized
+    /// differently still shares the positions before it.
+    pub fn shared_with(&self, ids: &[u32]) -> Option<usize> {
+        let p = self.prefix.as_ref().map_or(&[][..], |p| &p.token_ids[..]);
+        let rest = ids.strip_prefix(p)?;
+        Some(
+            self.token_ids
+                .iter()
+                .zip(rest)
+                .take_while(|(a, b)| a == b)
+                .count(),
+        )
     }
 
     /// Bytes of these positions' K and V (the prefix's not counted).

@@ -30,7 +30,7 @@ pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::{EngineError, Result};
 pub use generate::{GenerateOptions, GenerateStats, Generator, TextStream};
 pub use grammar::{bounded_whitespace, Constraint, GrammarError, Grammars, Spec};
-pub use kv::{ContinuedKv, LayerKv, PrefixKv};
+pub use kv::{ContinuedKv, LayerKv, LayerSpan, PrefixKv};
 pub use model::{Model, ModelInfo};
 pub use sample::{draw, logprobs, sample_each, Draw, Sampler, SamplingParams, TokenLogprobs};
 pub use sequence::Sequence;

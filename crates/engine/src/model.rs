@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::attention::{attend_batch_kept, KeptView, KvView, Scores};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, ModelConfig};
-use crate::kv::{LayerKv, PrefixKv};
+use crate::kv::{LayerKv, LayerSpan, PrefixKv};
 use crate::rope::Rope;
 use crate::sample::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
@@ -86,7 +86,7 @@ thread_local! {
 pub struct LayerInput<'a> {
     pub prefix: Option<&'a LayerKv>,
     /// Kept positions between the prefix and the private KV (a conversation's earlier turns).
-    pub kept: Option<&'a LayerKv>,
+    pub kept: Option<LayerSpan<'a>>,
     pub private: &'a mut LayerKv,
     pub rows: usize,
 }
@@ -94,7 +94,10 @@ pub struct LayerInput<'a> {
 impl LayerInput<'_> {
     /// Positions before the private KV.
     fn before(&self) -> usize {
-        self.kept.or(self.prefix).map_or(0, |p| p.end())
+        self.kept
+            .map(|k| k.end())
+            .or(self.prefix.map(|p| p.end()))
+            .unwrap_or(0)
     }
 }
 

@@ -12,8 +12,10 @@ use crate::Result;
 #[derive(Clone)]
 pub struct Sequence {
     prefix: Option<Arc<PrefixKv>>,
-    /// Positions after the prefix kept from earlier turns (its prefix is `prefix`).
+    /// Positions after the prefix kept from earlier turns (its prefix is `prefix`), of which
+    /// the first `kept_len` are this sequence's.
     kept: Option<Arc<ContinuedKv>>,
+    kept_len: usize,
     kv: Vec<LayerKv>,
     /// Private token ids (after the prefix).
     tokens: Vec<u32>,
@@ -24,6 +26,7 @@ impl Sequence {
         Self {
             prefix: None,
             kept: None,
+            kept_len: 0,
             kv: (0..model.cfg.n_layer)
                 .map(|_| model.new_layer_kv())
                 .collect(),
@@ -41,10 +44,25 @@ impl Sequence {
 
     /// A sequence that continues after `kept` (and the prefix it follows), checked first.
     pub fn continuing(model: &Model, kept: Arc<ContinuedKv>) -> Result<Self> {
+        let n = kept.token_ids.len();
+        Self::continuing_first(model, kept, n)
+    }
+
+    /// A sequence that continues after the first `n` of `kept`'s positions (where a turn's
+    /// tokens part from them), checked first. Those positions attend only to earlier ones, so
+    /// they are what this sequence would compute there itself.
+    pub fn continuing_first(model: &Model, kept: Arc<ContinuedKv>, n: usize) -> Result<Self> {
         kept.check_fits(&model.cfg, &model.fingerprint)?;
+        if n > kept.token_ids.len() {
+            return Err(crate::EngineError::Input(format!(
+                "{n} kept positions asked of {}",
+                kept.token_ids.len()
+            )));
+        }
         let mut s = Self::new(model);
         s.prefix = kept.prefix.clone();
         s.kept = Some(kept);
+        s.kept_len = n;
         Ok(s)
     }
 
@@ -59,7 +77,7 @@ impl Sequence {
     /// Positions before the private ones: the prefix's and the kept ones.
     pub fn prefix_len(&self) -> usize {
         match &self.kept {
-            Some(k) => k.n_tokens(),
+            Some(k) => k.prefix_len() + self.kept_len,
             None => self.prefix.as_ref().map_or(0, |p| p.n_tokens()),
         }
     }
@@ -89,7 +107,7 @@ impl Sequence {
     pub(crate) fn layer_input(&mut self, l: usize, rows: usize) -> LayerInput<'_> {
         LayerInput {
             prefix: self.prefix.as_ref().map(|p| &*p.layers[l]),
-            kept: self.kept.as_ref().map(|k| &*k.layers[l]),
+            kept: self.kept.as_ref().map(|k| k.layers[l].first(self.kept_len)),
             private: &mut self.kv[l],
             rows,
         }
@@ -154,7 +172,7 @@ impl Sequence {
                 .layers
                 .iter()
                 .zip(&self.kv)
-                .map(|(a, b)| a.joined(b).map(Arc::new))
+                .map(|(a, b)| a.first(self.kept_len).joined(b).map(Arc::new))
                 .collect::<Result<Vec<_>>>()?,
             None => self
                 .kv
@@ -165,7 +183,7 @@ impl Sequence {
         let mut token_ids = self
             .kept
             .as_ref()
-            .map_or_else(Vec::new, |k| k.token_ids.clone());
+            .map_or_else(Vec::new, |k| k.token_ids[..self.kept_len].to_vec());
         token_ids.extend_from_slice(&self.tokens);
         Ok(ContinuedKv {
             fingerprint: model.fingerprint.clone(),
@@ -298,6 +316,7 @@ impl PrefillPass {
         let seq = Sequence {
             prefix: Some(prefix),
             kept: None,
+            kept_len: 0,
             kv: self.kv,
             tokens: self.ids,
         };

@@ -428,3 +428,75 @@ fn a_turn_on_kept_positions_after_a_held_prefix_is_bitwise_the_same() {
         assert_eq!(again.token_ids, ids);
     }
 }
+
+/// A turn that parts from the kept positions mid-way (an earlier answer that re-tokenizes
+/// differently): run on the kept positions before the difference (borrowed, not copied), then
+/// its own tokens, it gives every step's logits bit for bit as the same turn from the cloud
+/// prefix alone, alone and in a batch beside a sequence on the whole kept entry; kept again,
+/// it holds only the shared positions and its own.
+#[test]
+fn a_turn_on_the_first_kept_positions_is_bitwise_the_same() {
+    let model = common::smollm2();
+    for (i, p) in pairs(&model, 3).iter().enumerate() {
+        let cloud = {
+            let mut s = Sequence::new(&model);
+            s.prefill(&model, &p.cloud).unwrap();
+            Arc::new(s.export_prefix(&model).unwrap())
+        };
+        let mut turn1 = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let first = turn1.prefill(&model, &p.edge).unwrap();
+        decode(&model, &mut turn1, first);
+        let kept = Arc::new(turn1.export_continued(&model).unwrap());
+        // Turn 2 shares turn 1's prompt and the first half of its answer, then goes its way.
+        let share = p.edge.len() + (kept.token_ids.len() - p.edge.len()) / 2;
+        assert!(share < kept.token_ids.len());
+        let own: Vec<u32> = p.edge.iter().rev().take(6).copied().collect();
+        let rest: Vec<u32> = kept.token_ids[..share]
+            .iter()
+            .chain(&own)
+            .copied()
+            .collect();
+        let mut cold = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        let want = cold.prefill(&model, &rest).unwrap();
+        let (want_ids, want_logits) = decode(&model, &mut cold, want);
+
+        let mut warm = Sequence::continuing_first(&model, kept.clone(), share).unwrap();
+        assert_eq!(warm.prefix_len(), p.cloud.len() + share);
+        let got = warm.prefill(&model, &own).unwrap();
+        let (got_ids, got_logits) = decode(&model, &mut warm, got);
+        assert_eq!(got_ids, want_ids, "pair {i}: tokens differ");
+        for (s, (a, b)) in got_logits.iter().zip(&want_logits).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "pair {i} step {s}: logits on the first kept positions are not bit-identical"
+            );
+        }
+        // In a batch beside a sequence on the whole entry (both read its buffers).
+        let mut part = Sequence::continuing_first(&model, kept.clone(), share).unwrap();
+        let mut whole = Sequence::continuing(&model, kept.clone()).unwrap();
+        let out = model
+            .forward(&mut [(&mut whole, &own[..]), (&mut part, &own[..])])
+            .unwrap();
+        assert_eq!(out[1], want_logits[0], "pair {i}: differs in a batch");
+        let mut alone = Sequence::continuing(&model, kept.clone()).unwrap();
+        assert_eq!(out[0], alone.prefill(&model, &own).unwrap());
+        // Kept again: the shared positions and turn 2's, after the same prefix.
+        let again = warm.export_continued(&model).unwrap();
+        assert!(Arc::ptr_eq(again.prefix.as_ref().unwrap(), &cloud));
+        let mut ids = kept.token_ids[..share].to_vec();
+        ids.extend_from_slice(warm.private_tokens());
+        assert_eq!(again.token_ids, ids);
+        assert_eq!(again.n_tokens(), warm.len());
+        let mut fresh = Sequence::continuing(&model, Arc::new(again)).unwrap();
+        let mut from_cloud = Sequence::with_prefix(&model, cloud.clone()).unwrap();
+        from_cloud.prefill(&model, &ids).unwrap();
+        assert_eq!(
+            fresh.prefill(&model, &own[..1]).unwrap(),
+            from_cloud.prefill(&model, &own[..1]).unwrap(),
+            "pair {i}: the entry kept again differs"
+        );
+        assert!(
+            Sequence::continuing_first(&model, kept.clone(), kept.token_ids.len() + 1).is_err()
+        );
+    }
+}

@@ -251,11 +251,11 @@ async fn chat_inner(
             .as_ref()
             .map_or_else(Vec::new, |p| p.kv.token_ids().to_vec());
         all.extend_from_slice(&prompt);
-        s.private.get(&scope, &all, cloud_len).map(|kv| (kv, all))
+        s.private.get(&scope, &all, cloud_len).map(|hit| (hit, all))
     }) {
-        Some(Some((kv, all))) => {
-            let n = kv.n_tokens();
-            held = Some((kv, n - cloud_len));
+        Some(Some((hit, all))) => {
+            let n = hit.n_tokens();
+            held = Some((hit, n - cloud_len));
             all[n..].to_vec()
         }
         _ => prompt,
@@ -274,8 +274,8 @@ async fn chat_inner(
         tool_calls: plan.parse,
     };
     let mut origin = Origin::new(arrived, prefix, req.common.cloud_prompt.as_ref());
-    if let Some((kv, private)) = held {
-        origin.hold(kv, private);
+    if let Some((hit, private)) = held {
+        origin.hold(hit, private);
     }
     drop(gate);
     run(
@@ -702,7 +702,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     // Kept turns run after their own prefix (the same cloud prompt's KV, whole).
     let (prefix, cold, kept) = match (origin.kept(), origin.kv()) {
-        (Some(k), _) => (k.prefix.clone(), None, Some(k.clone())),
+        (Some(k), _) => (k.kv.prefix.clone(), None, Some(k.clone())),
         (None, Some(PromptKv::Ready(p))) => (Some(p.clone()), None, None),
         (None, Some(PromptKv::Streaming(s))) => (None, Some(s.clone()), None),
         (None, None) => (None, None, None),

@@ -1,14 +1,13 @@
 //! A response's `edgeprompt` block: where the cloud prompt's KV came from, what crossed the
 //! network for it (the request up, the KV down), what stayed here, and the answer's timing.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_engine::ContinuedKv;
 use serde_json::{json, Value};
 
 use crate::layer_stream::PromptKv;
 use crate::prefixes::Lookup;
+use crate::private_cache::Hit;
 use crate::scheduler::Done;
 
 pub struct Origin {
@@ -17,7 +16,7 @@ pub struct Origin {
     cloud: Option<Cloud>,
     /// This conversation's earlier turns, from the private prefix cache, and how many of
     /// their tokens are private (after the cloud prompt).
-    held: Option<(Arc<ContinuedKv>, usize)>,
+    held: Option<(Hit, usize)>,
 }
 
 /// The request's cloud prompt: its lookup until the first answer is done (a stream's bytes
@@ -37,13 +36,13 @@ impl Origin {
     }
 
     /// Run on `kv`, the conversation so far, of which `private` tokens are private.
-    pub fn hold(&mut self, kv: Arc<ContinuedKv>, private: usize) {
-        self.held = Some((kv, private));
+    pub fn hold(&mut self, hit: Hit, private: usize) {
+        self.held = Some((hit, private));
     }
 
     /// The conversation's earlier turns, when the private prefix cache held them.
-    pub fn kept(&self) -> Option<&Arc<ContinuedKv>> {
-        self.held.as_ref().map(|(kv, _)| kv)
+    pub fn kept(&self) -> Option<&Hit> {
+        self.held.as_ref().map(|(hit, _)| hit)
     }
 
     /// The cloud prompt's KV, whole or streaming, until the facts are settled.

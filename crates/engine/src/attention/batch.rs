@@ -5,7 +5,7 @@ use half::f16;
 
 use super::dispatch;
 use super::State;
-use crate::kv::LayerKv;
+use crate::kv::{LayerKv, LayerSpan};
 
 /// What one sequence's new rows attend to in one layer.
 #[derive(Clone, Copy)]
@@ -23,13 +23,16 @@ pub struct KvView<'a> {
 #[derive(Clone, Copy)]
 pub struct KeptView<'a> {
     pub view: KvView<'a>,
-    pub kept: Option<&'a LayerKv>,
+    pub kept: Option<LayerSpan<'a>>,
 }
 
 impl KeptView<'_> {
     /// Positions before the private KV.
     fn before(&self) -> usize {
-        self.kept.or(self.view.prefix).map_or(0, |p| p.end())
+        self.kept
+            .map(|k| k.end())
+            .or(self.view.prefix.map(|p| p.end()))
+            .unwrap_or(0)
     }
 }
 
