@@ -354,8 +354,7 @@ impl ContinuedKv {
 
     /// Whether `ids` begin with every position's id (the prefix's, then these).
     pub fn begins(&self, ids: &[u32]) -> bool {
-        let p = self.prefix.as_ref().map_or(&[][..], |p| &p.token_ids[..]);
-        ids.starts_with(p) && ids[p.len()..].starts_with(&self.token_ids)
+        self.shared_with(ids) == Some(self.token_ids.len())
     }
 
     /// How many of these positions `ids` share after the prefix (`None` when `ids` do not
