@@ -116,8 +116,13 @@ unsafe fn two<const G: usize, const H: bool>(
     j: usize,
     d: usize,
 ) -> [__m512; G] {
-    let (a, b) = (lanes::<G, H>(q, k, j, d), lanes::<G, H>(q, k, j + 1, d));
-    std::array::from_fn(|x| step8(a[x], b[x]))
+    let (mut a, b) = (lanes::<G, H>(q, k, j, d), lanes::<G, H>(q, k, j + 1, d));
+    // Loops, not `from_fn`: a closure would not inherit the caller's target features (its
+    // intrinsics would be calls).
+    for x in 0..G {
+        a[x] = step8(a[x], b[x]);
+    }
+    a
 }
 
 /// Four keys from `j`, reduced through the `+4` step, for `G` queries.
@@ -128,9 +133,12 @@ unsafe fn four<const G: usize, const H: bool>(
     j: usize,
     d: usize,
 ) -> [__m512; G] {
-    let ab = two::<G, H>(q, k, j, d);
+    let mut ab = two::<G, H>(q, k, j, d);
     let cd = two::<G, H>(q, k, j + 2, d);
-    std::array::from_fn(|x| step4(ab[x], cd[x]))
+    for x in 0..G {
+        ab[x] = step4(ab[x], cd[x]);
+    }
+    ab
 }
 
 /// The scores of `G` queries (rows of `q`) with the sixteen keys at `k` (lane = key), each by
@@ -142,8 +150,10 @@ unsafe fn scores<const G: usize, const H: bool>(
     d: usize,
     out: &mut [__m512],
 ) {
-    let (a, b) = (four::<G, H>(q, k, 0, d), four::<G, H>(q, k, 4, d));
-    let lo: [__m512; G] = std::array::from_fn(|x| step2(a[x], b[x]));
+    let (mut lo, b) = (four::<G, H>(q, k, 0, d), four::<G, H>(q, k, 4, d));
+    for x in 0..G {
+        lo[x] = step2(lo[x], b[x]);
+    }
     let (a, b) = (four::<G, H>(q, k, 8, d), four::<G, H>(q, k, 12, d));
     // Element 4t + e now holds key 4e + t.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);

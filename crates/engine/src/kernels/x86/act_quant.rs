@@ -72,15 +72,18 @@ unsafe fn quantize16(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32) {
     let sign = _mm512_set1_epi32(i32::MIN);
     let one = _mm512_castps_si512(_mm512_set1_ps(1.0));
     let half = _mm512_set1_ps(0.5);
-    let r: [__m512i; 2] = std::array::from_fn(|i| {
+    // Loops, not `from_fn`: a closure would not inherit the caller's target features (its
+    // intrinsics would be calls).
+    let mut r = [_mm512_setzero_si512(); 2];
+    for (i, ri) in r.iter_mut().enumerate() {
         let y = _mm512_mul_ps(_mm512_loadu_ps(p.add(16 * i)), id);
         let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
         let fr = _mm512_abs_ps(_mm512_sub_ps(y, t));
         let step = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one);
         let ge = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(fr, half);
         let up = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(ge, step));
-        _mm512_cvtps_epi32(_mm512_add_ps(t, up))
-    });
+        *ri = _mm512_cvtps_epi32(_mm512_add_ps(t, up));
+    }
     _mm_storeu_si128(out as *mut __m128i, _mm512_cvtsepi32_epi8(r[0]));
     _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(r[1]));
     (_mm512_reduce_add_epi32(r[0]), _mm512_reduce_add_epi32(r[1]))
@@ -91,7 +94,10 @@ unsafe fn quantize16(xs: &[f32], id: f32, q: &mut [i8]) -> (i32, i32) {
 unsafe fn amax8(xs: &[f32]) -> f32 {
     let p = xs.as_ptr();
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_and_ps(_mm256_loadu_ps(p.add(8 * i)), abs));
+    let mut v = [_mm256_setzero_ps(); 4];
+    for (i, vi) in v.iter_mut().enumerate() {
+        *vi = _mm256_and_ps(_mm256_loadu_ps(p.add(8 * i)), abs);
+    }
     let m = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
     let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
