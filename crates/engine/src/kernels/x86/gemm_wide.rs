@@ -90,7 +90,7 @@ unsafe fn tile<const P: usize>(t: &Tile) {
         Q5_1 => go!(tile_n, Q5_1, P, 16),
         Q8_0 => go!(tile_n, Q8_0, P, 16),
         IQ4NL => go!(tile_n, IQ4NL, P, 16),
-        IQ4XS => go!(tile_k, IQ4XS, 1, 16),
+        IQ4XS => go!(tile_k, IQ4XS, 1),
         Q3K => go!(tile_k, Q3K, 1, 16),
         Q2K => go!(tile_k, Q2K, 1),
         Q4K => go!(tile_k, Q4K, 1),

@@ -13,9 +13,10 @@ use super::act_quant::Acts;
 use super::{repack, Format, Level, QMatrix, ACT_CHUNK, STREAM_ROWS};
 
 /// Whether `f`'s 512-bit tiles take sixteen activation rows: all but the K formats with mins,
-/// whose per-row super-block sums would spill.
+/// whose per-row super-block sums would spill, and iq4_xs, whose sixteen-row tile spilled too
+/// (eight rows: Qwen 1.5B IQ4_XS prefill 7-10 % faster on the Xeon).
 pub(crate) fn sixteen_rows(f: Format) -> bool {
-    !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K)
+    !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K | Format::IQ4XS)
 }
 
 /// A tile kernel (`gemm`, `gemm_wide`).
