@@ -9,7 +9,7 @@ use crate::report::{f, load, machine_line};
 
 /// Every machine's and model's multi-turn run, where there is one.
 pub fn section(dir: &Path, md: &mut String) {
-    for sub in ["", "avx512/", "zen4/", "zen1/"] {
+    for sub in ["", "avx512/", "zen4/", "xeon-emr/", "zen1/"] {
         for model in ["smollm2", "qwen05", "qwen15"] {
             let name = format!("{sub}chat{}", crate::serve::file_tag(model));
             if let Some(v) = load(dir, &format!("{name}.json")) {
