@@ -87,9 +87,18 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     lm_eval_section(dir, &mut md);
     batch_section(dir, &mut md);
     // The AVX2 EPYC's run (rev 15ed2bc, the engine of then), the Zen 5 AVX-512 EPYC's, then
-    // the Zen 4's, the AVX-512 Xeon's and the AVX2 Zen 1's and Zen 3's (fresh private prompts,
-    // the same batch for both servers).
-    for sub in ["", "avx512/", "zen4/", "xeon-emr/", "zen1/", "zen3/"] {
+    // the Zen 4's, the AVX-512 Xeon's (`xeon-emr-as-avx2/`: our kernels held to AVX2 against an
+    // AVX2-only llama-server) and the AVX2 Zen 1's and Zen 3's (fresh private prompts, the same
+    // batch for both servers).
+    for sub in [
+        "",
+        "avx512/",
+        "zen4/",
+        "xeon-emr/",
+        "xeon-emr-as-avx2/",
+        "zen1/",
+        "zen3/",
+    ] {
         serve_section(dir, sub, &mut md);
     }
     crate::chat::report::section(dir, &mut md);
