@@ -21,7 +21,7 @@ use super::gemm::{
     each_row, plane_chunks, prefetch_run, Tile, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0,
     Q5_1, Q6K, Q8_0,
 };
-use crate::kernels::act_quant::Acts;
+use super::Line;
 use crate::kernels::repack::ROWS;
 use crate::kernels::{Format, IQ4, QK};
 
@@ -33,7 +33,75 @@ use crate::kernels::{Format, IQ4, QK};
 /// for `t.acts.nb` blocks; `t.out` has room for `t.mt` rows of `t.cols` columns at `t.ldo`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn tile_pair(t: &Tile) {
-    tile::<1>(t)
+    tile::<1>(t, std::ptr::null())
+}
+
+/// As `tile_pair` for a K format, its blocks' weights read from `planes` as `unpack_pair`
+/// wrote them for `t.group`.
+///
+/// # Safety
+/// As `tile_pair`; `planes` holds `unpack_pair`'s lines for `t.group`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn tile_pair_planes(t: &Tile, planes: &[Line]) {
+    assert!(t.f.is_k() && planes.len() >= 8 * t.acts.nb);
+    tile::<1>(t, planes.as_ptr() as *const u8)
+}
+
+/// The unpacked weights of a pair of K-format groups (`group`, two groups back to back,
+/// `nb` 32-blocks): per block the 8 vectors `weights` gives, one line each, so that the tiles
+/// of a chunk's rows unpack each block once, not once per tile (q5_K's eight-row tiles spent
+/// ~10 % of their time unpacking). `prefetch` as a tile's: the run ahead, for calls that
+/// stream their weights.
+///
+/// # Safety
+/// As `tile_pair`; `group` holds `nb` blocks of `f`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn unpack_pair(
+    f: Format,
+    group: &[u8],
+    nb: usize,
+    prefetch: bool,
+    out: &mut [Line],
+) {
+    assert!(f.is_k() && out.len() >= 8 * nb);
+    match f.code() {
+        IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
+        Q3K => unpack::<Q3K>(group, nb, prefetch, out),
+        Q2K => unpack::<Q2K>(group, nb, prefetch, out),
+        Q4K => unpack::<Q4K>(group, nb, prefetch, out),
+        Q5K => unpack::<Q5K>(group, nb, prefetch, out),
+        _ => unpack::<Q6K>(group, nb, prefetch, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn unpack<const F: u8>(group: &[u8], nb: usize, prefetch: bool, out: &mut [Line]) {
+    let f = Format::of_code(F);
+    let (bps, hb, pb, sb) = (
+        f.blocks_per_super(),
+        f.header_bytes(),
+        f.plane_bytes(),
+        f.super_bytes(),
+    );
+    let [(a, b)] = pair_ptrs::<1>(group);
+    let dst = out.as_mut_ptr() as *mut __m512i;
+    for blk in 0..nb {
+        let (s, bi) = (blk / bps, blk % bps);
+        if prefetch {
+            let per = sb / bps;
+            prefetch_run(
+                group.as_ptr(),
+                group.len(),
+                2 * (s * sb + bi * per),
+                2 * per,
+            );
+        }
+        let at = s * sb + hb + bi * pb;
+        let v = weights::<F>(a.add(at), b.add(at));
+        for (j, vj) in v.iter().enumerate() {
+            _mm512_store_si512(dst.add(8 * blk + j), *vj);
+        }
+    }
 }
 
 /// As `tile_pair` over four whole groups (`t.cols` up to 32).
@@ -42,35 +110,25 @@ pub(crate) unsafe fn tile_pair(t: &Tile) {
 /// As `tile_pair`, with four groups in `t.group`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn tile_quad(t: &Tile) {
-    tile::<2>(t)
+    tile::<2>(t, std::ptr::null())
 }
 
 #[inline(always)]
-unsafe fn tile<const P: usize>(t: &Tile) {
-    let Tile {
-        f,
-        group,
-        acts,
-        i0,
-        mt,
-        out,
-        ldo,
-        cols,
-        prefetch,
-    } = *t;
+unsafe fn tile<const P: usize>(t: &Tile, planes: *const u8) {
+    let (f, mt) = (t.f, t.mt);
     macro_rules! go {
         ($kernel:ident, $c:expr, $p:expr) => {
             match mt {
-                1 => $kernel::<$c, 1, $p>(group, acts, i0, out, ldo, cols, prefetch),
-                2 => $kernel::<$c, 2, $p>(group, acts, i0, out, ldo, cols, prefetch),
-                4 => $kernel::<$c, 4, $p>(group, acts, i0, out, ldo, cols, prefetch),
-                _ => $kernel::<$c, 8, $p>(group, acts, i0, out, ldo, cols, prefetch),
+                1 => $kernel::<$c, 1, $p>(t, planes),
+                2 => $kernel::<$c, 2, $p>(t, planes),
+                4 => $kernel::<$c, 4, $p>(t, planes),
+                _ => $kernel::<$c, 8, $p>(t, planes),
             }
         };
         // The 32-block tiles and q6_K's also take sixteen rows (`run_groups`).
         ($kernel:ident, $c:expr, $p:expr, 16) => {
             match mt {
-                16 => $kernel::<$c, 16, $p>(group, acts, i0, out, ldo, cols, prefetch),
+                16 => $kernel::<$c, 16, $p>(t, planes),
                 _ => go!($kernel, $c, $p),
             }
         };
@@ -256,16 +314,19 @@ unsafe fn pairs(x: __m512i, y: __m512i) -> __m512i {
     )
 }
 
+// `_planes`: the 32-block tiles unpack a block for sixteen rows already.
 #[inline(always)]
-unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-    prefetch: bool,
-) {
+unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(t: &Tile, _planes: *const u8) {
+    let Tile {
+        group,
+        acts,
+        i0,
+        out,
+        ldo,
+        cols,
+        prefetch,
+        ..
+    } = *t;
     let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
@@ -325,15 +386,17 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(
 /// integer sub-block scales summed in i32, the mins against pairs of block sums, one float
 /// term.
 #[inline(always)]
-unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-    prefetch: bool,
-) {
+unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(t: &Tile, planes: *const u8) {
+    let Tile {
+        group,
+        acts,
+        i0,
+        out,
+        ldo,
+        cols,
+        prefetch,
+        ..
+    } = *t;
     let f = Format::of_code(F);
     // q4_K and q5_K have a min per block, q2_K one per half block.
     let has_min = F == Q4K || F == Q5K;
@@ -361,14 +424,22 @@ unsafe fn tile_k<const F: u8, const MT: usize, const P: usize>(
             let b = s * bps + bi;
             let pl: [(*const u8, *const u8); P] =
                 std::array::from_fn(|p| (h[p].0.add(hb + bi * pb), h[p].1.add(hb + bi * pb)));
-            if MT == 1 || prefetch {
+            // With `planes`, `unpack_pair` read the group (and prefetched).
+            if planes.is_null() && (MT == 1 || prefetch) {
                 let per = sb / bps;
                 let at = 2 * P * (s * sb + bi * per);
                 prefetch_run(group.as_ptr(), group.len(), at, 2 * P * per);
             }
             let mut v = [[zero; 8]; P];
-            for p in 0..P {
-                v[p] = weights::<F>(pl[p].0, pl[p].1);
+            if planes.is_null() {
+                for p in 0..P {
+                    v[p] = weights::<F>(pl[p].0, pl[p].1);
+                }
+            } else {
+                let line = planes as *const __m512i;
+                for j in 0..8 {
+                    v[0][j] = _mm512_load_si512(line.add(8 * b + j));
+                }
             }
             if has_min {
                 // q4_K, q5_K: `vpdpbusd` sums the 5-bit values' products as the 4-bit ones.

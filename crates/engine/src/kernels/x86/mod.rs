@@ -9,6 +9,8 @@ pub(crate) mod gated;
 mod gemm;
 mod gemm_wide;
 
+use std::cell::RefCell;
+
 use super::act_quant::Acts;
 use super::{repack, Format, Level, QMatrix, ACT_CHUNK, STREAM_ROWS};
 
@@ -19,8 +21,21 @@ pub(crate) fn sixteen_rows(f: Format) -> bool {
     !matches!(f, Format::Q2K | Format::Q4K | Format::Q5K | Format::IQ4XS)
 }
 
+/// One 512-bit vector (or two 256-bit ones), aligned as one.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line([u8; 64]);
+
+thread_local! {
+    /// This thread's unpacked groups (`run_groups`): 8 x k bytes a group.
+    static PLANES: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
 /// A tile kernel (`gemm`, `gemm_wide`).
 type TileFn = unsafe fn(&gemm::Tile);
+
+/// A K-format tile kernel over its groups' unpacked weights.
+type PlanesFn = unsafe fn(&gemm::Tile, &[Line]);
 
 /// Calls of at most this many rows take two groups per 512-bit tile, not four: they are bound
 /// by the stream, and two streams a thread read closer to a plain read's bandwidth than four
@@ -40,10 +55,18 @@ pub(crate) fn run_groups(
     dst: *mut f32,
 ) {
     let gb = w.group_bytes();
-    let (one, pair) = if level.vnni() {
-        (gemm::tile_vnni as TileFn, gemm::tile_vnni_pair as TileFn)
+    let (one, pair, one_planes) = if level.vnni() {
+        (
+            gemm::tile_vnni as TileFn,
+            gemm::tile_vnni_pair as TileFn,
+            gemm::tile_vnni_planes as PlanesFn,
+        )
     } else {
-        (gemm::tile_avx2 as TileFn, gemm::tile_avx2_pair as TileFn)
+        (
+            gemm::tile_avx2 as TileFn,
+            gemm::tile_avx2_pair as TileFn,
+            gemm::tile_avx2_planes as PlanesFn,
+        )
     };
     // Activation rows in chunks that stay in L2 while the task's groups pass over them.
     for c0 in (0..m).step_by(ACT_CHUNK) {
@@ -72,6 +95,21 @@ pub(crate) fn run_groups(
             let group = &w.data[g * gb..(g + span) * gb];
             let col = g * repack::ROWS;
             let cols = (w.n - col).min(span * repack::ROWS);
+            // The eight-row K tiles of a chunk of more rows read their groups unpacked once
+            // (`unpack_pair`, `unpack_group`).
+            let unpacked = w.format.is_k() && !wide_rows && c1 - c0 > 8;
+            if unpacked {
+                let (nb, prefetch) = (acts.nb, m <= STREAM_ROWS);
+                // SAFETY: `level`'s features detected; `group` is `span` groups of `nb` blocks.
+                PLANES.with_borrow_mut(|p| unsafe {
+                    p.resize(4 * span * nb, Line([0; 64]));
+                    if span == 2 {
+                        gemm_wide::unpack_pair(w.format, group, nb, prefetch, p)
+                    } else {
+                        gemm::unpack_group(w.format, group, nb, prefetch, p)
+                    }
+                });
+            }
             let mut i = c0;
             while i < c1 {
                 let mt = match c1 - i {
@@ -81,7 +119,7 @@ pub(crate) fn run_groups(
                 // SAFETY: `level`'s features detected; tiles write disjoint [rows, cols]
                 // blocks of the `[m, n]` output at `dst`, inside it.
                 unsafe {
-                    tile(&gemm::Tile {
+                    let t = gemm::Tile {
                         f: w.format,
                         group,
                         acts,
@@ -91,7 +129,16 @@ pub(crate) fn run_groups(
                         ldo: w.n,
                         cols,
                         prefetch: i == c0 && m <= STREAM_ROWS,
-                    })
+                    };
+                    if unpacked {
+                        let planes: PlanesFn = match span {
+                            2 => gemm_wide::tile_pair_planes,
+                            _ => one_planes,
+                        };
+                        PLANES.with_borrow(|p| planes(&t, p));
+                    } else {
+                        tile(&t);
+                    }
                 };
                 i += mt;
             }
