@@ -18,7 +18,6 @@
 use std::arch::x86_64::*;
 
 use super::Line;
-use crate::kernels::act_quant::Acts;
 use crate::kernels::repack::ROWS;
 pub(crate) use crate::kernels::tile::{tile_rows, Tile};
 use crate::kernels::{Format, IQ4, QK};
@@ -81,14 +80,14 @@ pub(crate) unsafe fn tile_vnni(t: &Tile) {
     tile::<Vnni>(t, std::ptr::null())
 }
 
-/// As `tile_avx2` for a K format, its blocks' weights read from `planes` as `unpack_group`
-/// wrote them for `t.group`.
+/// As `tile_avx2` for a format that `unpacks`, its blocks' weights read from `planes` as
+/// `unpack_group` wrote them for `t.group`.
 ///
 /// # Safety
 /// As `tile_avx2`; `planes` holds `unpack_group`'s lines for `t.group`.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn tile_avx2_planes(t: &Tile, planes: &[Line]) {
-    assert!(t.f.is_k() && planes.len() >= 4 * t.acts.nb);
+    assert!(unpacks(t.f) && planes.len() >= 4 * t.acts.nb);
     tile::<Avx2>(t, planes.as_ptr() as *const u8)
 }
 
@@ -98,14 +97,14 @@ pub(crate) unsafe fn tile_avx2_planes(t: &Tile, planes: &[Line]) {
 /// As `tile_avx2_planes`, and AVX-512 F, VL and VNNI present.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
 pub(crate) unsafe fn tile_vnni_planes(t: &Tile, planes: &[Line]) {
-    assert!(t.f.is_k() && planes.len() >= 4 * t.acts.nb);
+    assert!(unpacks(t.f) && planes.len() >= 4 * t.acts.nb);
     tile::<Vnni>(t, planes.as_ptr() as *const u8)
 }
 
-/// The unpacked weights of one K-format group (`nb` 32-blocks): per block the 8 vectors
-/// `weights` gives, two to a line, so that the tiles of a chunk's rows unpack each block once,
-/// not once per tile (20 % of q5_K's and iq4_xs's tile time on the Xeon). `prefetch` as a
-/// tile's: the run ahead, for calls that stream their weights.
+/// The unpacked weights of one group (`nb` 32-blocks) of a format that `unpacks`: per block
+/// the 8 vectors `weights` gives, two to a line, so that the tiles of a chunk's rows unpack
+/// each block once, not once per tile (20 % of q5_K's and iq4_xs's tile time on the Xeon).
+/// `prefetch` as a tile's: the run ahead, for calls that stream their weights.
 ///
 /// # Safety
 /// AVX2 present; `group` holds `nb` blocks of `f`.
@@ -117,8 +116,10 @@ pub(crate) unsafe fn unpack_group(
     prefetch: bool,
     out: &mut [Line],
 ) {
-    assert!(f.is_k() && out.len() >= 4 * nb);
+    assert!(unpacks(f) && out.len() >= 4 * nb);
     match f.code() {
+        Q5_0 => unpack::<Q5_0>(group, nb, prefetch, out),
+        Q5_1 => unpack::<Q5_1>(group, nb, prefetch, out),
         IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
         Q3K => unpack::<Q3K>(group, nb, prefetch, out),
         Q2K => unpack::<Q2K>(group, nb, prefetch, out),
@@ -126,6 +127,13 @@ pub(crate) unsafe fn unpack_group(
         Q5K => unpack::<Q5K>(group, nb, prefetch, out),
         _ => unpack::<Q6K>(group, nb, prefetch, out),
     }
+}
+
+/// Whether chunks of `f`'s rows read its groups unpacked once (`unpack_group`): the K and
+/// 5-bit formats, whose unpacking costs more than reading it back. Not q4_0, q4_1 and
+/// iq4_nl (on the Xeon's VNNI-256 tiles 2-3 % slower unpacked) nor q8_0 (its bytes).
+pub(crate) fn unpacks(f: Format) -> bool {
+    f.is_k() || matches!(f, Format::Q5_0 | Format::Q5_1)
 }
 
 #[inline(always)]
@@ -177,57 +185,28 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         t.mt == 1 && !t.f.is_k(),
         "two-group tiles take one row of a 32-block format"
     );
-    let Tile {
-        group,
-        acts,
-        i0,
-        out,
-        ldo,
-        cols,
-        prefetch,
-        ..
-    } = *t;
+    let none = std::ptr::null();
     match t.f.code() {
-        Q4_0 => tile_n::<D, Q4_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
-        Q4_1 => tile_n::<D, Q4_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
-        Q5_0 => tile_n::<D, Q5_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
-        Q5_1 => tile_n::<D, Q5_1, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
-        IQ4NL => tile_n::<D, IQ4NL, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
-        _ => tile_n::<D, Q8_0, 1, 2>(group, acts, i0, out, ldo, cols, prefetch),
+        Q4_0 => tile_n::<D, Q4_0, 1, 2>(t, none),
+        Q4_1 => tile_n::<D, Q4_1, 1, 2>(t, none),
+        Q5_0 => tile_n::<D, Q5_0, 1, 2>(t, none),
+        Q5_1 => tile_n::<D, Q5_1, 1, 2>(t, none),
+        IQ4NL => tile_n::<D, IQ4NL, 1, 2>(t, none),
+        _ => tile_n::<D, Q8_0, 1, 2>(t, none),
     }
 }
 
 #[inline(always)]
 unsafe fn tile<D: Dots>(t: &Tile, planes: *const u8) {
-    let Tile {
-        f,
-        group,
-        acts,
-        i0,
-        mt,
-        out,
-        ldo,
-        cols,
-        prefetch,
-    } = *t;
+    let (f, mt) = (t.f, t.mt);
     // 32-block formats run `tile_n`, K formats `tile_k`; each for the four tile heights.
     macro_rules! go {
         ($kernel:ident, $c:expr $(, $p:expr)?) => {
             match mt {
-                1 => $kernel::<D, $c, 1 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
-                2 => $kernel::<D, $c, 2 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
-                4 => $kernel::<D, $c, 4 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
-                _ => $kernel::<D, $c, 8 $(, $p)?>(group, acts, i0, out, ldo, cols, prefetch),
-            }
-        };
-    }
-    macro_rules! go_k {
-        ($c:expr) => {
-            match mt {
-                1 => tile_k::<D, $c, 1>(t, planes),
-                2 => tile_k::<D, $c, 2>(t, planes),
-                4 => tile_k::<D, $c, 4>(t, planes),
-                _ => tile_k::<D, $c, 8>(t, planes),
+                1 => $kernel::<D, $c, 1 $(, $p)?>(t, planes),
+                2 => $kernel::<D, $c, 2 $(, $p)?>(t, planes),
+                4 => $kernel::<D, $c, 4 $(, $p)?>(t, planes),
+                _ => $kernel::<D, $c, 8 $(, $p)?>(t, planes),
             }
         };
     }
@@ -237,13 +216,13 @@ unsafe fn tile<D: Dots>(t: &Tile, planes: *const u8) {
         Q5_0 => go!(tile_n, Q5_0, 1),
         Q5_1 => go!(tile_n, Q5_1, 1),
         Q8_0 => go!(tile_n, Q8_0, 1),
-        Q4K => go_k!(Q4K),
+        Q4K => go!(tile_k, Q4K),
         IQ4NL => go!(tile_n, IQ4NL, 1),
-        Q5K => go_k!(Q5K),
-        IQ4XS => go_k!(IQ4XS),
-        Q3K => go_k!(Q3K),
-        Q2K => go_k!(Q2K),
-        _ => go_k!(Q6K),
+        Q5K => go!(tile_k, Q5K),
+        IQ4XS => go!(tile_k, IQ4XS),
+        Q3K => go!(tile_k, Q3K),
+        Q2K => go!(tile_k, Q2K),
+        _ => go!(tile_k, Q6K),
     }
 }
 
@@ -593,14 +572,19 @@ pub(crate) use each_row;
 /// The 32-block formats over `P` groups back to back (1, or 2 for single rows).
 #[inline(always)]
 unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
-    group: &[u8],
-    acts: &Acts,
-    i0: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-    prefetch: bool,
+    t: &Tile,
+    planes: *const u8,
 ) {
+    let Tile {
+        group,
+        acts,
+        i0,
+        out,
+        ldo,
+        cols,
+        prefetch,
+        ..
+    } = *t;
     let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
     let (hb, sb) = (f.header_bytes(), f.super_bytes());
@@ -619,10 +603,18 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
             if has_min {
                 wm[p] = half8(hdr.add(16));
             }
-            v[p] = weights::<F>(hdr.add(hb));
+            if planes.is_null() {
+                v[p] = weights::<F>(hdr.add(hb));
+            } else {
+                let line = planes as *const __m256i;
+                for (j, vj) in v[p].iter_mut().enumerate() {
+                    *vj = _mm256_load_si256(line.add(8 * b + j));
+                }
+            }
             q[p] = if signed(F) { D::q8_prep(&v[p]) } else { v[p] };
         }
-        if MT == 1 || prefetch {
+        // With `planes`, `unpack_group` read the group (and prefetched).
+        if planes.is_null() && (MT == 1 || prefetch) {
             prefetch_run(group.as_ptr(), group.len(), P * b * sb, P * sb);
         }
         each_row!(MT, i, {

@@ -34,7 +34,7 @@ thread_local! {
 /// A tile kernel (`gemm`, `gemm_wide`).
 type TileFn = unsafe fn(&gemm::Tile);
 
-/// A K-format tile kernel over its groups' unpacked weights.
+/// A tile kernel over its groups' unpacked weights.
 type PlanesFn = unsafe fn(&gemm::Tile, &[Line]);
 
 /// Calls of at most this many rows take two groups per 512-bit tile, not four: they are bound
@@ -95,9 +95,9 @@ pub(crate) fn run_groups(
             let group = &w.data[g * gb..(g + span) * gb];
             let col = g * repack::ROWS;
             let cols = (w.n - col).min(span * repack::ROWS);
-            // The eight-row K tiles of a chunk of more rows read their groups unpacked once
+            // The eight-row tiles of a chunk of more rows read their groups unpacked once
             // (`unpack_pair`, `unpack_group`).
-            let unpacked = w.format.is_k() && !wide_rows && c1 - c0 > 8;
+            let unpacked = gemm::unpacks(w.format) && !wide_rows && c1 - c0 > 8;
             if unpacked {
                 let (nb, prefetch) = (acts.nb, m <= STREAM_ROWS);
                 // SAFETY: `level`'s features detected; `group` is `span` groups of `nb` blocks.
