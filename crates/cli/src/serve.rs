@@ -121,14 +121,19 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
     /// A key clients must send as `Authorization: Bearer <key>` on /v1/* (repeatable; with
-    /// none, no --api-key-file and no EDGEPROMPT_API_KEYS the API is open). /health and
-    /// /metrics stay open. Visible to every local user in the process list: prefer
+    /// none, no --api-key-file and no EDGEPROMPT_API_KEYS the API is open). /health stays
+    /// open; /metrics then needs the admin key. Visible to every local user in the process list: prefer
     /// --api-key-file or EDGEPROMPT_API_KEYS (keys separated by commas or newlines).
     #[arg(long = "api-key")]
     api_keys: Vec<String>,
     /// A file of API keys, one per line (`#` comments and blank lines skipped).
     #[arg(long)]
     api_key_file: Option<std::path::PathBuf>,
+    /// A file holding the operator's admin key (or EDGEPROMPT_ADMIN_KEY): with API keys set,
+    /// /metrics answers only to `Authorization: Bearer <admin key>` (it counts every
+    /// tenant's traffic); without one it answers no one. An open API leaves /metrics open.
+    #[arg(long)]
+    admin_key_file: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -231,7 +236,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                     a.api_key_file.as_ref().map_or("--api-key".into(), |f| {
                         format!("API keys from {}", f.display())
                     })
-                })?,
+                })?
+                .with_admin(&admin_keys(a.admin_key_file.as_deref())?)?,
         },
         SchedulerConfig {
             max_batch: a.max_batch.max(1),
@@ -366,6 +372,32 @@ fn api_keys(flags: &[String]) -> anyhow::Result<Vec<String>> {
             .into_string()
             .map_err(|_| anyhow::anyhow!("{API_KEYS_ENV} is not UTF-8"))?;
         keys.extend(ApiKeys::list_from_env(API_KEYS_ENV, &v)?);
+    }
+    Ok(keys)
+}
+
+/// Where the admin key may come from without showing in the process list.
+const ADMIN_KEY_ENV: &str = "EDGEPROMPT_ADMIN_KEY";
+
+/// The admin key of `--admin-key-file` (its first line that is not blank or a comment) and of
+/// `EDGEPROMPT_ADMIN_KEY`.
+fn admin_keys(file: Option<&std::path::Path>) -> anyhow::Result<Vec<String>> {
+    let mut keys = Vec::new();
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("the admin key file {}", f.display()))?;
+        let key = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .ok_or_else(|| anyhow::anyhow!("{} holds no admin key", f.display()))?;
+        keys.push(key.to_string());
+    }
+    if let Some(v) = std::env::var_os(ADMIN_KEY_ENV) {
+        let v = v
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("{ADMIN_KEY_ENV} is not UTF-8"))?;
+        keys.extend(ApiKeys::list_from_env(ADMIN_KEY_ENV, &v)?);
     }
     Ok(keys)
 }

@@ -406,10 +406,17 @@ impl CloudKv for CloudService {
         prompts.sort_by(|a, b| a.id.cmp(&b.id));
         prompts.truncate(MAX_LISTED);
         let entries = list_entries(&prompts);
-        let (signing_key, signature) = match &this.signing {
+        let issued = edgeprompt_kv::Issued {
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            max_age_secs: LIST_MAX_AGE.as_secs() as u32,
+        };
+        let (signing_key, signature, fresh_signature) = match &this.signing {
             Some(k) => (
                 k.public().to_bytes().to_vec(),
                 k.sign_list(fp, &entries).to_vec(),
+                k.sign_list_fresh(fp, &entries, issued).to_vec(),
             ),
             None => Default::default(),
         };
@@ -417,6 +424,9 @@ impl CloudKv for CloudService {
             prompts,
             signing_key,
             signature,
+            issued_unix_ms: issued.unix_ms,
+            max_age_secs: issued.max_age_secs,
+            fresh_signature,
         }))
     }
 }
@@ -432,6 +442,11 @@ pub fn list_entries(prompts: &[PromptInfo]) -> Vec<edgeprompt_kv::ListEntry> {
         })
         .collect()
 }
+
+/// How long an edge may take a list after the cloud issued it: edges ask every few seconds,
+/// so this only has to cover clock skew and a cloud that is briefly away; past it a replayed
+/// list is refused.
+pub const LIST_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Prompts a list names at most (an edge reads no more).
 pub const MAX_LISTED: usize = 1024;

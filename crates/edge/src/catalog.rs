@@ -88,6 +88,9 @@ struct Inner {
     last: RwLock<Option<Arc<Published>>>,
     /// The published ids this edge takes at all (none: every one).
     allow: Option<Vec<String>>,
+    /// When the newest list taken was issued (ms since the Unix epoch): an older one is a
+    /// replay.
+    newest: std::sync::Mutex<Option<u64>>,
 }
 
 pub struct Catalog(Arc<Inner>);
@@ -113,6 +116,7 @@ impl Catalog {
             asked_at: std::sync::Mutex::new(None),
             last: RwLock::new(None),
             allow,
+            newest: std::sync::Mutex::new(None),
         })))
     }
 
@@ -180,6 +184,39 @@ impl Catalog {
 }
 
 impl Inner {
+    /// Whether a list issued `at` may be taken: within its age (either way: a clock far ahead
+    /// is as wrong as one far behind), and no older than the newest list taken. Taken, it
+    /// becomes the newest. A list without a time passes only where signatures are not
+    /// required (`signed_by` refuses a signed one without it).
+    fn fresh(&self, at: Option<edgeprompt_kv::Issued>) -> Result<(), String> {
+        let Some(at) = at else { return Ok(()) };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let age = u64::from(at.max_age_secs) * 1000;
+        let refuse = |why: String| {
+            tracing::error!("the cloud's list of prompts refused: {why}");
+            Err(why)
+        };
+        if now.saturating_sub(at.unix_ms) > age || at.unix_ms.saturating_sub(now) > age {
+            return refuse(format!(
+                "it was issued {} s from now, outside its maximum age of {} s (a replayed \
+                 list, or a clock that is off)",
+                (at.unix_ms as i128 - now as i128) / 1000,
+                at.max_age_secs
+            ));
+        }
+        let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        if newest.is_some_and(|n| at.unix_ms < n) {
+            return refuse(format!(
+                "it was issued {} ms before a list already taken (a replayed list)",
+                newest.unwrap_or(0) - at.unix_ms
+            ));
+        }
+        *newest = Some(at.unix_ms);
+        Ok(())
+    }
+
     fn last(&self) -> Option<Arc<Published>> {
         self.last.read().ok().and_then(|l| l.clone())
     }
@@ -267,6 +304,7 @@ impl Inner {
         let prompts = listing
             .signed_by(key.as_ref(), &self.model.fingerprint)
             .map_err(|e| e.to_string())?;
+        self.fresh(listing.issued)?;
         if !pinned {
             learn(listing.key)?;
         }

@@ -100,14 +100,26 @@ pub struct Listing {
     /// What the signature covers: every entry as sent.
     pub entries: Vec<edgeprompt_kv::ListEntry>,
     pub signature: Vec<u8>,
+    /// When the cloud issued it and for how long it may be taken (none: the cloud sent no
+    /// time), covered by `fresh_signature`.
+    pub issued: Option<edgeprompt_kv::Issued>,
+    pub fresh_signature: Vec<u8>,
 }
 
 impl Listing {
-    /// The prompts, if `key` signed this list for `fingerprint` (any list when `key` is none:
-    /// unsigned KV allowed).
+    /// The prompts, if `key` signed this list for `fingerprint` with its issue time (any list
+    /// when `key` is none: unsigned KV allowed). A signed list without a signed issue time
+    /// is refused: an old one could be replayed for ever.
     pub fn signed_by(&self, key: Option<&TrustKey>, fingerprint: &str) -> Result<&[Listed]> {
         if let Some(k) = key {
-            k.verify_list(fingerprint, &self.entries, &self.signature)?;
+            let at = self.issued.ok_or_else(|| {
+                EdgeError::Stream(
+                    "the cloud's list carries no issue time (a cloud too old to sign one?), \
+                     so a replayed old list could not be told from it"
+                        .into(),
+                )
+            })?;
+            k.verify_list_fresh(fingerprint, &self.entries, at, &self.fresh_signature)?;
         }
         Ok(&self.prompts)
     }
@@ -227,11 +239,17 @@ impl CloudClient {
                 address: hex::encode(&p.content_address),
             })
             .collect();
+        let issued = (reply.issued_unix_ms > 0).then_some(edgeprompt_kv::Issued {
+            unix_ms: reply.issued_unix_ms,
+            max_age_secs: reply.max_age_secs,
+        });
         Ok(Listing {
             prompts,
             key,
             entries,
             signature: reply.signature,
+            issued,
+            fresh_signature: reply.fresh_signature,
         })
     }
 

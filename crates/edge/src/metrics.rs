@@ -22,7 +22,9 @@ pub struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
-    /// Where a cloud prompt's KV came from: `memory`, `cloud` or `local`.
+    /// Where a published cloud prompt's KV came from: `memory`, `disk`, `peer`, `cloud` or
+    /// `local`; `private` for a private system message, held or computed alike (the count
+    /// tells no tenant whether another's message was held).
     pub source: String,
 }
 
@@ -59,6 +61,7 @@ pub struct Metrics {
     pub cold_layers_overlapped: Counter,
     pub cold_layers_run: Counter,
     pub cloud_layers_from: Gauge,
+    pub trust_conflict: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,8 +99,14 @@ impl Metrics {
             cold_layers_overlapped: Counter::default(),
             cold_layers_run: Counter::default(),
             cloud_layers_from: Gauge::default(),
+            trust_conflict: Gauge::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "trust_conflict",
+            "1 while the cloud shows another signing key than the pinned one (no cloud KV is used until an operator settles it)",
+            m.trust_conflict.clone(),
+        );
         registry.register(
             "cold_prefills",
             "Private prompts prefilled layer by layer while their cloud prompt streamed in",

@@ -39,6 +39,18 @@ impl Scope {
         }
         Self(h.finalize().into())
     }
+
+    /// The edge's own scope (its one-shot and library use), apart from every caller's.
+    pub fn own() -> Self {
+        let mut h = Sha256::new();
+        h.update(b"edgeprompt-private-scope-v1\0own");
+        Self(h.finalize().into())
+    }
+
+    /// A short name of the scope for keys in memory (never shown or sent).
+    pub fn tag(&self) -> String {
+        hex::encode(&self.0[..16])
+    }
 }
 
 /// What a request runs on from the cache: the first `len` of `kv`'s own positions (after its

@@ -51,6 +51,9 @@ pub struct Trust {
     pinned: Mutex<Option<TrustKey>>,
     /// Set when the cloud showed another key than the pinned one (refused until fixed).
     changed: Mutex<Option<TrustError>>,
+    /// How many times a conflict began: the KV the pinned key vouched for is dropped once per
+    /// conflict.
+    conflicts: std::sync::atomic::AtomicU64,
 }
 
 /// Most bytes of a known clouds file read.
@@ -74,7 +77,19 @@ impl Trust {
             cloud,
             pinned: Mutex::new(pinned),
             changed: Mutex::new(None),
+            conflicts: Default::default(),
         })
+    }
+
+    /// The cloud now shows another key than the pinned one: one of them is not the cloud's,
+    /// and this edge cannot tell which (until an operator says: `edgeprompt trust`).
+    pub fn conflict(&self) -> Option<TrustError> {
+        lock(&self.changed).clone()
+    }
+
+    /// How many conflicts began so far.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether KV must carry the cloud's signature to be used.
@@ -152,7 +167,12 @@ impl Trust {
                         .as_ref()
                         .map_or("in memory".into(), |f| f.display().to_string()),
                 };
-                *lock(&self.changed) = Some(e.clone());
+                let mut changed = lock(&self.changed);
+                if changed.is_none() {
+                    self.conflicts
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+                *changed = Some(e.clone());
                 Err(e)
             }
             None => {

@@ -366,8 +366,20 @@ impl CloudKv for Hostile {
             signer = &g.wrong;
         }
         let entries = edgeprompt_cloud::list_entries(&prompts);
+        let issued = edgeprompt_kv::Issued {
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64,
+            max_age_secs: 300,
+        };
         Ok(Response::new(edgeprompt_protocol::ListReply {
             signature: signer.sign_list(&g.model.fingerprint, &entries).to_vec(),
+            fresh_signature: signer
+                .sign_list_fresh(&g.model.fingerprint, &entries, issued)
+                .to_vec(),
+            issued_unix_ms: issued.unix_ms,
+            max_age_secs: issued.max_age_secs,
             prompts,
             signing_key: g.key.public().to_bytes().to_vec(),
         }))

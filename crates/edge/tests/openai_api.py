@@ -380,6 +380,6 @@ m = get(root, "/metrics")
 for name in ["edgeprompt_http_requests_total", "edgeprompt_queue_depth", "edgeprompt_ttft_seconds_bucket",
              "edgeprompt_token_latency_seconds_bucket", "edgeprompt_cloud_kv_bytes_total",
              'edgeprompt_prefix_lookups_total{source="memory"}', 'edgeprompt_prefix_lookups_total{source="cloud"}',
-             'edgeprompt_prefix_lookups_total{source="local"}', "edgeprompt_private_kv_bytes"]:
+             'edgeprompt_prefix_lookups_total{source="private"}', "edgeprompt_private_kv_bytes"]:
     check(name in m, f"/metrics has {name}")
 print("all openai client checks passed")

@@ -13,7 +13,7 @@ pub use address::content_address;
 pub use chunk::{Chunk, Reassembler};
 pub use codec::Codec;
 pub use redis_store::RedisStore;
-pub use seal::{ListEntry, Manifest, Seal, SealKey, TrustKey};
+pub use seal::{Issued, ListEntry, Manifest, Seal, SealKey, TrustKey};
 pub use store::{read_prefix, write_prefix, DiskStore, Expect, MemoryStore};
 
 #[derive(Debug, thiserror::Error)]

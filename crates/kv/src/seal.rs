@@ -118,6 +118,27 @@ fn list_statement(fingerprint: &str, entries: &[ListEntry]) -> Vec<u8> {
     m
 }
 
+/// Freshness of a list: when the cloud issued it (ms since the Unix epoch) and for how many
+/// seconds an edge may take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Issued {
+    pub unix_ms: u64,
+    pub max_age_secs: u32,
+}
+
+/// The fresh list statement: its own tag, the freshness, then the v1 statement after its tag
+/// (so a v1 signature can never stand for a fresh one).
+fn fresh_list_statement(fingerprint: &str, entries: &[ListEntry], at: Issued) -> Vec<u8> {
+    const V1: &[u8] = b"edgeprompt-list-v1\0";
+    let v1 = list_statement(fingerprint, entries);
+    let mut m = Vec::with_capacity(v1.len() + 32);
+    m.extend_from_slice(b"edgeprompt-list-v2\0");
+    m.extend_from_slice(&at.unix_ms.to_le_bytes());
+    m.extend_from_slice(&at.max_age_secs.to_le_bytes());
+    m.extend_from_slice(&v1[V1.len()..]);
+    m
+}
+
 /// SHA-256 of a layer's values and the positions they sit at.
 pub fn layer_digest(layer: &LayerKv) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -175,6 +196,18 @@ impl SealKey {
             .sign(&list_statement(fingerprint, entries))
             .to_bytes()
     }
+
+    /// The signature of a list with its freshness (`Issued`).
+    pub fn sign_list_fresh(
+        &self,
+        fingerprint: &str,
+        entries: &[ListEntry],
+        at: Issued,
+    ) -> [u8; 64] {
+        self.0
+            .sign(&fresh_list_statement(fingerprint, entries, at))
+            .to_bytes()
+    }
 }
 
 /// A cloud's public key: what an edge trusts.
@@ -225,6 +258,25 @@ impl TrustKey {
         let sig = Signature::from_slice(sig).map_err(|_| bad())?;
         self.0
             .verify(&list_statement(fingerprint, entries), &sig)
+            .map_err(|_| bad())
+    }
+
+    /// Whether `sig` is this key's signature of the list with its freshness `at`.
+    pub fn verify_list_fresh(
+        &self,
+        fingerprint: &str,
+        entries: &[ListEntry],
+        at: Issued,
+        sig: &[u8],
+    ) -> Result<()> {
+        let bad = || {
+            KvError::Seal(
+                "the list of prompts carries no signed issue time from the cloud's key".into(),
+            )
+        };
+        let sig = Signature::from_slice(sig).map_err(|_| bad())?;
+        self.0
+            .verify(&fresh_list_statement(fingerprint, entries, at), &sig)
             .map_err(|_| bad())
     }
 
@@ -385,6 +437,50 @@ mod tests {
         }
         let other = SealKey::from_seed([8; 32]);
         assert!(other.public().verify_list("fp", &list, &sig).is_err());
+    }
+
+    #[test]
+    fn a_fresh_list_binds_its_issue_time_and_age() {
+        let key = SealKey::from_seed([7; 32]);
+        let list = vec![ListEntry {
+            id: "support".into(),
+            tokens: 30,
+            address: hex::encode([1; 32]),
+        }];
+        let at = Issued {
+            unix_ms: 1_700_000_000_000,
+            max_age_secs: 300,
+        };
+        let sig = key.sign_list_fresh("fp", &list, at);
+        key.public()
+            .verify_list_fresh("fp", &list, at, &sig)
+            .unwrap();
+        for (what, changed) in [
+            (
+                "a later issue time",
+                Issued {
+                    unix_ms: at.unix_ms + 1,
+                    ..at
+                },
+            ),
+            (
+                "a longer age",
+                Issued {
+                    max_age_secs: 301,
+                    ..at
+                },
+            ),
+        ] {
+            let e = key.public().verify_list_fresh("fp", &list, changed, &sig);
+            assert!(e.is_err(), "{what}");
+        }
+        // Neither signature stands for the other.
+        let v1 = key.sign_list("fp", &list);
+        assert!(key
+            .public()
+            .verify_list_fresh("fp", &list, at, &v1)
+            .is_err());
+        assert!(key.public().verify_list("fp", &list, &sig).is_err());
     }
 
     #[test]

@@ -336,6 +336,15 @@ impl DiskStore {
     pub fn contains(&self, key: &str) -> bool {
         self.path(key).map(|p| p.exists()).unwrap_or(false)
     }
+
+    /// Remove `key`'s file (KV its reader refused: signed by a key it no longer trusts).
+    pub fn remove(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(KvError::Io(e)),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A prefix as bytes: magic, JSON header, then sealed f16 chunks in layer-major order (the

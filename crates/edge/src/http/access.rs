@@ -53,13 +53,15 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
 }
 
 /// The keys a client may present, kept as SHA-256 digests (equal length, so comparing them
-/// reveals nothing about a key's length); empty means the API is open.
+/// reveals nothing about a key's length); empty means the API is open. Beside them, the
+/// operator's admin keys: with API keys set, `/metrics` answers only to an admin key (it
+/// counts every tenant's requests, so no tenant reads it).
 #[derive(Default, Clone)]
-pub struct ApiKeys(Vec<[u8; 32]>);
+pub struct ApiKeys(Vec<[u8; 32]>, Vec<[u8; 32]>);
 
 impl std::fmt::Debug for ApiKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ApiKeys({} keys)", self.0.len())
+        write!(f, "ApiKeys({} keys, {} admin)", self.0.len(), self.1.len())
     }
 }
 
@@ -90,7 +92,22 @@ impl ApiKeys {
                 return Err(invalid(format!("{} holds no API key", f.display())));
             }
         }
-        Ok(Self(all.iter().map(|k| digest(k)).collect()))
+        Ok(Self(all.iter().map(|k| digest(k)).collect(), Vec::new()))
+    }
+
+    /// These keys with the operator's admin keys (`admin`, trimmed; an empty one is an error).
+    /// An admin key is not an API key: it opens `/metrics`, not `/v1/*`.
+    pub fn with_admin(mut self, admin: &[String]) -> std::io::Result<Self> {
+        for k in admin.iter().map(|k| k.trim()) {
+            if k.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "an admin key is empty",
+                ));
+            }
+            self.1.push(digest(k));
+        }
+        Ok(self)
     }
 
     /// The keys in an environment variable's value (`name` for errors): comma- or
@@ -119,10 +136,44 @@ impl ApiKeys {
     /// Whether `presented` is one of the keys; every key is compared in constant time, so the
     /// timing tells neither which key nor how much of one matched.
     pub fn admits(&self, presented: &str) -> bool {
-        let p = digest(presented);
-        self.0
-            .iter()
-            .fold(false, |ok, k| ok | bool::from(k.ct_eq(&p)))
+        any_is(&self.0, presented)
+    }
+
+    /// Whether `presented` is an admin key (compared as `admits` compares).
+    pub fn admits_admin(&self, presented: &str) -> bool {
+        any_is(&self.1, presented)
+    }
+}
+
+fn any_is(keys: &[[u8; 32]], presented: &str) -> bool {
+    let p = digest(presented);
+    keys.iter()
+        .fold(false, |ok, k| ok | bool::from(k.ct_eq(&p)))
+}
+
+/// The bearer key of a request, if it sends one.
+fn bearer(req: &Request) -> Option<&str> {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
+}
+
+/// The operator's routes (`/metrics`): open on an open API; with API keys set, only to an
+/// admin key (none configured: to no one), since they count every tenant's traffic.
+pub async fn require_admin(State(keys): State<Arc<ApiKeys>>, req: Request, next: Next) -> Response {
+    if keys.is_open() {
+        return next.run(req).await;
+    }
+    match bearer(&req) {
+        Some(k) if keys.admits_admin(k) => next.run(req).await,
+        _ if keys.1.is_empty() => unauthorized(
+            "/metrics needs the operator's admin key, and this edge has none \
+             (--admin-key-file or EDGEPROMPT_ADMIN_KEY)",
+        ),
+        _ => unauthorized("/metrics needs the operator's admin key."),
     }
 }
 
@@ -140,14 +191,7 @@ pub async fn require_key(
     if keys.is_open() {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, key)| key.trim());
-    match presented {
+    match bearer(&req) {
         Some(k) if keys.admits(k) => {
             let caller = Caller(digest(k));
             req.extensions_mut().insert(caller);
@@ -190,7 +234,15 @@ mod tests {
             ApiKeys::new(vec![], Some(&empty)).is_err(),
             "an empty file must not open the API"
         );
-        assert_eq!(format!("{keys:?}"), "ApiKeys(3 keys)", "no secret in Debug");
+        assert_eq!(
+            format!("{keys:?}"),
+            "ApiKeys(3 keys, 0 admin)",
+            "no secret in Debug"
+        );
+        let keys = keys.with_admin(&[" sk-admin ".into()]).unwrap();
+        assert!(keys.admits_admin("sk-admin") && !keys.admits("sk-admin"));
+        assert!(!keys.admits_admin("sk-one"));
+        assert!(ApiKeys::default().with_admin(&["".into()]).is_err());
         assert!(ApiKeys::new(vec![], None).unwrap().is_open());
     }
 

@@ -118,10 +118,12 @@ pub async fn cloud_prompts(State(s): AppState) -> Response {
 pub async fn health(State(s): AppState) -> Response {
     let u = s.scheduler.usage();
     let dead = s.scheduler.dead();
-    let status = match (&dead, s.is_draining()) {
-        (Some(_), _) => "dead",
-        (None, true) => "draining",
-        (None, false) => "ok",
+    let conflict = s.prefixes.trust_conflict();
+    let status = match (&dead, &conflict, s.is_draining()) {
+        (Some(_), _, _) => "dead",
+        (None, Some(_), _) => "key_conflict",
+        (None, None, true) => "draining",
+        (None, None, false) => "ok",
     };
     let mut body = json!({
         "status": status,
@@ -130,7 +132,9 @@ pub async fn health(State(s): AppState) -> Response {
         "fingerprint": s.model.fingerprint,
         "active_sequences": u.sequences,
     });
-    let code = match dead {
+    // A key conflict: the edge still answers (computing prompts here) but an operator must
+    // settle which key is the cloud's.
+    let code = match dead.or(conflict) {
         Some(why) => {
             body["reason"] = why.into();
             StatusCode::SERVICE_UNAVAILABLE
@@ -147,6 +151,8 @@ pub async fn metrics(State(s): AppState) -> Response {
     m.prefix_cache_bytes.set(cached as i64);
     m.prefix_cache_held_bytes.set(held as i64);
     m.private_cache_bytes.set(s.private.bytes() as i64);
+    m.trust_conflict
+        .set(s.prefixes.trust_conflict().is_some() as i64);
     m.resident_memory_bytes
         .set(edgeprompt_engine::machine::rss().unwrap_or(0) as i64);
     (
@@ -195,6 +201,21 @@ async fn chat_inner(
              send the system message as text with tools, or no tools",
         ));
     }
+    if req
+        .cache_salt
+        .as_ref()
+        .is_some_and(|c| c.chars().count() > 256)
+    {
+        return Err(ApiError {
+            param: Some("cache_salt"),
+            ..ApiError::bad_request("cache_salt is over 256 characters")
+        });
+    }
+    // Whose the request is: an API key's or a salt's caller, or nobody's (an open API without
+    // a salt: callers are indistinguishable). A private system message's KV is kept for that
+    // scope only, as the conversation's own turns are.
+    let scope = Scope::new(caller.as_ref(), req.cache_salt.as_deref());
+    let named = caller.is_some() || req.cache_salt.is_some();
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
         (Some(id), ids) => {
             let p = s
@@ -211,7 +232,7 @@ async fn chat_inner(
         }
         (None, Some(ids)) => Some(
             s.prefixes
-                .for_system_streaming(ids)
+                .for_tenant_streaming(ids, named.then_some(&scope))
                 .await
                 .map_err(lookup_error)?,
         ),
@@ -227,23 +248,11 @@ async fn chat_inner(
         None => chat.render_tools(&messages, true, tools).map_err(tmpl)?,
     };
     let prompt = encode(s, &private_text)?;
-    if req
-        .cache_salt
-        .as_ref()
-        .is_some_and(|c| c.chars().count() > 256)
-    {
-        return Err(ApiError {
-            param: Some("cache_salt"),
-            ..ApiError::bad_request("cache_salt is over 256 characters")
-        });
-    }
     // The conversation's earlier turns, if this caller's cache holds them: only the rest runs.
     // Only for a caller with a name (an API key or a salt: on an open API callers without one
     // are indistinguishable), and only over exact cloud KV (the bits a turn without the cache
     // would attend to).
-    let scope = Scope::new(caller.as_ref(), req.cache_salt.as_deref());
-    let caching =
-        s.private.is_on() && (caller.is_some() || req.cache_salt.is_some()) && s.prefixes.exact();
+    let caching = s.private.is_on() && named && s.prefixes.exact();
     let cloud_len = prefix.as_ref().map_or(0, |p| p.kv.token_ids().len());
     let mut held = None;
     let prompt = match caching.then(|| {

@@ -141,13 +141,22 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
             state.clone(),
             lifecycle::refuse_when_draining,
         ))
-        .route_layer(middleware::from_fn_with_state(keys, access::require_key));
+        .route_layer(middleware::from_fn_with_state(
+            keys.clone(),
+            access::require_key,
+        ));
     Router::new()
         .route("/", get(page::index))
         .route("/page.js", get(page::script))
         .route("/health", get(handlers::health))
         .route("/ready", get(lifecycle::ready))
-        .route("/metrics", get(handlers::metrics))
+        .route(
+            "/metrics",
+            get(handlers::metrics).route_layer(middleware::from_fn_with_state(
+                keys.clone(),
+                access::require_admin,
+            )),
+        )
         .route("/openapi.json", get(openapi))
         .merge(api)
         .layer(middleware::from_fn(access::request_id))

@@ -6,6 +6,10 @@
 //! Only prompts the cloud publishes (`catalog`) are looked up anywhere but here: a system
 //! message that is not on the cloud's list is private, computed on this edge, never written to
 //! disk and never served to peers; nothing of it (text, ids, length, address) goes on a link.
+//! Its KV belongs to the tenant that sent it (`Scope`: API key and `cache_salt`): another
+//! tenant sending the same text computes it anew, as it would a text nobody sent, so neither
+//! timing nor a response field tells whether someone else used it. A caller with no scope (an
+//! open API without a salt) shares it with no one: it is computed for that request alone.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -23,6 +27,7 @@ use crate::catalog::Catalog;
 use crate::layer_stream::{LayerStream, PromptKv, StreamFailure, Wire};
 use crate::link_meter::LinkMeter;
 use crate::metrics::Metrics;
+use crate::private_cache::Scope;
 use crate::trust::CloudTrust;
 use crate::{ClientSecurity, CloudClient, EdgeError};
 
@@ -56,6 +61,31 @@ impl Default for Deadlines {
 /// again, and how many such ids are remembered.
 const UNKNOWN_ID_TTL: Duration = Duration::from_secs(5);
 const UNKNOWN_IDS_KEPT: usize = 1024;
+
+/// The key of a private system message's entry: its tier key (address) and whose it is, after
+/// `@`. A scoped one is kept for its scope; one with no scope gets a key of its own, never
+/// joined by another request, and is dropped once resolved.
+fn private_key(key: &str, scope: Option<&Scope>) -> String {
+    match scope {
+        Some(s) => format!("{key}@{}", s.tag()),
+        None => format!("{key}@{ONCE}{:016x}", rand::random::<u64>()),
+    }
+}
+
+/// Marks the key of a private prompt computed for one request alone.
+const ONCE: &str = "once-";
+
+/// The key of `key`'s prompt in the tiers below memory (the disk's file name): without the
+/// owner a private entry carries.
+fn tier_key(key: &str) -> &str {
+    key.split('@').next().unwrap_or(key)
+}
+
+/// Whether `key`'s entry outlives the request that made it.
+fn kept(key: &str) -> bool {
+    key.split_once('@')
+        .is_none_or(|(_, owner)| !owner.starts_with(ONCE))
+}
 
 /// What to do with a system message no cloud prompt matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,6 +333,8 @@ pub struct Prefixes {
     /// Prompt bytes arriving or being computed now (bounded by the memory budget), and how
     /// many prompts are being computed here.
     pending: Arc<Mutex<(usize, usize)>>,
+    /// Key conflicts already acted on (`distrust`).
+    distrusted: AtomicU64,
 }
 
 impl Prefixes {
@@ -341,7 +373,38 @@ impl Prefixes {
                 std::num::NonZeroUsize::new(UNKNOWN_IDS_KEPT).expect("nonzero"),
             )),
             pending: Arc::new(Mutex::new((0, 0))),
+            distrusted: AtomicU64::new(0),
         })
+    }
+
+    /// Why the cloud's KV is not trusted now: the cloud showed another key than the pinned
+    /// one (`/health` is then not ok, until an operator settles which key is the cloud's).
+    pub fn trust_conflict(&self) -> Option<String> {
+        self.distrust();
+        self.catalog.trust().conflict().map(|e| e.to_string())
+    }
+
+    /// On a new key conflict, drop every prompt the pinned key vouched for from memory (it is
+    /// served from there unchecked): it may be a forger's (an attacker who answered first), and the edge cannot tell.
+    /// Prompts computed here stay; new lookups compute here until the conflict is settled.
+    fn distrust(&self) {
+        let trust = self.catalog.trust();
+        let now = trust.conflicts();
+        if self.distrusted.swap(now, Ordering::AcqRel) == now {
+            return;
+        }
+        let dropped = self.entries.lock().map_or(0, |mut e| {
+            let before = e.len();
+            e.retain(|_, x| x.cell.get().is_none() || x.source == Source::Local);
+            before - e.len()
+        });
+        // The disk tier is checked on every read against the key in force (none during the
+        // conflict), and a file the trusted key refuses is removed then: wiping it now would
+        // let anyone who shows a key on the path empty it.
+        tracing::error!(
+            "the cloud's signing key is in conflict: dropped {dropped} prompts from memory that \
+             its pinned key vouched for; prompts are computed here until the conflict is settled"
+        );
     }
 
     pub fn has_cloud(&self) -> bool {
@@ -420,6 +483,7 @@ impl Prefixes {
         if !self.exact() || !self.cfg.match_prompts {
             return None;
         }
+        self.distrust();
         let named: Vec<String> = self.ids.lock().ok()?.values().cloned().collect();
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut e = self.entries.lock().ok()?;
@@ -474,6 +538,7 @@ impl Prefixes {
     /// the port is no oracle for private prompts), never unsigned KV that came from a peer;
     /// never asks anyone else.
     pub async fn cached(&self, address: &str) -> Option<(Arc<PrefixKv>, Option<Arc<Seal>>)> {
+        self.distrust();
         let published = self.catalog.refresh().await.ok()?;
         published.at(address)?;
         let in_memory = self.entries.lock().ok().and_then(|e| {
@@ -561,14 +626,19 @@ impl Prefixes {
     /// Where a rendered system turn's KV is kept, how the cloud is asked for it, and whether
     /// the cloud publishes it (else it is private: nothing of it leaves this edge). The list
     /// is refreshed first whatever the message holds, so when it is asked tells nothing.
-    async fn system_ref(&self, ids: &[u32]) -> (String, PromptRef, bool) {
+    /// A private one is kept for `scope` only (none: for this request only).
+    async fn system_ref(&self, ids: &[u32], scope: Option<&Scope>) -> (String, PromptRef, bool) {
         let address = content_address(&self.model.fingerprint, ids);
         let public = match self.catalog.refresh().await {
             Ok(p) => p.at(&address).is_some(),
             Err(_) => false,
         };
         let bytes = hex::decode(&address).unwrap_or_default();
-        (self.key(&address), PromptRef::ContentAddress(bytes), public)
+        let key = match public {
+            true => self.key(&address),
+            false => private_key(&self.key(&address), scope),
+        };
+        (key, PromptRef::ContentAddress(bytes), public)
     }
 
     /// Where a cloud prompt named by id is kept: under the address the cloud's list gives
@@ -592,9 +662,11 @@ impl Prefixes {
         }
     }
 
-    /// The KV of a rendered system turn (`ids`), by content address.
+    /// The KV of a rendered system turn (`ids`), by content address, for this edge's own use
+    /// (the one-shot `edge`, the demo): a private one is kept in the edge's own scope.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
-        let (key, prompt, public) = self.system_ref(ids).await;
+        let own = Scope::own();
+        let (key, prompt, public) = self.system_ref(ids, Some(&own)).await;
         self.lookup(&key, prompt, Some(ids), public, None).await
     }
 
@@ -625,7 +697,17 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<Lookup, LookupError> {
-        let (key, prompt, public) = self.system_ref(ids).await;
+        self.for_tenant_streaming(ids, Some(&Scope::own())).await
+    }
+
+    /// `for_system_streaming` for a tenant of the HTTP API (`scope`; none: an anonymous
+    /// caller, whose private prompt is computed for it alone).
+    pub async fn for_tenant_streaming(
+        self: &Arc<Self>,
+        ids: &[u32],
+        scope: Option<&Scope>,
+    ) -> Result<Lookup, LookupError> {
+        let (key, prompt, public) = self.system_ref(ids, scope).await;
         self.resolve(key, prompt, Some(ids.to_vec()), public).await
     }
 
@@ -653,6 +735,7 @@ impl Prefixes {
             wire: r.wire,
             _interest: None,
         };
+        self.distrust();
         if self.held(&key) {
             let r = self
                 .lookup(&key, prompt, ids.as_deref(), public, None)
@@ -775,6 +858,7 @@ impl Prefixes {
         public: bool,
         slot: Option<&Arc<Slot>>,
     ) -> Result<Resolved, LookupError> {
+        self.distrust();
         let cell = self.cell(key);
         let id = match &prompt {
             PromptRef::Id(id) => Some(id.clone()),
@@ -783,7 +867,7 @@ impl Prefixes {
         let mut source = Source::Memory;
         let mut wire = Wire::default();
         let mut seal = None;
-        let address = (!key.starts_with("id:")).then(|| key.to_string());
+        let address = (!key.starts_with("id:")).then(|| tier_key(key).to_string());
         let got = cell
             .get_or_try_init(|| async {
                 let got = self
@@ -818,7 +902,17 @@ impl Prefixes {
                 }
             }
         }
-        self.metrics.lookup(source.name());
+        // A private prompt's lookups are counted alike, found or computed: the count tells
+        // no one whether a tenant's message was held.
+        self.metrics.lookup(match public {
+            true => source.name(),
+            false => "private",
+        });
+        if !kept(key) {
+            if let Ok(mut m) = self.entries.lock() {
+                m.remove(key);
+            }
+        }
         if source != Source::Memory {
             tracing::info!(
                 tokens = prefix.n_tokens(),
@@ -836,7 +930,7 @@ impl Prefixes {
                     m.insert(id, home.clone());
                 }
             }
-            if home != key {
+            if public && home != key {
                 if let Ok(mut e) = self.entries.lock() {
                     if let Some(entry) = e.remove(key) {
                         e.insert(home, entry);
@@ -904,6 +998,10 @@ impl Prefixes {
                 None => return refuse("unsigned, and this edge takes only signed KV".into()),
                 Some(s) => {
                     if let Err(e) = s.verify_whole(trust, &p, |c| self.takes_codec(c)) {
+                        // Not the trusted key's: dropped, not kept to be refused again.
+                        if let Some(d) = &self.disk {
+                            let _ = d.remove(key);
+                        }
                         return refuse(e.to_string());
                     }
                 }

@@ -55,6 +55,19 @@ pub struct ListReply {
     /// (docs/protocol.md gives the exact bytes). Empty when signing_key is.
     #[prost(bytes = "vec", tag = "3")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
+    /// When the cloud made this reply, in milliseconds since the Unix epoch, and for how many
+    /// seconds an edge may take it after that. An edge refuses an expired list, and one issued
+    /// before a list it already took (a replayed old list).
+    #[prost(uint64, tag = "4")]
+    pub issued_unix_ms: u64,
+    #[prost(uint32, tag = "5")]
+    pub max_age_secs: u32,
+    /// That key's Ed25519 signature (64 bytes) of the fresh list statement: "edgeprompt-list-v2",
+    /// a zero byte, issued_unix_ms (u64 LE), max_age_secs (u32 LE), then the v1 statement's
+    /// fields after its tag (docs/protocol.md). Empty when signing_key is. An edge that checks
+    /// freshness takes no signed list without it.
+    #[prost(bytes = "vec", tag = "6")]
+    pub fresh_signature: ::prost::alloc::vec::Vec<u8>,
 }
 /// One published prompt's public facts.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
