@@ -49,6 +49,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// A new key pair for a cloud to sign the KV it serves (edges check it with --cloud-key).
     Keygen(security::KeygenArgs),
+    /// Keys pinned for clouds: show them, pin one out of band, or forget one.
+    Trust(security::TrustArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Info(a) => models::info(a),
         Command::Keygen(a) => security::keygen(a),
+        Command::Trust(a) => security::trust(a),
         Command::Cloud(a) => nodes::cloud(a),
         Command::Edge(a) => nodes::edge(a),
         Command::KvExport(a) => nodes::kv_export(a),

@@ -88,6 +88,73 @@ impl ClientArgs {
     }
 }
 
+/// `edgeprompt trust`: the keys pinned for clouds, shown, provisioned out of band, or
+/// forgotten (to settle a conflict: the edge's `/health` names both keys).
+#[derive(clap::Args)]
+pub struct TrustArgs {
+    /// The known clouds file (default: ~/.local/state/edgeprompt/known_clouds, as the edge's).
+    #[arg(long)]
+    known_clouds: Option<PathBuf>,
+    #[command(subcommand)]
+    action: TrustAction,
+}
+
+#[derive(clap::Subcommand)]
+enum TrustAction {
+    /// Every pinned cloud and its key.
+    Show,
+    /// Pin a key for a cloud, replacing its pin if it has one.
+    Pin {
+        /// The cloud's URL, as the edge's --cloud.
+        #[arg(long)]
+        cloud: String,
+        /// Its public key: hex, or a file holding it (the cloud's cloud.pub).
+        #[arg(long)]
+        key: String,
+    },
+    /// Remove a cloud's pin: the edge pins what the cloud shows at its next contact.
+    Forget {
+        #[arg(long)]
+        cloud: String,
+    },
+}
+
+pub fn trust(a: TrustArgs) -> anyhow::Result<()> {
+    use edgeprompt_edge::trust::{pins, set_pin};
+    let file = a
+        .known_clouds
+        .or_else(|| user_state().map(|d| d.join("known_clouds")))
+        .context("no state directory: give --known-clouds")?;
+    match a.action {
+        TrustAction::Show => {
+            let p = pins(&file)?;
+            if p.is_empty() {
+                println!("no cloud is pinned in {}", file.display());
+            }
+            for (cloud, key) in p {
+                println!("{cloud} {}", key.to_hex());
+            }
+        }
+        TrustAction::Pin { cloud, key } => {
+            let k = trust_key(&key)?;
+            match set_pin(&file, &cloud, Some(&k))? {
+                Some(old) if old != k => println!(
+                    "{cloud}: pinned {} (was {}) in {}; restart its edges",
+                    k.to_hex(),
+                    old.to_hex(),
+                    file.display()
+                ),
+                _ => println!("{cloud}: pinned {} in {}", k.to_hex(), file.display()),
+            }
+        }
+        TrustAction::Forget { cloud } => match set_pin(&file, &cloud, None)? {
+            Some(old) => println!("{cloud}: forgot {} in {}", old.to_hex(), file.display()),
+            None => println!("{cloud}: no pin in {}", file.display()),
+        },
+    }
+    Ok(())
+}
+
 /// `$XDG_STATE_HOME/edgeprompt`, else `~/.local/state/edgeprompt`.
 fn user_state() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_STATE_HOME")

@@ -241,6 +241,43 @@ fn read_known(file: &Path) -> Result<Vec<(String, TrustKey)>, TrustError> {
     Ok(out)
 }
 
+/// The pins of a known clouds file, `host:port` and key each (for `edgeprompt trust show`).
+pub fn pins(file: &Path) -> Result<Vec<(String, TrustKey)>, TrustError> {
+    read_known(file)
+}
+
+/// Pin `key` for the cloud at `url` (`Some`) or forget its pin (`None`), out of band (for
+/// deployments that provision keys, and to settle a conflict): the file rewritten whole with
+/// that cloud's line replaced, through a temporary file renamed over it. Returns the key
+/// pinned before, if any.
+pub fn set_pin(
+    file: &Path,
+    url: &str,
+    key: Option<&TrustKey>,
+) -> Result<Option<TrustKey>, TrustError> {
+    let cloud = authority(url);
+    let err = |e: std::io::Error| TrustError::File(format!("{}: {e}", file.display()));
+    let known = read_known(file)?;
+    let before = known.iter().find(|(c, _)| *c == cloud).map(|x| x.1);
+    let mut text = String::from("# host:port key, one cloud a line (edgeprompt trust)\n");
+    for (c, k) in known.iter().filter(|(c, _)| *c != cloud) {
+        text.push_str(&format!("{c} {}\n", k.to_hex()));
+    }
+    if let Some(k) = key {
+        text.push_str(&format!("{cloud} {}\n", k.to_hex()));
+    }
+    let dir = match file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d,
+        None => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(err)?;
+    tmp.write_all(text.as_bytes()).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(file).map_err(|e| err(e.error))?;
+    Ok(before)
+}
+
 /// One line added, written at once (edges sharing the file do not interleave), to a regular
 /// file only (never through a symlink, never blocking on a FIFO).
 fn append_known(file: &Path, cloud: &str, key: &TrustKey) -> Result<(), TrustError> {
@@ -303,6 +340,31 @@ mod tests {
         );
         assert_eq!(same.unwrap().key(), Ok(Some(key(1))));
         assert_eq!(authority("https://Cloud.Example"), "cloud.example:443");
+    }
+
+    #[test]
+    fn pins_are_provisioned_replaced_and_forgotten_out_of_band() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state/known_clouds");
+        let (a, b) = ("http://10.0.0.7:50051", "https://cloud.example");
+        assert_eq!(set_pin(&file, a, Some(&key(1))).unwrap(), None);
+        assert_eq!(set_pin(&file, b, Some(&key(2))).unwrap(), None);
+        // A conflict settled for the key the cloud shows now.
+        assert_eq!(set_pin(&file, a, Some(&key(3))).unwrap(), Some(key(1)));
+        let mut p = pins(&file).unwrap();
+        p.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(
+            p,
+            [
+                ("10.0.0.7:50051".to_string(), key(3)),
+                ("cloud.example:443".to_string(), key(2))
+            ]
+        );
+        // An edge reads the provisioned pin.
+        let t = Trust::new(CloudTrust::FirstUse(Some(file.clone())), Some(a)).unwrap();
+        assert_eq!(t.key(), Ok(Some(key(3))));
+        assert_eq!(set_pin(&file, a, None).unwrap(), Some(key(3)));
+        assert_eq!(pins(&file).unwrap().len(), 1);
     }
 
     #[test]
