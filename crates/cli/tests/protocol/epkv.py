@@ -113,6 +113,15 @@ def list_statement(fingerprint: str, entries) -> bytes:
     return m
 
 
+def fresh_list_statement(fingerprint: str, entries, issued_unix_ms: int,
+                         max_age_secs: int) -> bytes:
+    """What a cloud signs as the list's fresh_signature: its own tag, the issue time (u64 LE)
+    and maximum age (u32 LE), then the v1 statement after its tag."""
+    v1 = list_statement(fingerprint, entries)
+    return (b"edgeprompt-list-v2\0" + struct.pack("<QI", issued_unix_ms, max_age_secs)
+            + v1[len(b"edgeprompt-list-v1\0"):])
+
+
 @dataclass
 class Manifest:
     """Whose KV a stream is (seal.rs Manifest): everything a layer's signature binds besides

@@ -57,6 +57,15 @@ def check_list(stub, pb, cfg, key: VerifyKey) -> dict:
     # The signature covers this fingerprint only: the same list for another model must fail.
     if verifies(key, epkv.list_statement("0" * 64, entries), reply.signature):
         fail("the list's signature verifies for another fingerprint")
+    # The fresh signature binds the issue time and maximum age too.
+    fresh = epkv.fresh_list_statement(cfg["fingerprint"], entries, reply.issued_unix_ms,
+                                      reply.max_age_secs)
+    if not reply.issued_unix_ms or not verifies(key, fresh, reply.fresh_signature):
+        fail("the list carries no issue time its fresh signature verifies")
+    stale = epkv.fresh_list_statement(cfg["fingerprint"], entries, reply.issued_unix_ms - 1,
+                                      reply.max_age_secs)
+    if verifies(key, stale, reply.fresh_signature):
+        fail("the fresh signature verifies for another issue time")
     mine = [p for p in reply.prompts if p.id == cfg["prompt_id"]]
     if len(mine) != 1 or len(mine[0].content_address) != 32:
         fail(f"prompt {cfg['prompt_id']!r} not listed once with a 32-byte address: {entries}")

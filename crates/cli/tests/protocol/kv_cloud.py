@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -72,10 +73,14 @@ class CloudKv:
                       "this cloud serves no KV to a model of that fingerprint")
         entries = [(m["prompt_id"], self.p.n, self.p.address)]
         sig = self.key.sign(epkv.list_statement(req.model_fingerprint, entries)).signature
+        issued, max_age = int(time.time() * 1000), 300
+        fresh = self.key.sign(epkv.fresh_list_statement(
+            req.model_fingerprint, entries, issued, max_age)).signature
         return self.pb.ListReply(
             prompts=[self.pb.PromptInfo(id=i, tokens=t, content_address=bytes.fromhex(a))
                      for i, t, a in entries],
-            signing_key=bytes(self.key.verify_key), signature=sig)
+            signing_key=bytes(self.key.verify_key), signature=sig,
+            issued_unix_ms=issued, max_age_secs=max_age, fresh_signature=fresh)
 
     def Fetch(self, req, ctx):
         pb, p, m = self.pb, self.p, self.p.meta
