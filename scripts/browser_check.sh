@@ -21,9 +21,10 @@ $bin cloud --model "$model" --prompts scripts/browser/prompts.toml --listen "127
 pids+=($!)
 $bin link --listen "127.0.0.1:$link" --upstream "127.0.0.1:$cloud" --profile wifi >"$logs/link" 2>&1 &
 pids+=($!)
-# Every layer from the cloud, so the timeline shows the whole stream.
+# Every layer from the cloud, and only when asked (no prefetch), so the first turn is cold and
+# the timeline shows the whole stream.
 $bin serve --model "$model" --cloud "http://127.0.0.1:$link" --listen "127.0.0.1:$edge" \
-  --cloud-layers-from 0 --known-clouds "$logs/known_clouds" >"$logs/edge" 2>&1 &
+  --cloud-layers-from 0 --prefetch-mb 0 --known-clouds "$logs/known_clouds" >"$logs/edge" 2>&1 &
 pids+=($!)
 # And an edge whose API wants a key, with no cloud.
 $bin serve --model "$model" --listen "127.0.0.1:$keyed" --api-key sk-browser-check >"$logs/keyed" 2>&1 &

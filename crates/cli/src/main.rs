@@ -49,7 +49,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// A new key pair for a cloud to sign the KV it serves (edges check it with --cloud-key).
     Keygen(security::KeygenArgs),
-    /// Keys pinned for clouds: show them, pin one out of band, or forget one.
+    /// Keys pinned for clouds: show them, pin one out of band (or to settle a conflict), or
+    /// forget one.
     Trust(security::TrustArgs),
 }
 

@@ -88,35 +88,23 @@ impl ClientArgs {
     }
 }
 
-/// `edgeprompt trust`: the keys pinned for clouds, shown, provisioned out of band, or
-/// forgotten (to settle a conflict: the edge's `/health` names both keys).
+/// `edgeprompt trust`: the keys pinned for clouds, shown (no `--cloud`), provisioned out of
+/// band or replaced (`--cloud` and `--key`: to settle a conflict, whose two keys the edge's
+/// `/health` names), or forgotten (`--cloud` and `--forget`).
 #[derive(clap::Args)]
 pub struct TrustArgs {
     /// The known clouds file (default: ~/.local/state/edgeprompt/known_clouds, as the edge's).
     #[arg(long)]
     known_clouds: Option<PathBuf>,
-    #[command(subcommand)]
-    action: TrustAction,
-}
-
-#[derive(clap::Subcommand)]
-enum TrustAction {
-    /// Every pinned cloud and its key.
-    Show,
-    /// Pin a key for a cloud, replacing its pin if it has one.
-    Pin {
-        /// The cloud's URL, as the edge's --cloud.
-        #[arg(long)]
-        cloud: String,
-        /// Its public key: hex, or a file holding it (the cloud's cloud.pub).
-        #[arg(long)]
-        key: String,
-    },
-    /// Remove a cloud's pin: the edge pins what the cloud shows at its next contact.
-    Forget {
-        #[arg(long)]
-        cloud: String,
-    },
+    /// The cloud's URL, as the edge's --cloud.
+    #[arg(long, requires = "change")]
+    cloud: Option<String>,
+    /// Pin this public key for the cloud: hex, or a file holding it (the cloud's cloud.pub).
+    #[arg(long, group = "change")]
+    key: Option<String>,
+    /// Remove the cloud's pin: the edge pins what the cloud shows at its next contact.
+    #[arg(long, group = "change")]
+    forget: bool,
 }
 
 pub fn trust(a: TrustArgs) -> anyhow::Result<()> {
@@ -125,17 +113,18 @@ pub fn trust(a: TrustArgs) -> anyhow::Result<()> {
         .known_clouds
         .or_else(|| user_state().map(|d| d.join("known_clouds")))
         .context("no state directory: give --known-clouds")?;
-    match a.action {
-        TrustAction::Show => {
-            let p = pins(&file)?;
-            if p.is_empty() {
-                println!("no cloud is pinned in {}", file.display());
-            }
-            for (cloud, key) in p {
-                println!("{cloud} {}", key.to_hex());
-            }
+    let Some(cloud) = a.cloud else {
+        let p = pins(&file)?;
+        if p.is_empty() {
+            println!("no cloud is pinned in {}", file.display());
         }
-        TrustAction::Pin { cloud, key } => {
+        for (cloud, key) in p {
+            println!("{cloud} {}", key.to_hex());
+        }
+        return Ok(());
+    };
+    match a.key {
+        Some(key) => {
             let k = trust_key(&key)?;
             match set_pin(&file, &cloud, Some(&k))? {
                 Some(old) if old != k => println!(
@@ -147,7 +136,7 @@ pub fn trust(a: TrustArgs) -> anyhow::Result<()> {
                 _ => println!("{cloud}: pinned {} in {}", k.to_hex(), file.display()),
             }
         }
-        TrustAction::Forget { cloud } => match set_pin(&file, &cloud, None)? {
+        None => match set_pin(&file, &cloud, None)? {
             Some(old) => println!("{cloud}: forgot {} in {}", old.to_hex(), file.display()),
             None => println!("{cloud}: no pin in {}", file.display()),
         },

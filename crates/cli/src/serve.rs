@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use edgeprompt_edge::codec_choice::AutoCodec;
 use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve_until, EdgeServer, ServerConfig};
+use edgeprompt_edge::http::conn::ConnLimits;
+use edgeprompt_edge::http::{serve_with, EdgeServer, ServerConfig};
 use edgeprompt_edge::peer::PeerService;
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
 use edgeprompt_edge::scheduler::SchedulerConfig;
@@ -87,6 +88,14 @@ pub struct ServeArgs {
     /// Megabytes of cloud-prompt KV cached in memory.
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
+    /// Megabytes of the cloud's published prompts fetched as soon as it lists them (in the
+    /// list's order, kept in memory while listed), so no fetch depends on which system
+    /// messages this edge sees; a published prompt past it is computed here when used.
+    /// Default: half of --prefix-cache-mb. 0: published prompts are fetched when first used
+    /// (a cloud that publishes a guessed private message's address then learns whether it is
+    /// used here).
+    #[arg(long)]
+    prefetch_mb: Option<usize>,
     /// Directory of the disk tier of cloud-prompt KV (survives restarts).
     #[arg(long)]
     cache_dir: Option<std::path::PathBuf>,
@@ -120,6 +129,20 @@ pub struct ServeArgs {
     peer: crate::security::PeerArgs,
     #[arg(long, default_value_t = 256)]
     default_max_tokens: usize,
+    /// Seconds a client has to send a request's headers (and to start the next request on a
+    /// kept-alive connection); its body has 30 s more.
+    #[arg(long, default_value_t = 10)]
+    header_timeout_secs: u64,
+    /// Seconds a response may wait on a client that reads nothing before its connection ends.
+    #[arg(long, default_value_t = 30)]
+    write_stall_secs: u64,
+    /// Connections one client address may hold at once (more are closed on arrival; behind a
+    /// reverse proxy, every client is the proxy's address: raise it).
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_peer: usize,
+    /// Connections the server holds at once.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     /// A key clients must send as `Authorization: Bearer <key>` on /v1/* (repeatable; with
     /// none, no --api-key-file and no EDGEPROMPT_API_KEYS the API is open). /health stays
     /// open; /metrics then needs the admin key. Visible to every local user in the process list: prefer
@@ -276,6 +299,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             disk_max_bytes: a.cache_max_mb << 20,
             max_local_prefills: a.max_local_prefills,
             match_prompts: !a.no_prompt_matching,
+            prefetch_bytes: a.prefetch_mb.unwrap_or(a.prefix_cache_mb / 2) << 20,
         },
     )?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -322,7 +346,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let prefixes = state.prefixes.clone();
         tokio::spawn(async move { prefixes.published().await });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut server = tokio::spawn(serve_until(listener, state.clone(), async {
+        let limits = ConnLimits {
+            headers: Duration::from_secs(a.header_timeout_secs.max(1)),
+            write_stall: Duration::from_secs(a.write_stall_secs.max(1)),
+            per_peer: a.max_connections_per_peer.max(1),
+            total: a.max_connections.max(1),
+            ..ConnLimits::default()
+        };
+        let mut server = tokio::spawn(serve_with(listener, state.clone(), limits, async {
             let _ = stop_rx.await;
         }));
         tokio::select! {

@@ -241,7 +241,7 @@ fn read_known(file: &Path) -> Result<Vec<(String, TrustKey)>, TrustError> {
     Ok(out)
 }
 
-/// The pins of a known clouds file, `host:port` and key each (for `edgeprompt trust show`).
+/// The pins of a known clouds file, `host:port` and key each (what `edgeprompt trust` shows).
 pub fn pins(file: &Path) -> Result<Vec<(String, TrustKey)>, TrustError> {
     read_known(file)
 }

@@ -96,13 +96,6 @@ fn chat(cloud_prompt: Option<&str>, system: Option<&str>, stream: bool) -> Strin
     body.to_string()
 }
 
-/// `body` with a `cache_salt`: one caller's requests.
-fn salted(body: &str) -> String {
-    let mut v: Value = serde_json::from_str(body).unwrap();
-    v["cache_salt"] = "tab-1".into();
-    v.to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_the_cloud_prompt_list_and_each_answers_origin() {
     let m = model();
@@ -252,8 +245,7 @@ async fn the_page_the_cloud_prompt_list_and_each_answers_origin() {
     );
     assert!(v["cloud_error"].as_str().unwrap().contains("token"), "{v}");
 
-    // No cloud: a system message computed here, then from memory for the same caller (a salt,
-    // as the page sends one per tab); nothing on any wire.
+    // No cloud: a system message computed here, then from memory; nothing on any wire.
     let (_, v) = list(alone, None).await;
     assert_eq!(
         (v["cloud"].as_str(), v["data"].clone()),
@@ -266,7 +258,7 @@ async fn the_page_the_cloud_prompt_list_and_each_answers_origin() {
                 "POST",
                 "/v1/chat/completions",
                 None,
-                &salted(&chat(None, Some(SUPPORT), false)),
+                &chat(None, Some(SUPPORT), false),
             )
         })
         .await;

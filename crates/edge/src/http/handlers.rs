@@ -211,9 +211,8 @@ async fn chat_inner(
             ..ApiError::bad_request("cache_salt is over 256 characters")
         });
     }
-    // Whose the request is: an API key's or a salt's caller, or nobody's (an open API without
-    // a salt: callers are indistinguishable). A private system message's KV is kept for that
-    // scope only, as the conversation's own turns are.
+    // Whose the request is: an API key's and a salt's. A private system message's KV is kept
+    // for that scope only (callers with neither are one scope: nothing tells them apart).
     let scope = Scope::new(caller.as_ref(), req.cache_salt.as_deref());
     let named = caller.is_some() || req.cache_salt.is_some();
     let prefix = match (&req.common.cloud_prompt, &system_ids) {
@@ -232,7 +231,7 @@ async fn chat_inner(
         }
         (None, Some(ids)) => Some(
             s.prefixes
-                .for_tenant_streaming(ids, named.then_some(&scope))
+                .for_tenant_streaming(ids, &scope)
                 .await
                 .map_err(lookup_error)?,
         ),

@@ -3,6 +3,7 @@
 //! private edge prompt and never leaves this node.
 
 pub mod access;
+pub mod conn;
 mod handlers;
 pub mod schema;
 mod tokens;
@@ -72,13 +73,15 @@ impl EdgeServer {
         } else {
             scheduler.private_cache_bytes
         };
+        let prefixes = Arc::new(
+            Prefixes::new(model.clone(), prefixes, metrics.clone())
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+        );
+        prefixes.start_prefetch();
         Ok(Arc::new(Self {
             private: Arc::new(crate::private_cache::PrivateCache::new(private_bytes)),
             scheduler: Scheduler::start(model.clone(), scheduler, metrics.clone())?,
-            prefixes: Arc::new(
-                Prefixes::new(model.clone(), prefixes, metrics.clone())
-                    .map_err(|e| std::io::Error::other(e.to_string()))?,
-            ),
+            prefixes,
             model,
             metrics,
             cfg,
@@ -115,6 +118,11 @@ impl EdgeServer {
 /// at `/` and the operator's `/health`, `/ready` and `/metrics`; every response carries its
 /// request id.
 pub fn router(state: Arc<EdgeServer>) -> Router {
+    router_with(state, conn::ConnLimits::default().body)
+}
+
+/// `router`, with request bodies given `body` to arrive whole.
+fn router_with(state: Arc<EdgeServer>, body: std::time::Duration) -> Router {
     let keys = Arc::new(state.cfg.api_keys.clone());
     let limits = BodyLimits::of(&state.model);
     let api = Router::new()
@@ -159,6 +167,10 @@ pub fn router(state: Arc<EdgeServer>) -> Router {
         )
         .route("/openapi.json", get(openapi))
         .merge(api)
+        .layer(middleware::from_fn_with_state(
+            (body, limits.text.max(limits.ids)),
+            conn::body_deadline,
+        ))
         .layer(middleware::from_fn(access::request_id))
         .with_state(state)
 }
@@ -218,7 +230,7 @@ impl EdgeServer {
 }
 
 /// Return the allocator's free memory to the system (glibc keeps it otherwise).
-fn give_back_memory() {
+pub(crate) fn give_back_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
     unsafe {
@@ -246,15 +258,24 @@ pub async fn serve(
     serve_until(listener, state, std::future::pending()).await
 }
 
-/// Serve until `stop` resolves (then finish the open requests) or the listener fails.
+/// Serve until `stop` resolves (then finish the open requests) or the listener fails, with
+/// the default connection bounds.
 pub async fn serve_until(
     listener: tokio::net::TcpListener,
     state: Arc<EdgeServer>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(stop)
-        .await
+    serve_with(listener, state, conn::ConnLimits::default(), stop).await
+}
+
+/// `serve_until` with these connection bounds.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: Arc<EdgeServer>,
+    limits: conn::ConnLimits,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    conn::serve(listener, router_with(state, limits.body), limits, stop).await
 }
 
 /// An error in OpenAI's shape.

@@ -221,13 +221,13 @@ struct ModelList {
 #[derive(ToSchema, serde::Serialize)]
 #[allow(dead_code)]
 struct Health {
-    /// `ok`, `draining` or `dead`.
+    /// `ok`, `draining`, `key_conflict` or `dead`.
     status: String,
     pending_requests: u64,
     model: String,
     fingerprint: String,
     active_sequences: u64,
-    /// Why the scheduler died (with 503).
+    /// Why the scheduler died, or which two keys conflict (with 503).
     reason: Option<String>,
 }
 
@@ -338,10 +338,10 @@ struct CloudPromptList {
 #[allow(dead_code)]
 fn cloud_prompts() {}
 
-/// Alive (200, draining or not), or dead (503, with the reason).
+/// Alive (200, draining or not), or dead or in a key conflict (503, with the reason).
 #[utoipa::path(get, path = "/health", responses(
     (status = 200, description = "Serving", body = Health),
-    (status = 503, description = "The scheduler is dead", body = Health),
+    (status = 503, description = "The scheduler is dead, or the cloud shows another signing key than the pinned one", body = Health),
 ))]
 #[allow(dead_code)]
 fn health() {}
@@ -371,6 +371,7 @@ fn page_script() {}
 /// Prometheus metrics (OpenMetrics text).
 #[utoipa::path(get, path = "/metrics", responses(
     (status = 200, description = "Metrics", content((String = "application/openmetrics-text"))),
+    (status = 401, description = "API keys are set and no admin key was sent", body = ErrorBody),
 ))]
 #[allow(dead_code)]
 fn metrics() {}

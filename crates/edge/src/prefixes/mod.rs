@@ -8,8 +8,8 @@
 //! disk and never served to peers; nothing of it (text, ids, length, address) goes on a link.
 //! Its KV belongs to the tenant that sent it (`Scope`: API key and `cache_salt`): another
 //! tenant sending the same text computes it anew, as it would a text nobody sent, so neither
-//! timing nor a response field tells whether someone else used it. A caller with no scope (an
-//! open API without a salt) shares it with no one: it is computed for that request alone.
+//! timing nor a response field tells whether someone else used it. Callers with neither (an
+//! open API without a salt) are one tenant: the server cannot tell them apart.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -32,6 +32,26 @@ use crate::trust::CloudTrust;
 use crate::{ClientSecurity, CloudClient, EdgeError};
 
 mod fetch;
+mod prefetch;
+
+/// How far a lookup may go for a prompt's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// A private system message: computed here, asked of no one, kept for its tenant only.
+    Private,
+    /// A published prompt a system message matched while this edge prefetches: memory, disk
+    /// or the prefetch in flight, else computed here; never fetched because it was used.
+    Here,
+    /// Every tier: disk, peers, the cloud (a prompt named by id, a prefetch, or a published
+    /// prompt when prefetching is off).
+    Anywhere,
+}
+
+impl Reach {
+    fn public(self) -> bool {
+        self != Reach::Private
+    }
+}
 
 /// A lookup in flight, joined by every request on its prompt: the stream, once the cloud's
 /// header is in.
@@ -63,28 +83,15 @@ const UNKNOWN_ID_TTL: Duration = Duration::from_secs(5);
 const UNKNOWN_IDS_KEPT: usize = 1024;
 
 /// The key of a private system message's entry: its tier key (address) and whose it is, after
-/// `@`. A scoped one is kept for its scope; one with no scope gets a key of its own, never
-/// joined by another request, and is dropped once resolved.
-fn private_key(key: &str, scope: Option<&Scope>) -> String {
-    match scope {
-        Some(s) => format!("{key}@{}", s.tag()),
-        None => format!("{key}@{ONCE}{:016x}", rand::random::<u64>()),
-    }
+/// `@`.
+fn private_key(key: &str, scope: &Scope) -> String {
+    format!("{key}@{}", scope.tag())
 }
-
-/// Marks the key of a private prompt computed for one request alone.
-const ONCE: &str = "once-";
 
 /// The key of `key`'s prompt in the tiers below memory (the disk's file name): without the
 /// owner a private entry carries.
 fn tier_key(key: &str) -> &str {
     key.split('@').next().unwrap_or(key)
-}
-
-/// Whether `key`'s entry outlives the request that made it.
-fn kept(key: &str) -> bool {
-    key.split_once('@')
-        .is_none_or(|(_, owner)| !owner.starts_with(ONCE))
 }
 
 /// What to do with a system message no cloud prompt matches.
@@ -135,6 +142,11 @@ pub struct PrefixConfig {
     /// A completion whose prompt begins with a cloud prompt held here runs on its KV (the
     /// echoed prompt's shared tokens are then not scored).
     pub match_prompts: bool,
+    /// Bytes of published prompts fetched as soon as the cloud lists them and kept while
+    /// listed, once `start_prefetch` runs (`EdgeServer::start` does); a system message
+    /// matching a published prompt is then never fetched on use. 0: published prompts are
+    /// fetched when first used.
+    pub prefetch_bytes: usize,
 }
 
 impl Default for PrefixConfig {
@@ -157,6 +169,7 @@ impl Default for PrefixConfig {
             auto_codec: None,
             auto_split: None,
             match_prompts: true,
+            prefetch_bytes: 0,
         }
     }
 }
@@ -335,6 +348,10 @@ pub struct Prefixes {
     pending: Arc<Mutex<(usize, usize)>>,
     /// Key conflicts already acted on (`distrust`).
     distrusted: AtomicU64,
+    /// What is prefetched (`prefetch.rs`).
+    prefetch: Mutex<prefetch::Prefetch>,
+    /// These prefixes, for the prefetcher's tasks (set by `start_prefetch`).
+    me: std::sync::OnceLock<std::sync::Weak<Prefixes>>,
 }
 
 impl Prefixes {
@@ -374,6 +391,8 @@ impl Prefixes {
             )),
             pending: Arc::new(Mutex::new((0, 0))),
             distrusted: AtomicU64::new(0),
+            prefetch: Default::default(),
+            me: Default::default(),
         })
     }
 
@@ -458,7 +477,7 @@ impl Prefixes {
             out.push(Named {
                 id: p.id.clone(),
                 tokens: p.tokens,
-                in_memory: held.contains_key(&p.id),
+                in_memory: held.contains_key(&p.id) || self.held(&self.key(&p.address)),
             });
         }
         for (id, tokens) in held {
@@ -626,19 +645,26 @@ impl Prefixes {
     /// Where a rendered system turn's KV is kept, how the cloud is asked for it, and whether
     /// the cloud publishes it (else it is private: nothing of it leaves this edge). The list
     /// is refreshed first whatever the message holds, so when it is asked tells nothing.
-    /// A private one is kept for `scope` only (none: for this request only).
-    async fn system_ref(&self, ids: &[u32], scope: Option<&Scope>) -> (String, PromptRef, bool) {
+    /// A private one is kept for `scope` only.
+    /// A published one is fetched on use only when this edge does not prefetch.
+    async fn system_ref(&self, ids: &[u32], scope: &Scope) -> (String, PromptRef, Reach) {
         let address = content_address(&self.model.fingerprint, ids);
         let public = match self.catalog.refresh().await {
-            Ok(p) => p.at(&address).is_some(),
+            Ok(p) => {
+                // Whatever the message, the list is walked first: a published prompt's
+                // prefetch is under way before the lookup below asks for it.
+                self.walk_if_new(&p);
+                p.at(&address).is_some()
+            }
             Err(_) => false,
         };
         let bytes = hex::decode(&address).unwrap_or_default();
-        let key = match public {
-            true => self.key(&address),
-            false => private_key(&self.key(&address), scope),
+        let (key, reach) = match (public, self.prefetches()) {
+            (true, true) => (self.key(&address), Reach::Here),
+            (true, false) => (self.key(&address), Reach::Anywhere),
+            (false, _) => (private_key(&self.key(&address), scope), Reach::Private),
         };
-        (key, PromptRef::ContentAddress(bytes), public)
+        (key, PromptRef::ContentAddress(bytes), reach)
     }
 
     /// Where a cloud prompt named by id is kept: under the address the cloud's list gives
@@ -666,8 +692,8 @@ impl Prefixes {
     /// (the one-shot `edge`, the demo): a private one is kept in the edge's own scope.
     pub async fn for_system(&self, ids: &[u32]) -> Result<Resolved, LookupError> {
         let own = Scope::own();
-        let (key, prompt, public) = self.system_ref(ids, Some(&own)).await;
-        self.lookup(&key, prompt, Some(ids), public, None).await
+        let (key, prompt, reach) = self.system_ref(ids, &own).await;
+        self.lookup(&key, prompt, Some(ids), reach, None).await
     }
 
     /// An id the cloud said, moments ago, it does not know.
@@ -687,7 +713,7 @@ impl Prefixes {
     pub async fn for_id(&self, id: &str) -> Result<Resolved, LookupError> {
         self.known_unknown(id)?;
         let key = self.id_key(id).await?;
-        self.lookup(&key, PromptRef::Id(id.into()), None, true, None)
+        self.lookup(&key, PromptRef::Id(id.into()), None, Reach::Anywhere, None)
             .await
     }
 
@@ -697,25 +723,24 @@ impl Prefixes {
         self: &Arc<Self>,
         ids: &[u32],
     ) -> Result<Lookup, LookupError> {
-        self.for_tenant_streaming(ids, Some(&Scope::own())).await
+        self.for_tenant_streaming(ids, &Scope::own()).await
     }
 
-    /// `for_system_streaming` for a tenant of the HTTP API (`scope`; none: an anonymous
-    /// caller, whose private prompt is computed for it alone).
+    /// `for_system_streaming` for a tenant of the HTTP API (`scope`).
     pub async fn for_tenant_streaming(
         self: &Arc<Self>,
         ids: &[u32],
-        scope: Option<&Scope>,
+        scope: &Scope,
     ) -> Result<Lookup, LookupError> {
-        let (key, prompt, public) = self.system_ref(ids, scope).await;
-        self.resolve(key, prompt, Some(ids.to_vec()), public).await
+        let (key, prompt, reach) = self.system_ref(ids, scope).await;
+        self.resolve(key, prompt, Some(ids.to_vec()), reach).await
     }
 
     /// `for_id`, streaming like `for_system_streaming`.
     pub async fn for_id_streaming(self: &Arc<Self>, id: &str) -> Result<Lookup, LookupError> {
         self.known_unknown(id)?;
         let key = self.id_key(id).await?;
-        self.resolve(key, PromptRef::Id(id.into()), None, true)
+        self.resolve(key, PromptRef::Id(id.into()), None, Reach::Anywhere)
             .await
     }
 
@@ -727,7 +752,7 @@ impl Prefixes {
         key: String,
         prompt: PromptRef,
         ids: Option<Vec<u32>>,
-        public: bool,
+        reach: Reach,
     ) -> Result<Lookup, LookupError> {
         let ready = |r: Resolved| Lookup {
             kv: PromptKv::Ready(r.prefix),
@@ -738,7 +763,7 @@ impl Prefixes {
         self.distrust();
         if self.held(&key) {
             let r = self
-                .lookup(&key, prompt, ids.as_deref(), public, None)
+                .lookup(&key, prompt, ids.as_deref(), reach, None)
                 .await?;
             return Ok(ready(r));
         }
@@ -757,7 +782,7 @@ impl Prefixes {
                 settling.slot.clone(),
             );
             let got = me
-                .lookup(&key, prompt, ids.as_deref(), public, Some(&slot))
+                .lookup(&key, prompt, ids.as_deref(), reach, Some(&slot))
                 .await;
             settling.settle(&got);
             got
@@ -855,10 +880,11 @@ impl Prefixes {
         key: &str,
         prompt: PromptRef,
         ids: Option<&[u32]>,
-        public: bool,
+        reach: Reach,
         slot: Option<&Arc<Slot>>,
     ) -> Result<Resolved, LookupError> {
         self.distrust();
+        let public = reach.public();
         let cell = self.cell(key);
         let id = match &prompt {
             PromptRef::Id(id) => Some(id.clone()),
@@ -871,7 +897,7 @@ impl Prefixes {
         let got = cell
             .get_or_try_init(|| async {
                 let got = self
-                    .fetch_or_compute(prompt, address.as_deref(), ids, public, slot)
+                    .fetch_or_compute(prompt, address.as_deref(), ids, reach, slot)
                     .await?;
                 source = got.source;
                 wire = got.wire;
@@ -902,17 +928,13 @@ impl Prefixes {
                 }
             }
         }
-        // A private prompt's lookups are counted alike, found or computed: the count tells
-        // no one whether a tenant's message was held.
-        self.metrics.lookup(match public {
-            true => source.name(),
-            false => "private",
+        // A private prompt's lookups are counted alike, held or computed: the count tells no
+        // one whether a tenant's message was held. (The disk holds published prompts only, so
+        // a disk hit, while the list cannot be had, says nothing of a tenant.)
+        self.metrics.lookup(match (public, source) {
+            (true, _) | (false, Source::Disk) => source.name(),
+            (false, _) => "private",
         });
-        if !kept(key) {
-            if let Ok(mut m) = self.entries.lock() {
-                m.remove(key);
-            }
-        }
         if source != Source::Memory {
             tracing::info!(
                 tokens = prefix.n_tokens(),
@@ -1059,7 +1081,8 @@ impl Prefixes {
         for (k, v) in e.iter() {
             let Some(p) = v.cell.get() else { continue };
             total += p.bytes();
-            if Arc::strong_count(p) == 1 {
+            // A prefetched prompt stays while listed, as if a request held it.
+            if Arc::strong_count(p) == 1 && !self.kept_for_prefetch(k) {
                 idle.push((v.last_used, p.bytes(), k.clone()));
             } else {
                 held += p.bytes();
@@ -1077,13 +1100,14 @@ impl Prefixes {
     }
 
     /// The tiers below memory, in order: disk, peers, cloud, then compute here. A private
-    /// prompt (`!public`) goes straight to the last: no tier below memory ever sees it.
+    /// prompt goes straight to the last: no tier below memory ever sees it; a published one
+    /// reached `Here` only reads the disk first.
     async fn fetch_or_compute(
         &self,
         prompt: PromptRef,
         address: Option<&str>,
         ids: Option<&[u32]>,
-        public: bool,
+        reach: Reach,
         slot: Option<&Arc<Slot>>,
     ) -> Result<Got, LookupError> {
         let local = |prefix| Got {
@@ -1105,13 +1129,25 @@ impl Prefixes {
                 });
             }
         }
-        if !public {
-            let ids = ids
-                .ok_or_else(|| LookupError::Failed("a private prompt without its tokens".into()))?;
-            if self.cfg.unknown_system == UnknownSystem::Refuse {
-                return Err(LookupError::UnknownSystem);
+        match reach {
+            Reach::Private => {
+                let ids = ids.ok_or_else(|| {
+                    LookupError::Failed("a private prompt without its tokens".into())
+                })?;
+                if self.cfg.unknown_system == UnknownSystem::Refuse {
+                    return Err(LookupError::UnknownSystem);
+                }
+                return Ok(local(self.compute(ids).await?));
             }
-            return Ok(local(self.compute(ids).await?));
+            // Published, but neither held nor arriving (past the prefetch budget, or its
+            // prefetch failed): asking for it now would tell the cloud it was used.
+            Reach::Here => {
+                let ids = ids.ok_or_else(|| {
+                    LookupError::Failed("a published prompt without its tokens".into())
+                })?;
+                return Ok(local(self.compute(ids).await?));
+            }
+            Reach::Anywhere => {}
         }
         if let Some(a) = address {
             let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
