@@ -9,9 +9,10 @@ flood, and the server's RSS before, at the flood's peak and 10 s after it. The s
 made twice: with the connection bounds off (what the edge did without them) and on (the
 defaults).
 
-    python3 scripts/bench_flood.py [--model smollm2] [--flood 1000] [--secs 40]
+    python3 scripts/bench_flood.py [--model smollm2] [--flood 1000] [--secs 40] [--out F]
 
-Needs the release binary (cargo build -j2 --release --bin edgeprompt) and the model.
+Needs the release binary (cargo build -j2 --release --bin edgeprompt) and the model. `--out`
+writes the run as JSON (`edgeprompt-bench report` shows docs/results/*/flood.json).
 """
 import argparse
 import json
@@ -47,9 +48,13 @@ def rss_mb(pid):
     return 0.0
 
 
+MODEL = "smollm2"
+SYSTEM = "You are a helpful assistant."
+
+
 def chat_body(stream, max_tokens, system):
     return json.dumps({
-        "model": "m", "stream": stream, "max_tokens": max_tokens, "temperature": 0,
+        "model": MODEL, "stream": stream, "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "system", "content": system},
                      {"role": "user", "content": "Say something about trains."}],
     }).encode()
@@ -66,7 +71,7 @@ def normal_chat(port, timeout):
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         s.sendall(request("/v1/chat/completions",
-                          chat_body(False, 8, "You are a helpful assistant.")).replace(
+                          chat_body(False, 8, SYSTEM)).replace(
                               b"HTTP/1.1\r\n", b"HTTP/1.1\r\nconnection: close\r\n", 1))
         out = b""
         while True:
@@ -94,8 +99,10 @@ def flood(port, n, stop, held):
             if i % 2 == 0:
                 s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
             else:
+                # The normal client's own system message: admitted, not refused as a new
+                # prompt to compute, so these streams take places in the batch.
                 s.sendall(request("/v1/chat/completions",
-                                  chat_body(True, 256, f"Flood {i}: talk at length.")))
+                                  chat_body(True, 256, SYSTEM)))
             held.append(s)
         except OSError:
             pass
@@ -159,15 +166,20 @@ def main():
     ap.add_argument("--flood", type=int, default=1000)
     ap.add_argument("--secs", type=float, default=40)
     ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--out", help="write the run as JSON here")
     args = ap.parse_args()
+    global MODEL
+    MODEL = args.model
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), platform.processor())
     print(f"machine: {cpu}, {os.cpu_count()} cores; model {args.model}; flood {args.flood} "
           f"connections from 127.0.0.2 (half half-sent headers, half never-reading streams of "
-          f"256 tokens) for {args.secs:.0f} s; a normal chat (8 tokens) every {args.interval} s "
+          f"256 tokens on the normal client's system message) for {args.secs:.0f} s; a normal chat (8 tokens) every {args.interval} s "
           f"from 127.0.0.1")
+    runs = []
     for bounded in (False, True):
         r = run(args, bounded)
+        runs.append(r)
         lat = sorted(r["latency"])
         name = "bounds on (defaults)" if bounded else "bounds off"
         if lat:
@@ -179,6 +191,24 @@ def main():
                   f"made {r['held']}, still open at its end {r['still_open']}")
         else:
             print(f"{name}: no normal chat answered ({r['failed']} failed)")
+    if args.out:
+        info = open("/proc/cpuinfo").read()
+        field = lambda k: next((l.split(":", 1)[1].strip() for l in info.splitlines()
+                                if l.split(":", 1)[0].strip() == k), "?")
+        flags = field("flags").split()
+        simd = [n for f, n in (("avx2", "avx2"), ("avx512f", "avx512f"),
+                               ("avx512_vnni", "avx512vnni")) if f in flags]
+        git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True,
+                                        text=True).stdout.strip()
+        rev = git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain",
+                                                                      "--untracked-files=no") else "")
+        machine = {"cpu": f"{cpu} (family {field('cpu family')}, model {field('model')})",
+                   "cores": os.cpu_count(), "simd": simd,
+                   "kernels": "avx512" if "avx512f" in simd else "avx2", "git_rev": rev}
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine,
+                       "model": args.model, "flood": args.flood, "secs": args.secs,
+                       "interval": args.interval, "runs": runs}, f, indent=1)
     return 0
 
 

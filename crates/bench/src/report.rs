@@ -107,6 +107,8 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     lslm_section(dir, &mut md);
     crate::soak::report::section(dir, &mut md);
     crate::fleet::report::section(dir, &mut md);
+    // The Xeon (family 6, model 207) it was measured on; other machines' runs join here.
+    flood_section(dir, "xeon-207/", &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));
@@ -128,6 +130,63 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     }
     std::fs::write(out, &md)?;
     Ok(md)
+}
+
+/// Slow and never-reading clients against `edgeprompt serve` (`scripts/bench_flood.py`): the
+/// normal client's chats during the flood and the server's memory, bounds off and on.
+fn flood_section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}flood.json")) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Slow and never-reading clients (`scripts/bench_flood.py`)\n\n{}; model {}; {} connections \
+         from 127.0.0.2 for {:.0} s (half send half a request's headers and hold, half ask a streamed \
+         256-token answer on the normal client's system message and never read), a normal chat (8 \
+         tokens) from 127.0.0.1 every {} s; the server's RSS 10 s after the flood went (`{sub}flood.json`).\n\n\
+         | connection bounds | normal chats answered | failed | latency median / p90 / max s | RSS before / peak / 10 s after MB | flood connections still open at its end |\n\
+         | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["flood"],
+        f(&v["secs"]),
+        v["interval"],
+    );
+    for r in v["runs"].as_array().into_iter().flatten() {
+        let mut lat: Vec<f64> = r["latency"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(f)
+            .collect();
+        lat.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} / {} / {} | {} / {} / {} ({:+.0} %) | {} of {} |",
+            if r["bounded"].as_bool() == Some(true) {
+                "on (defaults)"
+            } else {
+                "off"
+            },
+            lat.len(),
+            r["failed"],
+            num(at(0.5), 2),
+            num(at(0.9), 2),
+            num(lat.last().copied().unwrap_or(f64::NAN), 2),
+            num(f(&r["before"]), 0),
+            num(f(&r["peak"]), 0),
+            num(f(&r["after"]), 0),
+            (f(&r["after"]) / f(&r["before"]) - 1.0) * 100.0,
+            r["still_open"],
+            r["held"],
+        );
+    }
+    md.push('\n');
 }
 
 /// The product's build from an empty target directory (`scripts/build_timings.sh`).

@@ -87,6 +87,8 @@ pub struct Extras {
     /// The conversation's earlier turns (the private prefix cache): the prompt continues the
     /// positions it shares with them, after their prefix, which is then `Job::prefix` too.
     pub kept: Option<Hit>,
+    /// Who sent it (its connection's peer address), for fair shares of the batch.
+    pub client: Option<std::net::IpAddr>,
 }
 
 /// Where a finished conversation's KV goes (the private prefix cache).
@@ -224,6 +226,7 @@ struct Running {
     cold: Option<Cold>,
     timeline: Option<Timeline>,
     keep: Option<Keep>,
+    client: Option<std::net::IpAddr>,
     _reservation: Reservation,
 }
 
@@ -378,6 +381,7 @@ impl Running {
                     cold: None,
                     timeline: None,
                     keep: None,
+                    client: self.client,
                     _reservation: reservation,
                 }
             })
@@ -477,6 +481,54 @@ impl Batcher {
         self.usage.lock().map(|u| *u).unwrap_or_default()
     }
 
+    /// Fill the batch's free slots fairly between clients: each slot to the waiting request
+    /// of the client holding the fewest (queue order among equals, so one client alone is
+    /// served first come, first served). When the batch is full and a client that holds no
+    /// slot waits, one answer being decoded for the client holding the most (two at least)
+    /// steps back to the queue for it, its KV kept: it resumes where it stopped, with the
+    /// same bits, since a sequence's tokens do not depend on its batch. So no client's
+    /// requests, however many or however long, hold the batch against another's.
+    fn fill(&mut self) {
+        let held = |active: &[Running], c: Option<std::net::IpAddr>| {
+            active.iter().filter(|r| r.client == c).count()
+        };
+        if self.active.len() >= self.cfg.max_batch
+            && self
+                .waiting
+                .iter()
+                .any(|w| held(&self.active, w.client) == 0)
+        {
+            let most = self
+                .active
+                .iter()
+                .map(|r| (held(&self.active, r.client), r.client))
+                .max_by_key(|(n, _)| *n);
+            if let Some((n, c)) = most.filter(|(n, _)| *n >= 2) {
+                let _ = n;
+                let decoding = self.active.iter().rposition(|r| {
+                    r.client == c
+                        && r.cold.is_none()
+                        && r.forks.is_empty()
+                        && r.fed >= r.job.prompt.len()
+                        && r.next.is_some()
+                });
+                if let Some(i) = decoding {
+                    let r = self.active.remove(i);
+                    self.waiting.push_back(r);
+                }
+            }
+        }
+        while self.active.len() < self.cfg.max_batch && !self.waiting.is_empty() {
+            let pick = (0..self.waiting.len())
+                .min_by_key(|&i| (held(&self.active, self.waiting[i].client), i))
+                .unwrap_or(0);
+            match self.waiting.remove(pick) {
+                Some(r) => self.active.push(r),
+                None => break,
+            }
+        }
+    }
+
     /// Check a job and reserve its KV; the job then waits for a batch slot.
     pub fn admit(&mut self, job: Job) -> Result<(), Refusal> {
         self.admit_with(job, Extras::default())
@@ -486,12 +538,7 @@ impl Batcher {
     /// cloud layers have landed. Returns the token rows of the forward pass.
     pub fn step(&mut self) -> usize {
         self.reap();
-        while self.active.len() < self.cfg.max_batch {
-            match self.waiting.pop_front() {
-                Some(r) => self.active.push(r),
-                None => break,
-            }
-        }
+        self.fill();
         let mut budget = self.cfg.prefill_chunk.max(1);
         self.run_cold(&mut budget);
         let mut feeds: Vec<Option<Vec<u32>>> = Vec::with_capacity(self.active.len());
@@ -984,6 +1031,7 @@ fn admission(
         cold,
         timeline: None,
         keep: extras.keep,
+        client: extras.client,
         _reservation: reservation,
     })
 }

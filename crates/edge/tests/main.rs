@@ -11,6 +11,7 @@ mod codec_auto;
 mod cold;
 mod connections;
 mod constrained;
+mod fairness;
 mod families;
 mod faults;
 mod first_contact;

@@ -28,6 +28,11 @@ use tower::ServiceExt;
 
 use super::ApiError;
 
+/// The peer address of a request's connection (an extension on every request): whose
+/// request it is, for fair shares of the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub IpAddr);
+
 /// The bounds of the server's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
@@ -135,10 +140,14 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let io = TokioIo::new(Stalls::new(tcp, limits.write_stall));
-        let svc = hyper_util::service::TowerToHyperService::new(
-            app.clone()
-                .map_request(|r: hyper::Request<Incoming>| r.map(Body::new)),
-        );
+        let client = ClientAddr(peer.ip());
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone().map_request(
+            move |r: hyper::Request<Incoming>| {
+                let mut r = r.map(Body::new);
+                r.extensions_mut().insert(client);
+                r
+            },
+        ));
         let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
         let conn = graceful.watch(conn);
         let trim = trim.clone();

@@ -1,6 +1,7 @@
 //! Request handlers: parse, resolve the cloud prompt, queue the private part, answer.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::access::{Caller, RequestId};
+use super::conn::ClientAddr;
 use super::openai::{self, ChatRequest, CompletionRequest, Kind, PromptText, Sampling};
 use super::origin::Origin;
 use super::{tools, ApiError, EdgeServer};
@@ -36,11 +38,13 @@ pub async fn chat(
     State(s): AppState,
     Extension(id): Extension<RequestId>,
     caller: Option<Extension<Caller>>,
+    client: Option<Extension<ClientAddr>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let caller = caller.map(|Extension(c)| c.0);
+    let client = client.map(|Extension(c)| c.0);
     let r = match body_of(body) {
-        Ok(body) => chat_inner(&s, &id, caller, &body).await,
+        Ok(body) => chat_inner(&s, &id, caller, client, &body).await,
         Err(e) => Err(e),
     };
     finish(&s, Kind::Chat, r)
@@ -49,10 +53,12 @@ pub async fn chat(
 pub async fn completions(
     State(s): AppState,
     Extension(id): Extension<RequestId>,
+    client: Option<Extension<ClientAddr>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let client = client.map(|Extension(c)| c.0);
     let r = match body_of(body) {
-        Ok(body) => completions_inner(&s, &id, &body).await,
+        Ok(body) => completions_inner(&s, &id, client, &body).await,
         Err(e) => Err(e),
     };
     finish(&s, Kind::Completion, r)
@@ -174,6 +180,7 @@ async fn chat_inner(
     s: &Arc<EdgeServer>,
     id: &RequestId,
     caller: Option<[u8; 32]>,
+    client: Option<IpAddr>,
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
@@ -289,7 +296,7 @@ async fn chat_inner(
     run(
         s,
         Kind::Chat,
-        id,
+        (id, client),
         req.common,
         origin,
         prompt,
@@ -398,6 +405,7 @@ fn format_spec(r: &Sampling) -> Result<Option<Spec>, ApiError> {
 async fn completions_inner(
     s: &Arc<EdgeServer>,
     id: &RequestId,
+    client: Option<IpAddr>,
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
@@ -463,7 +471,7 @@ async fn completions_inner(
     run(
         s,
         Kind::Completion,
-        id,
+        (id, client),
         req.common,
         origin,
         prompt,
@@ -700,7 +708,7 @@ fn lookup_error(e: LookupError) -> ApiError {
 async fn run(
     s: &EdgeServer,
     kind: Kind,
-    request: &RequestId,
+    (request, client): (&RequestId, Option<IpAddr>),
     r: Sampling,
     mut origin: Origin,
     prompt: Vec<u32>,
@@ -745,6 +753,7 @@ async fn run(
         constraint: shape.constraint,
         keep,
         kept,
+        client,
     };
     s.scheduler.submit_with(job, extras).map_err(|e| match e {
         Refusal::Invalid(m) => ApiError::bad_request(m),
