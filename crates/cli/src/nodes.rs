@@ -384,7 +384,6 @@ async fn edge_request(prefixes: Arc<Prefixes>, t: Turn<'_>) -> anyhow::Result<Ed
             );
         }
     }
-    let source = lookup.source;
     let (pipeline, max_tokens, echo) = (t.pipeline, t.max_tokens, t.echo);
     tokio::task::spawn_blocking(move || -> anyhow::Result<EdgeRun> {
         let (mut seq, mut logits, timeline) =
@@ -398,7 +397,8 @@ async fn edge_request(prefixes: Arc<Prefixes>, t: Turn<'_>) -> anyhow::Result<Ed
             tokens,
             total: start.elapsed().as_secs_f64(),
             timeline,
-            source: source.name(),
+            // Read after the prefill: a stream that failed was computed here meanwhile.
+            source: lookup.source().name(),
             wire: lookup.wire(),
         })
     })

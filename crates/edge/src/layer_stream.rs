@@ -64,6 +64,9 @@ pub struct LayerStream {
     vouched: std::sync::atomic::AtomicBool,
     /// The request and header bytes of the fetch feeding this stream.
     opened: Wire,
+    /// The fetch failed and the prompt was computed here (the layers that had landed were
+    /// already the same bits).
+    computed_here: std::sync::atomic::AtomicBool,
 }
 
 impl LayerStream {
@@ -77,6 +80,7 @@ impl LayerStream {
             changed: Condvar::new(),
             vouched: Default::default(),
             opened: Wire::default(),
+            computed_here: Default::default(),
         }
     }
 
@@ -148,6 +152,19 @@ impl LayerStream {
         }
         s.outcome = Some(Ok(prefix));
         self.changed.notify_all();
+    }
+
+    /// `complete`, with a prompt computed here after the fetch failed.
+    pub fn complete_here(&self, prefix: Arc<PrefixKv>) {
+        self.computed_here
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.complete(prefix);
+    }
+
+    /// Whether the prompt was computed here after its fetch failed.
+    pub fn computed_here(&self) -> bool {
+        self.computed_here
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn fail(&self, why: StreamFailure) {

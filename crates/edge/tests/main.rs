@@ -12,6 +12,7 @@ mod cold;
 mod connections;
 mod constrained;
 mod fairness;
+mod fallback;
 mod families;
 mod faults;
 mod first_contact;

@@ -60,7 +60,7 @@ impl Origin {
             self.cloud = Some(Cloud::Facts(json!({
                 "id": id,
                 "tokens": l.kv.token_ids().len(),
-                "source": l.source.name(),
+                "source": l.source().name(),
                 "bytes_up": wire.up,
                 "bytes_down": wire.down,
             })));

@@ -272,6 +272,15 @@ impl StreamFailure {
 }
 
 impl Lookup {
+    /// Where the prompt came from: for a stream, `Local` once its fetch failed and the
+    /// prompt was computed here instead.
+    pub fn source(&self) -> Source {
+        match &self.kv {
+            PromptKv::Streaming(s) if s.computed_here() => Source::Local,
+            PromptKv::Streaming(_) | PromptKv::Ready(_) => self.source,
+        }
+    }
+
     /// The bytes of the fetch behind it (so far, while it streams).
     pub fn wire(&self) -> Wire {
         match &self.kv {
@@ -843,6 +852,7 @@ impl Prefixes {
     fn settle(&self, key: &str, slot: &Arc<Slot>, got: &Result<Resolved, LookupError>) {
         if let Some(stream) = slot.borrow().as_ref() {
             match got {
+                Ok(r) if r.source == Source::Local => stream.complete_here(r.prefix.clone()),
                 Ok(r) => stream.complete(r.prefix.clone()),
                 Err(e) => stream.fail(StreamFailure::of(e)),
             }
