@@ -112,9 +112,16 @@ async fn one_address_holds_at_most_its_share_of_connections() {
     )
     .await;
     tokio::task::spawn_blocking(move || {
-        let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        // Make sure the server took all three before the fourth comes.
-        std::thread::sleep(Duration::from_millis(300));
+        // Three connections the server has taken: each answered once, then kept alive.
+        let held: Vec<TcpStream> = (0..3)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(GET_HEALTH).unwrap();
+                let got = until_closed_or_answered(&mut s);
+                assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+                s
+            })
+            .collect();
         let mut fourth = TcpStream::connect(addr).unwrap();
         let _ = fourth.write_all(GET_HEALTH);
         let got = until_closed(&mut fourth, Duration::from_secs(30));

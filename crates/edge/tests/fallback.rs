@@ -8,7 +8,6 @@ use edgeprompt_cloud::{CloudNode, CloudService};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::Sequence;
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::fetch_message::Body;
 use edgeprompt_protocol::{FetchMessage, FetchRequest, ListReply, ListRequest};
@@ -18,7 +17,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use crate::common;
-use common::{edge_ids, model, post_json, SUPPORT};
+use common::{model, post_json, SUPPORT};
 
 type FetchStream =
     std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<FetchMessage, Status>> + Send>>;
@@ -81,13 +80,7 @@ async fn a_stream_that_breaks_after_its_header_is_answered_as_computed_here() {
     let addr = l.local_addr().unwrap();
     tokio::spawn(serve(l, state));
     let user = "Can I bring my bike?";
-    let single = {
-        let (cloud, edge) = edge_ids(&m, SUPPORT, user);
-        let all: Vec<u32> = cloud.into_iter().chain(edge).collect();
-        let mut seq = Sequence::new(&m);
-        let logits = seq.prefill(&m, &all).unwrap();
-        common::greedy_text(&m, &mut seq, logits, 6)
-    };
+    let single = common::single_node_text(&m, SUPPORT, user, 6);
     let body = json!({
         "model": "smollm2",
         "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": user}],

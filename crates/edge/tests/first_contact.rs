@@ -118,14 +118,7 @@ async fn an_attacker_pinned_on_first_contact_is_dropped_when_the_real_cloud_show
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(serve(l, state));
-    // The single node's answer: the whole prompt prefilled at once.
-    let single = {
-        let (cloud, edge) = edge_ids(&m, SUPPORT, "Can I bring my bike?");
-        let all: Vec<u32> = cloud.into_iter().chain(edge).collect();
-        let mut seq = edgeprompt_engine::Sequence::new(&m);
-        let logits = seq.prefill(&m, &all).unwrap();
-        common::greedy_text(&m, &mut seq, logits, 6)
-    };
+    let single = common::single_node_text(&m, SUPPORT, "Can I bring my bike?", 6);
 
     let first = tokio::task::spawn_blocking(move || ask(addr))
         .await

@@ -13,7 +13,7 @@ use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::{Model, Sequence};
+use edgeprompt_engine::Model;
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::fetch_request::Prompt;
 use edgeprompt_protocol::{FetchMessage, FetchRequest, ListReply, ListRequest};
@@ -121,11 +121,7 @@ fn ask(addr: SocketAddr, system: &str) -> Value {
 }
 
 fn single_node(m: &Model, system: &str) -> String {
-    let (cloud, edge) = edge_ids(m, system, USER);
-    let all: Vec<u32> = cloud.into_iter().chain(edge).collect();
-    let mut seq = Sequence::new(m);
-    let logits = seq.prefill(m, &all).unwrap();
-    common::greedy_text(m, &mut seq, logits, 6)
+    common::single_node_text(m, system, USER, 6)
 }
 
 fn address(m: &Model, system: &str) -> String {

@@ -39,6 +39,16 @@ pub fn model() -> Arc<Model> {
         .clone()
 }
 
+/// The single node's greedy answer of `n` tokens to `user` after `system`: the whole prompt
+/// prefilled at once, the reference every split answer must equal.
+pub fn single_node_text(m: &Model, system: &str, user: &str, n: usize) -> String {
+    let (cloud, edge) = edge_ids(m, system, user);
+    let all: Vec<u32> = cloud.into_iter().chain(edge).collect();
+    let mut seq = edgeprompt_engine::Sequence::new(m);
+    let logits = seq.prefill(m, &all).unwrap();
+    greedy_text(m, &mut seq, logits, n)
+}
+
 /// Greedy continuation of `seq` from `logits`: the answer's text (stops at the model's end
 /// tokens), as the one-shot edge prints it.
 pub fn greedy_text(
