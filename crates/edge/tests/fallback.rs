@@ -5,9 +5,6 @@
 use std::sync::Arc;
 
 use edgeprompt_cloud::{CloudNode, CloudService};
-use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::fetch_message::Body;
 use edgeprompt_protocol::{FetchMessage, FetchRequest, ListReply, ListRequest};
@@ -65,20 +62,7 @@ async fn a_stream_that_breaks_after_its_header_is_answered_as_computed_here() {
             )
             .serve_with_incoming(TcpListenerStream::new(l)),
     );
-    let state = EdgeServer::start(
-        m.clone(),
-        ServerConfig {
-            model_id: "smollm2".into(),
-            default_max_tokens: 6,
-            api_keys: ApiKeys::default(),
-        },
-        SchedulerConfig::default(),
-        common::prefix_config(&cloud),
-    )
-    .unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(serve(l, state));
+    let addr = common::http_edge(&m, common::prefix_config(&cloud)).await;
     let user = "Can I bring my bike?";
     let single = common::single_node_text(&m, SUPPORT, user, 6);
     let body = json!({

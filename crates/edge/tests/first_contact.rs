@@ -10,11 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use edgeprompt_cloud::CloudNode;
-use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_kv::{content_address, Issued, SealKey};
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::{FetchMessage, FetchRequest, ListReply, ListRequest, PromptInfo};
@@ -104,20 +101,7 @@ async fn an_attacker_pinned_on_first_contact_is_dropped_when_the_real_cloud_show
     ))
     .await;
     let relay = Relay::start(&forger).await;
-    let state = EdgeServer::start(
-        m.clone(),
-        ServerConfig {
-            model_id: "smollm2".into(),
-            default_max_tokens: 6,
-            api_keys: ApiKeys::default(),
-        },
-        SchedulerConfig::default(),
-        common::prefix_config(&relay.url),
-    )
-    .unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(serve(l, state));
+    let addr = common::http_edge(&m, common::prefix_config(&relay.url)).await;
     let single = common::single_node_text(&m, SUPPORT, "Can I bring my bike?", 6);
 
     let first = tokio::task::spawn_blocking(move || ask(addr))

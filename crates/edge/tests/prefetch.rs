@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
-use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_engine::Model;
 use edgeprompt_protocol::cloud_kv_server::{CloudKv, CloudKvServer};
 use edgeprompt_protocol::fetch_request::Prompt;
@@ -85,24 +82,11 @@ async fn cloud(m: &Arc<Model>) -> (String, Arc<Mutex<Vec<String>>>) {
 }
 
 async fn edge(m: &Arc<Model>, cloud: &str, prefetch_bytes: usize) -> SocketAddr {
-    let state = EdgeServer::start(
-        m.clone(),
-        ServerConfig {
-            model_id: "smollm2".into(),
-            default_max_tokens: 6,
-            api_keys: ApiKeys::default(),
-        },
-        SchedulerConfig::default(),
-        edgeprompt_edge::prefixes::PrefixConfig {
-            prefetch_bytes,
-            ..common::prefix_config(cloud)
-        },
-    )
-    .unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(serve(l, state));
-    addr
+    let prefixes = edgeprompt_edge::prefixes::PrefixConfig {
+        prefetch_bytes,
+        ..common::prefix_config(cloud)
+    };
+    common::http_edge(m, prefixes).await
 }
 
 const USER: &str = "When is my next appointment?";

@@ -39,6 +39,30 @@ pub fn model() -> Arc<Model> {
         .clone()
 }
 
+/// An HTTP edge (open API, model id `smollm2`, 6 tokens by default, the default scheduler)
+/// looking prompts up with `prefixes`, on an ephemeral loopback port; its address.
+pub async fn http_edge(
+    m: &Arc<Model>,
+    prefixes: edgeprompt_edge::prefixes::PrefixConfig,
+) -> std::net::SocketAddr {
+    use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
+    let state = EdgeServer::start(
+        m.clone(),
+        ServerConfig {
+            model_id: "smollm2".into(),
+            default_max_tokens: 6,
+            api_keys: Default::default(),
+        },
+        Default::default(),
+        prefixes,
+    )
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, state));
+    addr
+}
+
 /// The single node's greedy answer of `n` tokens to `user` after `system`: the whole prompt
 /// prefilled at once, the reference every split answer must equal.
 pub fn single_node_text(m: &Model, system: &str, user: &str, n: usize) -> String {
