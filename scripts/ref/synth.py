@@ -68,6 +68,14 @@ ARCHS = {
         )
         for pre in ("default", "llama3", "smaug-bpe", "llama4")
     },
+    # A hybrid: six Gated DeltaNet layers and two gated attention layers (every fourth), value
+    # heads twice the key heads, partial RoPE in interleaved sections, and one MTP block after
+    # the trunk (which llama.cpp and the engine both leave unread).
+    "qwen35": dict(
+        arch="qwen35", tok="qwen05", pre="qwen35", n_embd=256, n_layer=8, n_head=4, n_kv=2,
+        head_dim=64, n_ff=512, rope_dims=16, sections=[3, 3, 2, 0], ssm=(4, 2, 4, 32),
+        attn_every=4, mtp=1, tied=True, rope_base=10000000.0,
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
@@ -97,6 +105,12 @@ BENCH = {
     "llama3.2-1b": dict(
         arch="llama", tok="qwen05", pre="llama-bpe", n_embd=2048, n_layer=16, n_head=32, n_kv=8,
         head_dim=64, n_ff=8192, rope_freqs=True, tied=True, rope_base=500000.0,
+    ),
+    # Qwen3.5-0.8B's shape (with Qwen2.5's 152k vocabulary for its 248k one).
+    "qwen35-0.8b": dict(
+        arch="qwen35", tok="qwen05", pre="qwen35", n_embd=1024, n_layer=24, n_head=8, n_kv=2,
+        head_dim=256, n_ff=3584, rope_dims=64, sections=[11, 11, 10, 0], ssm=(4, 16, 16, 128),
+        attn_every=4, tied=True, rope_base=10000000.0,
     ),
     "qwen3moe-a3b": dict(
         arch="qwen3moe", tok="qwen05", n_embd=2048, n_layer=4, n_head=32, n_kv=4, head_dim=128,
@@ -235,7 +249,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
     w.add_name("synthetic")
     w.add_context_length(s.get("context", 8192))
     w.add_embedding_length(d)
-    w.add_block_count(nl)
+    w.add_block_count(nl + s.get("mtp", 0))
     w.add_feed_forward_length(ff)
     w.add_head_count(nh)
     w.add_head_count_kv(nkv)
@@ -248,6 +262,17 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_rope_dimension_count(s["rope_dims"])
     if "window" in s:
         w.add_sliding_window(s["window"])
+    if "ssm" in s:
+        conv, kh, vh, sd = s["ssm"]
+        w.add_array(f"{arch}.rope.dimension_sections", s["sections"])
+        w.add_uint32(f"{arch}.ssm.conv_kernel", conv)
+        w.add_uint32(f"{arch}.ssm.group_count", kh)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", vh)
+        w.add_uint32(f"{arch}.ssm.state_size", sd)
+        w.add_uint32(f"{arch}.ssm.inner_size", vh * sd)
+        w.add_uint32(f"{arch}.full_attention_interval", s["attn_every"])
+    if s.get("mtp"):
+        w.add_uint32(f"{arch}.nextn_predict_layers", s["mtp"])
     if "attn_softcap" in s:
         w.add_attn_logit_softcapping(s["attn_softcap"])
         w.add_final_logit_softcapping(s["final_softcap"])
@@ -278,6 +303,9 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * g.rng.random(rot // 2)).astype(np.float32))
         w.add_tensor("rope_factors_long.weight", (1.0 + 4.0 * g.rng.random(rot // 2)).astype(np.float32))
     qd, kvd = nh * hd, nkv * hd
+    if "ssm" in s:
+        write_hybrid(w, g, s, fmt)
+        nl = 0
     for l in range(nl):
         p = f"blk.{l}"
         w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
@@ -314,6 +342,59 @@ def write(name: str, spec: dict, out: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_hybrid(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str):
+    """Qwen3.5's layers: Gated DeltaNet ones (fused QKV, output gate z, write strength beta and
+    decay input alpha per value head, a width-4 depthwise convolution, decay rates A < 0 and
+    their bias, the gated norm, the output) and, every `attn_every`-th, gated attention (Q
+    projected twice as wide, each head's Q rows then its gate's; Q/K norms); the norm before
+    the FFN is `post_attention_norm`. Then the MTP blocks, as a full-attention block with the
+    next-n projections."""
+    d, hd, nh, nkv, ff, nl = (s[k] for k in ("n_embd", "head_dim", "n_head", "n_kv", "n_ff", "n_layer"))
+    conv, kh, vh, sd = s["ssm"]
+    key, val = kh * sd, vh * sd
+
+    def attention(p):
+        add_matrix(w, f"{p}.attn_q.weight", g.matrix(2 * nh * hd, d), fmt, g.rng)
+        add_matrix(w, f"{p}.attn_k.weight", g.matrix(nkv * hd, d), fmt, g.rng)
+        add_matrix(w, f"{p}.attn_v.weight", g.matrix(nkv * hd, d), fmt, g.rng)
+        add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, nh * hd), fmt, g.rng)
+        w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(hd))
+        w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(hd))
+
+    def ffn(p):
+        add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
+
+    for l in range(nl):
+        p = f"blk.{l}"
+        w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
+        w.add_tensor(f"{p}.post_attention_norm.weight", g.norm(d))
+        if (l + 1) % s["attn_every"] == 0:
+            attention(p)
+        else:
+            add_matrix(w, f"{p}.attn_qkv.weight", g.matrix(2 * key + val, d), fmt, g.rng)
+            add_matrix(w, f"{p}.attn_gate.weight", g.matrix(val, d), fmt, g.rng)
+            w.add_tensor(f"{p}.ssm_conv1d.weight", g.matrix(2 * key + val, conv, 0.5))
+            w.add_tensor(f"{p}.ssm_dt.bias", (0.5 + 0.2 * g.rng.standard_normal(vh)).astype(np.float32))
+            # A = -exp(A_log), rates between 0.05 and 1: decays that keep a prompt in mind.
+            w.add_tensor(f"{p}.ssm_a", (-np.exp(g.rng.uniform(np.log(0.05), 0.0, vh))).astype(np.float32))
+            add_matrix(w, f"{p}.ssm_beta.weight", g.matrix(vh, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ssm_alpha.weight", g.matrix(vh, d), fmt, g.rng)
+            w.add_tensor(f"{p}.ssm_norm.weight", g.norm(sd))
+            add_matrix(w, f"{p}.ssm_out.weight", g.matrix(d, val), fmt, g.rng)
+        ffn(p)
+    for l in range(nl, nl + s.get("mtp", 0)):
+        p = f"blk.{l}"
+        w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
+        w.add_tensor(f"{p}.post_attention_norm.weight", g.norm(d))
+        attention(p)
+        ffn(p)
+        add_matrix(w, f"{p}.nextn.eh_proj.weight", g.matrix(d, 2 * d), fmt, g.rng)
+        w.add_tensor(f"{p}.nextn.enorm.weight", g.norm(d))
+        w.add_tensor(f"{p}.nextn.hnorm.weight", g.norm(d))
 
 
 def sha256(path: Path) -> str:

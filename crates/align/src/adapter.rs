@@ -259,6 +259,7 @@ impl AdapterSet {
 
     /// SLM layer `j`'s KV for the tokens the LLM computed `llm_kv` for (positions `0..`).
     pub fn map_layer(&self, llm: &Model, j: usize, llm_kv: &LayerKv) -> Result<LayerKv> {
+        crate::attention_only(llm)?;
         if llm.fingerprint != self.meta.llm_fingerprint {
             return Err(AlignError::Mismatch(
                 "the adapters were fitted for another LLM".into(),

@@ -47,6 +47,7 @@ pub fn collect(
     sampling: Sampling,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Calibration> {
+    crate::attention_only(model)?;
     let c = &model.cfg;
     let kv_width = c.n_kv_head * c.head_dim;
     let mut layers = vec![

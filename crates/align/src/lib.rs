@@ -32,3 +32,11 @@ pub use similarity::{compare, Similarity};
 
 #[cfg(test)]
 mod testutil;
+
+/// CE-LSLM maps attention KV only: a model with recurrent layers (Qwen3.5) is refused, named.
+pub fn attention_only(model: &edgeprompt_engine::Model) -> Result<()> {
+    match model.cfg.recurrent.iter().any(|&r| r) {
+        true => Err(AlignError::Recurrent(model.cfg.name.clone())),
+        false => Ok(()),
+    }
+}

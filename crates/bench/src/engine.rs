@@ -551,6 +551,7 @@ mod tests {
             rope_style: RopeStyle::Neox,
             rms_eps: 1e-6,
             window,
+            recurrent: vec![false; sliding.len()],
             sliding,
             rope_base_local: 1e4,
             features: edgeprompt_engine::config::Features::plain(16),

@@ -117,7 +117,9 @@ impl PrivateCache {
             .filter_map(|(i, e)| {
                 let p = e.kv.prefix_len();
                 let len = e.kv.shared_with(ids)?.min(ids.len().checked_sub(p + 1)?);
-                (len > 0 && p + len > min).then_some((i, len))
+                // A hybrid model's states exist only where the conversation ends.
+                let whole = !e.kv.has_state() || len == e.kv.token_ids.len();
+                (len > 0 && p + len > min && whole).then_some((i, len))
             })
             .max_by_key(|&(i, len)| {
                 (

@@ -36,6 +36,9 @@ pub struct ModelConfig {
     pub sliding: Vec<bool>,
     /// RoPE base of the sliding layers (Gemma 3: 10 000; the global layers use `rope_base`).
     pub rope_base_local: f32,
+    /// Per layer: whether it is a recurrent (Gated DeltaNet) layer, which keeps a state of
+    /// fixed size instead of KV (`features.delta_net` its shape).
+    pub recurrent: Vec<bool>,
     /// What the family's layers do beyond the plain transformer (`arch/`).
     pub features: Features,
 }
@@ -79,8 +82,15 @@ impl ModelConfig {
             Some(Value::Array(tokens)) => tokens.len(),
             _ => return Err(EngineError::Gguf("missing tokenizer.ggml.tokens".into())),
         };
-        let n_layer = m.usize("block_count")?;
+        // Blocks past the trunk are multi-token-prediction heads (Qwen3.5's MTP): not run.
+        let n_layer = m
+            .usize("block_count")?
+            .saturating_sub(m.usize("nextn_predict_layers").unwrap_or(0));
         let features = crate::arch::features(arch, &m, head_dim, n_embd)?;
+        let recurrent = match features.delta_net {
+            Some(_) => crate::arch::recurrent_layers(&m, n_layer)?,
+            None => vec![false; n_layer],
+        };
         let rope_base = m.f32("rope.freq_base").unwrap_or(10_000.0);
         let window = m
             .usize("attention.sliding_window")
@@ -112,6 +122,7 @@ impl ModelConfig {
             rms_eps: m.f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             window,
             sliding,
+            recurrent,
             rope_base_local: m
                 .f32("rope.freq_base_swa")
                 .or(features.window_rope_base)
@@ -139,14 +150,33 @@ impl ModelConfig {
     }
 
     /// First position of a `prompt_len`-token prefix that layer `l` can still show to a token
-    /// after it: the window cut (0 on full-attention layers).
+    /// after it: the window cut (0 on full-attention layers; all of it on a recurrent layer,
+    /// whose state holds what it keeps of the prefix).
     pub fn visible_from(&self, l: usize, prompt_len: usize) -> usize {
+        if self.is_recurrent(l) {
+            return prompt_len;
+        }
         window_start(self.window_of(l), prompt_len)
     }
 
-    /// f16 K+V bytes per token over all layers (before any window cut).
+    /// Whether layer `l` is a recurrent (DeltaNet) layer.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.recurrent.get(l).copied().unwrap_or(false)
+    }
+
+    /// f16 K+V bytes per token over the attention layers (before any window cut).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * 2 * self.n_layer * self.n_kv_head * self.head_dim
+        let attention = self.recurrent.iter().filter(|&&r| !r).count();
+        2 * 2 * attention * self.n_kv_head * self.head_dim
+    }
+
+    /// Bytes of the recurrent layers' states (the same after any number of tokens; 0 for a
+    /// model without such layers).
+    pub fn state_bytes(&self) -> usize {
+        let layers = self.recurrent.iter().filter(|&&r| r).count();
+        self.features
+            .delta_net
+            .map_or(0, |s| layers * s.state_bytes())
     }
 
     pub fn group_size(&self) -> usize {

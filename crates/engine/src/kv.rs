@@ -7,6 +7,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::config::ModelConfig;
+use crate::recurrent::Recurrent;
 use crate::{EngineError, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +21,9 @@ pub struct LayerKv {
     /// `k[h]` holds `len * head_dim` values: token-major rows of KV head `h`.
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
+    /// A recurrent layer's state after position `end()` (such a layer holds no K/V rows: its
+    /// positions are all cut, the state keeps what later tokens need of them).
+    pub state: Option<Arc<Recurrent>>,
 }
 
 impl LayerKv {
@@ -31,6 +35,16 @@ impl LayerKv {
             len: 0,
             k: vec![Vec::new(); n_kv_head],
             v: vec![Vec::new(); n_kv_head],
+            state: None,
+        }
+    }
+
+    /// A recurrent layer after position `end`: no rows, the state.
+    pub fn recurrent(n_kv_head: usize, head_dim: usize, end: usize, state: Arc<Recurrent>) -> Self {
+        Self {
+            start: end,
+            state: Some(state),
+            ..Self::new(n_kv_head, head_dim)
         }
     }
 
@@ -53,6 +67,7 @@ impl LayerKv {
             len,
             k,
             v,
+            state: None,
         })
     }
 
@@ -88,6 +103,7 @@ impl LayerKv {
             len: self.len - drop,
             k: self.k.iter().map(|h| h[drop * d..].to_vec()).collect(),
             v: self.v.iter().map(|h| h[drop * d..].to_vec()).collect(),
+            state: self.state.clone(),
         }
     }
 
@@ -134,9 +150,10 @@ impl LayerKv {
         rows(&self.v, self.len, self.head_dim)
     }
 
-    /// Bytes of K and V.
+    /// Bytes of K and V, and of a recurrent layer's state.
     pub fn bytes(&self) -> usize {
         2 * 2 * self.len * self.n_kv_head * self.head_dim
+            + self.state.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// This layer's positions followed by `next`'s (the positions right after them).
@@ -195,6 +212,12 @@ impl<'a> LayerSpan<'a> {
         &self.kv.v[head][..self.len * self.kv.head_dim]
     }
 
+    /// A recurrent layer's state (at the end of the layer's positions: a sequence continues
+    /// kept positions of a hybrid model only from their end).
+    pub fn state(&self) -> Option<&'a Arc<Recurrent>> {
+        self.kv.state.as_ref()
+    }
+
     /// These positions followed by `next`'s (the positions right after them), copied.
     pub fn joined(&self, next: &LayerKv) -> Result<LayerKv> {
         let kv = self.kv;
@@ -217,6 +240,7 @@ impl<'a> LayerSpan<'a> {
             len: self.len + next.len,
             k: cat(&kv.k, &next.k),
             v: cat(&kv.v, &next.v),
+            state: next.state.clone().or_else(|| kv.state.clone()),
         })
     }
 }
@@ -263,6 +287,11 @@ impl PrefixKv {
                 .map(|l| {
                     let mut l = LayerKv::clone(l);
                     l.truncate(n.saturating_sub(l.start()));
+                    if l.state.is_some() {
+                        // A recurrent state is not the one at `n`: none, which no model takes.
+                        l.state = None;
+                        l.start = n;
+                    }
                     Arc::new(l)
                 })
                 .collect(),
@@ -298,6 +327,7 @@ impl PrefixKv {
             {
                 return Err(misfit(&format!("layer {i}"), l, cfg, from, self.n_tokens()));
             }
+            check_state(cfg, i, l, self.n_tokens())?;
         }
         Ok(())
     }
@@ -372,6 +402,12 @@ impl ContinuedKv {
         )
     }
 
+    /// Whether it holds recurrent states: then a turn continues it only from its end (the
+    /// states exist nowhere else).
+    pub fn has_state(&self) -> bool {
+        self.layers.iter().any(|l| l.state.is_some())
+    }
+
     /// Bytes of these positions' K and V (the prefix's not counted).
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(|l| l.bytes()).sum()
@@ -393,16 +429,43 @@ impl ContinuedKv {
         }
         let (from, to) = (self.prefix_len(), self.n_tokens());
         for (i, l) in self.layers.iter().enumerate() {
+            // A recurrent layer keeps no rows: its state is at the end.
+            let first = if cfg.is_recurrent(i) { to } else { from };
             if l.n_kv_head != cfg.n_kv_head
                 || l.head_dim != cfg.head_dim
-                || l.start() != from
+                || l.start() != first
                 || l.end() != to
             {
-                return Err(misfit(&format!("kept layer {i}"), l, cfg, from, to));
+                return Err(misfit(&format!("kept layer {i}"), l, cfg, first, to));
             }
+            check_state(cfg, i, l, to)?;
         }
         Ok(())
     }
+}
+
+/// Layer `i` holds a state of `cfg`'s shape, finite, exactly when it is a recurrent layer
+/// after at least one position.
+fn check_state(cfg: &ModelConfig, i: usize, l: &LayerKv, end: usize) -> Result<()> {
+    let ok = match (cfg.is_recurrent(i), &l.state, &cfg.features.delta_net) {
+        (false, None, _) => true,
+        (false, Some(_), _) => false,
+        (true, None, _) => end == 0,
+        (true, Some(st), Some(shape)) => st.fits(shape),
+        (true, Some(_), None) => false,
+    };
+    if !ok {
+        return Err(EngineError::KvMismatch(format!(
+            "layer {i}: {} state where the model {} one",
+            if l.state.is_some() { "a" } else { "no" },
+            if cfg.is_recurrent(i) {
+                "keeps a finite recurrent state of its own shape as"
+            } else {
+                "has no recurrent"
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// `what` (a layer) does not have the shape and positions `from..to` that `cfg` expects.

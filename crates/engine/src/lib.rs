@@ -19,6 +19,7 @@ pub mod model;
 mod moe;
 mod par;
 mod pool;
+pub mod recurrent;
 pub mod rope;
 pub mod sample;
 pub mod sequence;

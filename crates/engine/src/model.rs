@@ -11,11 +11,12 @@ use crate::attention::{attend_batch_kept, KeptView, KvView, Scores};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, ModelConfig};
 use crate::kv::{LayerKv, LayerSpan, PrefixKv};
+use crate::recurrent::{convolve, head, Params, Recurrent, Rows};
 use crate::rope::Rope;
 use crate::sample::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{Ffn, Linear, Weights};
+use crate::weights::{Attention, DeltaNetWeights, Ffn, Linear, Mixer, Weights};
 use crate::{EngineError, Result};
 
 /// Longest context the RoPE table is built for, whatever the GGUF claims.
@@ -53,7 +54,7 @@ pub struct Model {
 #[derive(Default)]
 pub struct Scratch {
     h: Vec<f32>,
-    qkv: [Vec<f32>; 3],
+    qkv: [Vec<f32>; 4],
     attn: Vec<f32>,
     o: Vec<f32>,
     gate_up: [Vec<f32>; 2],
@@ -92,6 +93,17 @@ pub struct LayerInput<'a> {
 }
 
 impl LayerInput<'_> {
+    /// The recurrent state this part's rows continue: its own, else the kept positions', else
+    /// the prefix's, else the state before any token.
+    fn start_state(&self, s: &crate::recurrent::DeltaNet) -> Arc<Recurrent> {
+        self.private
+            .state
+            .clone()
+            .or_else(|| self.kept.and_then(|k| k.state().cloned()))
+            .or_else(|| self.prefix.and_then(|p| p.state.clone()))
+            .unwrap_or_else(|| Arc::new(Recurrent::zero(s)))
+    }
+
     /// Positions before the private KV.
     fn before(&self) -> usize {
         self.kept
@@ -239,9 +251,17 @@ impl Model {
             )));
         }
         let w = &self.weights.layers[l];
+        let a = match &w.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::DeltaNet(_) => {
+                return Err(EngineError::Input(format!(
+                    "layer {l} is recurrent: it has no queries"
+                )))
+            }
+        };
         let h = rms_norm(x, &w.attn_norm, c.rms_eps);
-        let mut q = w.wq.forward(&h, rows)?;
-        if let Some(n) = &w.q_norm {
+        let mut q = a.wq.forward(&h, rows)?;
+        if let Some(n) = &a.q_norm {
             q = rms_norm(&q, n, c.rms_eps);
         }
         if let Some(r) = self.rope(l) {
@@ -362,18 +382,66 @@ impl Model {
         let c = &self.cfg;
         let w = &self.weights.layers[l];
         let rows: usize = parts.iter().map(|p| p.rows).sum();
-        let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.q_dim());
+        rms_norm_into(x, &w.attn_norm, c.rms_eps, &mut scratch.h);
+        match &w.mixer {
+            Mixer::Attention(a) => self.attention_rows(l, a, parts, rows, scratch)?,
+            Mixer::DeltaNet(d) => self.delta_net_rows(d, parts, rows, scratch)?,
+        }
         let Scratch {
             h,
-            qkv,
-            attn,
             o,
             gate_up,
             down,
+            ..
         } = scratch;
-        rms_norm_into(x, &w.attn_norm, c.rms_eps, h);
-        Linear::forward_many_into(&[&w.wq, &w.wk, &w.wv], h, rows, qkv)?;
-        let [q, k, v] = qkv;
+        let f = &c.features;
+        if let Some(n) = &w.post_attn_norm {
+            rms_norm_in_place(o, n, c.rms_eps);
+        }
+        scale_in_place(o, f.residual_scale);
+        add_in_place(x, o, c.n_embd);
+        rms_norm_into(x, &w.ffn_norm, c.rms_eps, h);
+        match &w.ffn {
+            Ffn::Dense {
+                gate,
+                up,
+                down: w_down,
+            } => {
+                Linear::forward_many_into(&[gate, up], h, rows, gate_up)?;
+                let [g, u] = gate_up;
+                gated_par(g, u, c.n_ff, f.gelu);
+                Linear::forward_many_into(&[w_down], g, rows, std::slice::from_mut(down))?;
+            }
+            Ffn::Experts(experts) => crate::moe::forward(experts, h, rows, f.gelu, down)?,
+        }
+        if let Some(n) = &w.post_ffn_norm {
+            rms_norm_in_place(down, n, c.rms_eps);
+        }
+        scale_in_place(down, f.residual_scale);
+        add_in_place(x, down, c.n_embd);
+        Ok(())
+    }
+
+    /// Attention of the normed rows `scratch.h` over each part's KV (the new rows' K/V appended
+    /// to its private cache); the output projection in `scratch.o`.
+    fn attention_rows(
+        &self,
+        l: usize,
+        w: &Attention,
+        parts: &mut [LayerInput],
+        rows: usize,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.q_dim());
+        let Scratch {
+            h, qkv, attn, o, ..
+        } = scratch;
+        match &w.gate {
+            Some(g) => Linear::forward_many_into(&[&w.wq, &w.wk, &w.wv, g], h, rows, qkv)?,
+            None => Linear::forward_many_into(&[&w.wq, &w.wk, &w.wv], h, rows, &mut qkv[..3])?,
+        }
+        let [q, k, v, gate] = qkv;
         if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
             rms_norm_in_place(q, qn, c.rms_eps);
             rms_norm_in_place(k, kn, c.rms_eps);
@@ -424,32 +492,96 @@ impl Model {
             cap: f.attn_softcap,
         };
         attend_batch_kept(q, &views, c.n_head, hd, c.window_of(l), scores, attn);
-        Linear::forward_many_into(&[&w.wo], attn, rows, std::slice::from_mut(o))?;
-        if let Some(n) = &w.post_attn_norm {
-            rms_norm_in_place(o, n, c.rms_eps);
+        if w.gate.is_some() {
+            crate::par::rows2(attn, gate, qw, &|a, g| {
+                for (a, &g) in a.iter_mut().zip(g) {
+                    *a *= crate::recurrent::sigmoid(g);
+                }
+            });
         }
-        scale_in_place(o, f.residual_scale);
-        add_in_place(x, o, c.n_embd);
-        rms_norm_into(x, &w.ffn_norm, c.rms_eps, h);
-        match &w.ffn {
-            Ffn::Dense {
-                gate,
-                up,
-                down: w_down,
-            } => {
-                Linear::forward_many_into(&[gate, up], h, rows, gate_up)?;
-                let [g, u] = gate_up;
-                gated_par(g, u, c.n_ff, f.gelu);
-                Linear::forward_many_into(&[w_down], g, rows, std::slice::from_mut(down))?;
+        Linear::forward_many_into(&[&w.wo], attn, rows, std::slice::from_mut(o))
+    }
+
+    /// The Gated DeltaNet of the normed rows `scratch.h`: each part's rows continue its state
+    /// (its own, else the kept positions' or the prefix's, else zero) token by token, the
+    /// state kept in its private layer; the output projection in `scratch.o`.
+    fn delta_net_rows(
+        &self,
+        w: &DeltaNetWeights,
+        parts: &mut [LayerInput],
+        rows: usize,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let Some(s) = self.cfg.features.delta_net else {
+            return Err(EngineError::Input(
+                "a DeltaNet layer without its shape".into(),
+            ));
+        };
+        let Scratch {
+            h, qkv, attn, o, ..
+        } = scratch;
+        Linear::forward_many_into(&[&w.qkv, &w.z, &w.beta, &w.alpha], h, rows, qkv)?;
+        let [qkv, z, beta, alpha] = &*qkv;
+        let p = Params {
+            conv: &w.conv,
+            dt_bias: &w.dt_bias,
+            a: &w.a,
+            norm: &w.norm,
+            eps: self.cfg.rms_eps,
+        };
+        let (cd, vd, nh) = (s.conv_dim(), s.value_dim(), s.v_heads);
+        // Per part: its rows, its state (taken out to be moved on), its convolved rows.
+        let mut at = 0;
+        let mut states = Vec::with_capacity(parts.len());
+        let mut inputs = Vec::with_capacity(parts.len());
+        for part in parts.iter_mut() {
+            let r = Rows {
+                qkv: &qkv[at * cd..(at + part.rows) * cd],
+                z: &z[at * vd..(at + part.rows) * vd],
+                beta: &beta[at * nh..(at + part.rows) * nh],
+                alpha: &alpha[at * nh..(at + part.rows) * nh],
+                rows: part.rows,
+            };
+            at += part.rows;
+            let mut state = part.start_state(&s);
+            let x = convolve(&s, &p, Arc::make_mut(&mut state), &r);
+            states.push(state);
+            inputs.push((r, x));
+        }
+        // Every (part, value head) alone over the pool: a head's tokens in order.
+        let d = s.head_dim;
+        let mut jobs: Vec<(usize, usize, &mut [f32], Vec<f32>)> = Vec::new();
+        for (i, st) in states.iter_mut().enumerate() {
+            let rows_i = inputs[i].0.rows;
+            for (hh, m) in Arc::make_mut(st).matrix.chunks_exact_mut(d * d).enumerate() {
+                jobs.push((i, hh, m, vec![0f32; rows_i * d]));
             }
-            Ffn::Experts(experts) => crate::moe::forward(experts, h, rows, f.gelu, down)?,
         }
-        if let Some(n) = &w.post_ffn_norm {
-            rms_norm_in_place(down, n, c.rms_eps);
+        crate::par::each(&mut jobs, 2, &|_, (i, hh, m, out)| {
+            let (r, x) = &inputs[*i];
+            head(&s, &p, *hh, m, x, r, out);
+        });
+        // Heads' rows side by side, parts one after another.
+        attn.resize(rows * vd, 0.0);
+        let firsts: Vec<usize> = inputs
+            .iter()
+            .scan(0, |at, (r, _)| {
+                let first = *at;
+                *at += r.rows;
+                Some(first)
+            })
+            .collect();
+        for (i, hh, _, out) in &jobs {
+            for (t, head_row) in out.chunks_exact(d).enumerate() {
+                let at = (firsts[*i] + t) * vd + hh * d;
+                attn[at..at + d].copy_from_slice(head_row);
+            }
         }
-        scale_in_place(down, f.residual_scale);
-        add_in_place(x, down, c.n_embd);
-        Ok(())
+        drop(jobs);
+        for (part, st) in parts.iter_mut().zip(states) {
+            part.private.state = Some(st);
+        }
+        Linear::forward_many_into(&[&w.out], attn, rows, std::slice::from_mut(o))
     }
 
     /// Logits for hidden rows `x` (`[rows, n_embd]`) -> `[rows, vocab]`.
@@ -579,11 +711,14 @@ impl Model {
     /// The logits a single node has after the prompt `prefix` holds: its last token run again
     /// on the KV of the others (row arithmetic does not depend on the chunking, so this is the
     /// row the cloud computed). `None` when a sliding window already cut a position that
-    /// token needs.
+    /// token needs, or a recurrent layer holds only the state after it.
     pub fn prefix_logits(&self, prefix: &PrefixKv) -> Result<Option<Vec<f32>>> {
         let Some((&last, before)) = prefix.token_ids.split_last() else {
             return Ok(None);
         };
+        if prefix.layers.iter().any(|l| l.state.is_some()) {
+            return Ok(None);
+        }
         let n = before.len();
         let cut = PrefixKv {
             fingerprint: prefix.fingerprint.clone(),

@@ -53,6 +53,15 @@ impl Sequence {
     /// they are what this sequence would compute there itself.
     pub fn continuing_first(model: &Model, kept: Arc<ContinuedKv>, n: usize) -> Result<Self> {
         kept.check_fits(&model.cfg, &model.fingerprint)?;
+        // A recurrent layer's state exists only where the kept positions end.
+        let hybrid = model.cfg.recurrent.iter().any(|&r| r);
+        if hybrid && n != kept.token_ids.len() {
+            return Err(crate::EngineError::Input(format!(
+                "{n} of {} kept positions asked of a model with recurrent layers: its state is \
+                 kept only where they end",
+                kept.token_ids.len()
+            )));
+        }
         if n > kept.token_ids.len() {
             return Err(crate::EngineError::Input(format!(
                 "{n} kept positions asked of {}",
@@ -148,11 +157,16 @@ impl Sequence {
         let Some(p) = &self.prefix else {
             return self.export_prefix(model);
         };
+        let end = self.len();
         let layers = p
             .layers
             .iter()
             .zip(&self.kv)
-            .map(|(a, b)| a.joined(b).map(Arc::new))
+            .enumerate()
+            .map(|(l, (a, b))| match model.cfg.is_recurrent(l) {
+                true => Ok(Arc::new(settled(b, a.state.as_ref(), end))),
+                false => a.joined(b).map(Arc::new),
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut token_ids = p.token_ids.clone();
         token_ids.extend_from_slice(&self.tokens);
@@ -167,17 +181,34 @@ impl Sequence {
     /// that continue it: what a later turn continues from, the prefix held rather than copied.
     pub fn export_continued(&self, model: &Model) -> Result<ContinuedKv> {
         let from = self.prefix.as_ref().map_or(0, |p| p.n_tokens());
+        let end = self.len();
+        let earlier = |l: usize| {
+            let kept = self.kept.as_ref().and_then(|k| k.layers[l].state.as_ref());
+            kept.or_else(|| {
+                self.prefix
+                    .as_ref()
+                    .and_then(|p| p.layers[l].state.as_ref())
+            })
+        };
         let layers = match &self.kept {
             Some(k) => k
                 .layers
                 .iter()
                 .zip(&self.kv)
-                .map(|(a, b)| a.first(self.kept_len).joined(b).map(Arc::new))
+                .enumerate()
+                .map(|(l, (a, b))| match model.cfg.is_recurrent(l) {
+                    true => Ok(Arc::new(settled(b, earlier(l), end))),
+                    false => a.first(self.kept_len).joined(b).map(Arc::new),
+                })
                 .collect::<Result<Vec<_>>>()?,
             None => self
                 .kv
                 .iter()
-                .map(|l| Arc::new(l.clone().starting_at(from)))
+                .enumerate()
+                .map(|(l, b)| match model.cfg.is_recurrent(l) {
+                    true => Arc::new(settled(b, earlier(l), end)),
+                    false => Arc::new(b.clone().starting_at(from)),
+                })
                 .collect(),
         };
         let mut token_ids = self
@@ -201,12 +232,35 @@ impl Sequence {
                 "a sequence that already has a prefix cannot be exported as one".into(),
             ));
         }
+        let end = self.tokens.len();
         Ok(PrefixKv {
             fingerprint: model.fingerprint.clone(),
             token_ids: self.tokens.clone(),
-            layers: self.kv.iter().map(|l| Arc::new(l.clone())).collect(),
+            layers: self
+                .kv
+                .iter()
+                .enumerate()
+                .map(|(l, b)| match model.cfg.is_recurrent(l) {
+                    true => Arc::new(settled(b, None, end)),
+                    false => Arc::new(b.clone()),
+                })
+                .collect(),
         })
     }
+}
+
+/// A recurrent layer as a prefix or kept positions ending at `end` hold it: no rows, and the
+/// sequence's own state (`private`'s) or, when it ran no token past them, the earlier one.
+fn settled(
+    private: &LayerKv,
+    earlier: Option<&Arc<crate::recurrent::Recurrent>>,
+    end: usize,
+) -> LayerKv {
+    let mut l = LayerKv::new(private.n_kv_head, private.head_dim);
+    if let Some(st) = private.state.as_ref().or(earlier) {
+        l = LayerKv::recurrent(private.n_kv_head, private.head_dim, end, st.clone());
+    }
+    l.starting_at(end)
 }
 
 /// A prefill run one layer at a time against a prefix that arrives layer by layer (the edge's
@@ -249,10 +303,16 @@ impl PrefillPass {
             return Err(crate::EngineError::Input("all layers already ran".into()));
         }
         let fits = |p: &LayerKv| {
+            let state = match (&p.state, &model.cfg.features.delta_net) {
+                (Some(st), Some(shape)) => model.cfg.is_recurrent(l) && st.fits(shape),
+                (Some(_), None) => false,
+                (None, _) => !model.cfg.is_recurrent(l) || self.prefix_len == 0,
+            };
             p.end() == self.prefix_len
                 && p.start() <= model.cfg.visible_from(l, self.prefix_len)
                 && p.n_kv_head == model.cfg.n_kv_head
                 && p.head_dim == model.cfg.head_dim
+                && state
         };
         if !prefix.map_or(self.prefix_len == 0, fits) {
             let (n, h, d) = prefix.map_or((0, 0, 0), |p| (p.end(), p.n_kv_head, p.head_dim));
@@ -290,10 +350,20 @@ impl PrefillPass {
                 "pass is not a finished prefix-free pass".into(),
             ));
         }
+        let end = self.ids.len();
+        let layers = self
+            .kv
+            .into_iter()
+            .enumerate()
+            .map(|(l, b)| match model.cfg.is_recurrent(l) {
+                true => Arc::new(settled(&b, None, end)),
+                false => Arc::new(b),
+            })
+            .collect();
         Ok(PrefixKv {
             fingerprint: model.fingerprint.clone(),
             token_ids: self.ids,
-            layers: self.kv.into_iter().map(Arc::new).collect(),
+            layers,
         })
     }
 

@@ -38,6 +38,8 @@ const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 /// Qwen2's split pattern (single digits, case-insensitive contractions).
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's: Qwen2's with combining marks kept in letter runs.
+const QWEN35_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's split pattern (digits in groups of up to three).
 /// GPT-4o's (Phi-4-mini, Llama 4): case runs split, digits in threes, `/` kept with the line end.
 const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -316,6 +318,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         |use_regex: bool| -> PreTokenizerWrapper { ByteLevel::new(false, false, use_regex).into() };
     Ok(match pre {
         "qwen2" => Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]).into(),
+        "qwen35" => Sequence::new(vec![split(QWEN35_PATTERN)?, byte_level(false)]).into(),
         "llama3" | "llama-bpe" | "smaug-bpe" => {
             Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]).into()
         }
@@ -338,7 +341,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         .into(),
         other => {
             return Err(EngineError::Unsupported(format!(
-                "pre-tokenizer {other:?} (supported: qwen2, llama-bpe/llama3/smaug-bpe, smollm, refact, gpt-4o/llama4, default)"
+                "pre-tokenizer {other:?} (supported: qwen2, qwen35, llama-bpe/llama3/smaug-bpe, smollm, refact, gpt-4o/llama4, default)"
             )))
         }
     })

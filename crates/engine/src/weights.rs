@@ -11,6 +11,7 @@ use crate::config::ModelConfig;
 use crate::dequant;
 use crate::gguf::{Content, Dtype};
 use crate::kernels::{Carver, FloatMatrix, Floats, Format, QMatrix, Slab};
+use crate::recurrent::DeltaNet;
 use crate::{EngineError, Result};
 
 /// A weight matrix: the packed kernels for the quantized formats, the float GEMM for F32,
@@ -217,18 +218,58 @@ impl Linear {
 
 pub(crate) struct LayerWeights {
     pub attn_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+    /// Norms of the attention and FFN outputs (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// What mixes a layer's positions: attention over KV, or a Gated DeltaNet's recurrence.
+pub(crate) enum Mixer {
+    Attention(Attention),
+    DeltaNet(DeltaNetWeights),
+}
+
+pub(crate) struct Attention {
     pub wq: Linear,
     pub wk: Linear,
     pub wv: Linear,
     pub wo: Linear,
-    pub ffn_norm: Vec<f32>,
-    pub ffn: Ffn,
-    /// Per-head norms of Q and K (Qwen3, Gemma 3), and norms of the attention and FFN
-    /// outputs (Gemma).
+    /// Per-head norms of Q and K (Qwen3, Gemma 3, Qwen3.5).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    /// The output gate's projection (Qwen3.5: Q's second half per head).
+    pub gate: Option<Linear>,
+}
+
+/// A Gated DeltaNet layer (`recurrent.rs`): Q, K and V in one projection, the output gate,
+/// the write strength and decay inputs per value head, the convolution's taps, and the output.
+pub(crate) struct DeltaNetWeights {
+    pub qkv: Linear,
+    pub z: Linear,
+    pub beta: Linear,
+    pub alpha: Linear,
+    pub conv: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    pub a: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub out: Linear,
+}
+
+impl Mixer {
+    /// Every matrix it holds, in the order a token runs them.
+    fn matrices(&self) -> Vec<&Linear> {
+        match self {
+            Mixer::Attention(a) => [&a.wq, &a.wk, &a.wv]
+                .into_iter()
+                .chain(&a.gate)
+                .chain([&a.wo])
+                .collect(),
+            Mixer::DeltaNet(x) => vec![&x.qkv, &x.z, &x.beta, &x.alpha, &x.out],
+        }
+    }
 }
 
 /// A layer's feed-forward block: the gated MLP, or a mixture of experts in its place.
@@ -369,58 +410,67 @@ impl Loader<'_> {
     /// alone: one of fused Q/K/V, gate/up, or one expert of a stack. Rows of a quantized
     /// matrix are whole blocks, so the cut is exact.
     fn rows(&mut self, name: &str, e: usize, first: usize, n: usize) -> Result<Matrix> {
+        self.gather(name, e, &[(first, n)])
+    }
+
+    /// The row ranges `(first, n)` of matrix `e` of the stack `name`, in that order, as one
+    /// matrix (Qwen3.5's Q rows, interleaved per head with its gate's).
+    fn gather(&mut self, name: &str, e: usize, ranges: &[(usize, usize)]) -> Result<Matrix> {
         let info = self
             .content
             .tensor_infos
             .get(name)
             .ok_or_else(|| EngineError::Gguf(format!("missing tensor {name}")))?;
-        let bad = || {
-            EngineError::Gguf(format!(
-                "tensor {name}: rows {first}..{} of matrix {e}",
-                first + n
-            ))
-        };
+        let n: usize = ranges.iter().map(|r| r.1).sum();
+        let bad = || EngineError::Gguf(format!("tensor {name}: {n} rows of matrix {e}"));
         let (stack, rows, k) = match info.dims[..] {
             [rows, k] => (1, rows, k),
             [stack, rows, k] => (stack, rows, k),
             _ => return Err(bad()),
         };
-        if e >= stack || first + n > rows {
+        if e >= stack || ranges.iter().any(|&(f, m)| f + m > rows) {
             return Err(bad());
         }
         let dtype = info.dtype;
-        let Some(f) = own_format(dtype) else {
-            if !dequant::runs(dtype) {
+        let base = self.content.tensor_data_offset + info.offset;
+        let own = own_format(dtype);
+        let row_bytes = match own {
+            Some(f) => QMatrix::gguf_bytes(f, 1, k),
+            None if dequant::runs(dtype) => dtype.bytes(k),
+            None => {
                 return Err(EngineError::Unsupported(format!(
                     "tensor {name} is in {dtype}, a format this engine does not run"
-                )));
+                )))
             }
-            let row_bytes = dtype.bytes(k).ok_or_else(bad)?;
-            let mut raw = vec![0u8; n * row_bytes];
-            let start = self.content.tensor_data_offset
-                + info.offset
-                + ((e * rows + first) * row_bytes) as u64;
-            self.reader
-                .seek(SeekFrom::Start(start))
-                .and_then(|_| self.reader.read_exact(&mut raw))
-                .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-            *self.type_bytes.entry(dtype).or_default() += raw.len();
+        }
+        .ok_or_else(bad)?;
+        let mut read = |into: &mut [u8]| -> Result<()> {
+            let mut at = 0;
+            for &(first, m) in ranges {
+                let start = base + ((e * rows + first) * row_bytes) as u64;
+                let len = m * row_bytes;
+                self.reader
+                    .seek(SeekFrom::Start(start))
+                    .and_then(|_| self.reader.read_exact(&mut into[at..at + len]))
+                    .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
+                at += len;
+            }
+            Ok(())
+        };
+        let bytes = n * row_bytes;
+        let Some(f) = own else {
+            let mut raw = vec![0u8; bytes];
+            read(&mut raw)?;
+            *self.type_bytes.entry(dtype).or_default() += bytes;
             return float_matrix(name, dtype, &raw, n, k);
         };
-        let row_bytes = QMatrix::gguf_bytes(f, 1, k).ok_or_else(bad)?;
-        let bytes = n * row_bytes;
         let packed = QMatrix::packed_bytes(f, n, k).ok_or_else(bad)?;
-        let start =
-            self.content.tensor_data_offset + info.offset + ((e * rows + first) * row_bytes) as u64;
         let mut slab = match self.carver.take(packed) {
             Some(slab) => slab,
             None => Slab::alone(packed).map_err(|e| EngineError::Gguf(format!("{name}: {e}")))?,
         };
-        self.reader
-            .seek(SeekFrom::Start(start))
-            .and_then(|_| self.reader.read_exact(&mut slab[..bytes]))
-            .map_err(|e| EngineError::Gguf(format!("tensor {name}: {e}")))?;
-        *self.type_bytes.entry(info.dtype).or_default() += bytes;
+        read(&mut slab[..bytes])?;
+        *self.type_bytes.entry(dtype).or_default() += bytes;
         QMatrix::from_gguf(f, n, k, slab)
             .map(Matrix::Own)
             .ok_or_else(bad)
@@ -447,6 +497,91 @@ impl Loader<'_> {
             bias: None,
             out_dim,
             in_dim,
+        })
+    }
+
+    /// An attention layer's weights: Q, K and V (fused in one matrix for Phi), the output,
+    /// Q/K norms, and Qwen3.5's output gate (each head's Q rows followed by its gate's).
+    fn attention(&mut self, p: &str, cfg: &ModelConfig) -> Result<Attention> {
+        let f = &cfg.features;
+        let d = cfg.n_embd;
+        let kv = cfg.n_kv_head * cfg.head_dim;
+        let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
+        let (wq, gate) = if f.attn_gate {
+            let name = format!("{p}.attn_q.weight");
+            let half = |off: usize| -> Vec<(usize, usize)> {
+                (0..cfg.n_head).map(|h| (2 * h * hd + off, hd)).collect()
+            };
+            let q = self.gather(&name, 0, &half(0))?;
+            let g = self.gather(&name, 0, &half(hd))?;
+            let lin = |w: Matrix| -> Result<Linear> {
+                if w.dims() != (qd, d) {
+                    return Err(EngineError::Gguf(format!(
+                        "{name} has rows of {} values, expected {d}",
+                        w.dims().1
+                    )));
+                }
+                Ok(Linear {
+                    weight: Arc::new(w),
+                    bias: None,
+                    out_dim: qd,
+                    in_dim: d,
+                })
+            };
+            (lin(q)?, Some(lin(g)?))
+        } else if f.fused {
+            let qkv = format!("{p}.attn_qkv.weight");
+            (self.linear_rows(&qkv, 0, 0, qd, d)?, None)
+        } else {
+            (
+                self.linear(&format!("{p}.attn_q"), f.qkv_bias, d, qd)?,
+                None,
+            )
+        };
+        let (wk, wv) = if f.fused {
+            let qkv = format!("{p}.attn_qkv.weight");
+            (
+                self.linear_rows(&qkv, 0, qd, kv, d)?,
+                self.linear_rows(&qkv, 0, qd + kv, kv, d)?,
+            )
+        } else {
+            (
+                self.linear(&format!("{p}.attn_k"), f.qkv_bias, d, kv)?,
+                self.linear(&format!("{p}.attn_v"), f.qkv_bias, d, kv)?,
+            )
+        };
+        let mut norm = |name: &str| -> Result<Option<Vec<f32>>> {
+            f.qk_norm
+                .then(|| self.vector(&format!("{p}.{name}.weight"), hd))
+                .transpose()
+        };
+        Ok(Attention {
+            q_norm: norm("attn_q_norm")?,
+            k_norm: norm("attn_k_norm")?,
+            wq,
+            wk,
+            wv,
+            wo: self.linear(&format!("{p}.attn_output"), false, qd, d)?,
+            gate,
+        })
+    }
+
+    /// A Gated DeltaNet layer's weights (llama.cpp's names), every size checked against `s`.
+    fn delta_net(&mut self, p: &str, s: &DeltaNet, d: usize) -> Result<DeltaNetWeights> {
+        let conv = self.vector(
+            &format!("{p}.ssm_conv1d.weight"),
+            s.conv_dim() * s.conv_kernel,
+        )?;
+        Ok(DeltaNetWeights {
+            qkv: self.linear(&format!("{p}.attn_qkv"), false, d, s.conv_dim())?,
+            z: self.linear(&format!("{p}.attn_gate"), false, d, s.value_dim())?,
+            beta: self.linear(&format!("{p}.ssm_beta"), false, d, s.v_heads)?,
+            alpha: self.linear(&format!("{p}.ssm_alpha"), false, d, s.v_heads)?,
+            conv,
+            dt_bias: self.vector(&format!("{p}.ssm_dt.bias"), s.v_heads)?,
+            a: self.vector(&format!("{p}.ssm_a"), s.v_heads)?,
+            norm: self.vector(&format!("{p}.ssm_norm.weight"), s.head_dim)?,
+            out: self.linear(&format!("{p}.ssm_out"), false, s.value_dim(), d)?,
         })
     }
 
@@ -508,8 +643,6 @@ impl Weights {
             type_bytes: Default::default(),
         };
         let d = cfg.n_embd;
-        let kv = cfg.n_kv_head * cfg.head_dim;
-        let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
         let f = &cfg.features;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
@@ -518,25 +651,16 @@ impl Weights {
                 on.then(|| ld.vector(&format!("{p}.{name}.weight"), len))
                     .transpose()
             };
-            let (q_norm, k_norm) = (
-                norm(f.qk_norm, "attn_q_norm", hd)?,
-                norm(f.qk_norm, "attn_k_norm", hd)?,
-            );
             let post_attn_norm = norm(f.post_norms, "post_attention_norm", d)?;
             let post_ffn_norm = norm(f.post_norms, "post_ffw_norm", d)?;
-            let (wq, wk, wv) = if f.fused {
-                let qkv = format!("{p}.attn_qkv.weight");
-                (
-                    ld.linear_rows(&qkv, 0, 0, qd, d)?,
-                    ld.linear_rows(&qkv, 0, qd, kv, d)?,
-                    ld.linear_rows(&qkv, 0, qd + kv, kv, d)?,
-                )
-            } else {
-                (
-                    ld.linear(&format!("{p}.attn_q"), f.qkv_bias, d, qd)?,
-                    ld.linear(&format!("{p}.attn_k"), f.qkv_bias, d, kv)?,
-                    ld.linear(&format!("{p}.attn_v"), f.qkv_bias, d, kv)?,
-                )
+            let mixer = match (cfg.is_recurrent(l), &f.delta_net) {
+                (true, Some(shape)) => Mixer::DeltaNet(ld.delta_net(&p, shape, d)?),
+                (true, None) => {
+                    return Err(EngineError::Gguf(format!(
+                        "layer {l} is recurrent in a family without recurrent layers"
+                    )))
+                }
+                (false, _) => Mixer::Attention(ld.attention(&p, cfg)?),
             };
             let ffn = match &f.moe {
                 Some(moe) => Ffn::Experts(Experts {
@@ -575,14 +699,9 @@ impl Weights {
             };
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), d)?,
-                wq,
-                wk,
-                wv,
-                wo: ld.linear(&format!("{p}.attn_output"), false, qd, d)?,
-                ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), d)?,
+                mixer,
+                ffn_norm: ld.vector(&format!("{p}.{}.weight", f.ffn_norm), d)?,
                 ffn,
-                q_norm,
-                k_norm,
                 post_attn_norm,
                 post_ffn_norm,
             });
@@ -642,7 +761,7 @@ impl Weights {
                 bytes += size(l) * times;
                 macs += l.in_dim * l.out_dim * times;
             };
-            for l in [&w.wq, &w.wk, &w.wv, &w.wo] {
+            for l in w.mixer.matrices() {
                 run(l, 1);
             }
             match &w.ffn {
@@ -672,11 +791,7 @@ impl Weights {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|w| {
-                [&w.wq, &w.wk, &w.wv, &w.wo]
-                    .into_iter()
-                    .chain(w.ffn.matrices())
-            })
+            .flat_map(|w| w.mixer.matrices().into_iter().chain(w.ffn.matrices()))
             .map(size)
             .sum();
         size(&self.output) + embd + layers

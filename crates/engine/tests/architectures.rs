@@ -17,8 +17,8 @@ use edgeprompt_engine::{Model, Sequence};
 
 mod common;
 
-const ARCHS: [&str; 7] = [
-    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe",
+const ARCHS: [&str; 8] = [
+    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe", "qwen35",
 ];
 
 /// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded

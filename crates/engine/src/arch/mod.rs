@@ -9,7 +9,10 @@ mod granite;
 mod llama;
 mod phi3;
 mod qwen;
+mod qwen35;
 mod smollm3;
+
+pub use qwen35::recurrent_layers;
 
 use crate::gguf::Content;
 
@@ -23,6 +26,7 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    Qwen35,
     Phi3,
     SmolLm3,
     Gemma2,
@@ -31,7 +35,8 @@ pub enum Arch {
 }
 
 /// Every architecture name this engine loads, for the error that names the rest.
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, granite";
+pub const SUPPORTED: &str =
+    "llama, qwen2, qwen3, qwen3moe, qwen35, phi3, smollm3, gemma2, gemma3, granite";
 
 impl Arch {
     pub fn from_name(name: &str) -> Result<Self> {
@@ -40,6 +45,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "qwen35" => Arch::Qwen35,
             "phi3" => Arch::Phi3,
             "smollm3" => Arch::SmolLm3,
             "gemma2" => Arch::Gemma2,
@@ -104,6 +110,14 @@ pub struct Features {
     /// the global base).
     pub window_rope_base: Option<f32>,
     pub moe: Option<Moe>,
+    /// Q projected twice as wide, its second half per head a sigmoid gate on the attention
+    /// output (Qwen3.5).
+    pub attn_gate: bool,
+    /// The name of the norm before the FFN (`ffn_norm`; Qwen3.5: `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// The shape of the Gated DeltaNet layers of a hybrid (Qwen3.5); which layers they are is
+    /// `ModelConfig::recurrent`.
+    pub delta_net: Option<crate::recurrent::DeltaNet>,
 }
 
 impl Features {
@@ -128,6 +142,9 @@ impl Features {
             window_pattern: 0,
             window_rope_base: None,
             moe: None,
+            attn_gate: false,
+            ffn_norm: "ffn_norm",
+            delta_net: None,
         }
     }
 
@@ -171,6 +188,7 @@ pub fn features(arch: Arch, m: &Meta, head_dim: usize, n_embd: usize) -> Result<
         Arch::Qwen2 => qwen::qwen2(plain),
         Arch::Qwen3 => qwen::qwen3(plain),
         Arch::Qwen3Moe => qwen::qwen3moe(plain, m)?,
+        Arch::Qwen35 => qwen35::features(plain, m, head_dim)?,
         Arch::Phi3 => phi3::features(plain, m, head_dim)?,
         Arch::SmolLm3 => smollm3::features(plain),
         Arch::Gemma2 => gemma::gemma2(plain, m, n_embd),
