@@ -2,9 +2,10 @@
 //! prompts to peers: fingerprint check, codec negotiation, the header, layer-major chunks.
 
 use edgeprompt_engine::config::window_start;
+use edgeprompt_engine::recurrent::DeltaNet;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::{codec, Chunk, Codec, Manifest, SealKey};
-use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header, StateShape};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -53,6 +54,11 @@ pub struct Layout {
     pub windows: Vec<Option<usize>>,
     /// A larger model's KV mapped to the edge model's (CE-LSLM), not the model's own.
     pub mapped: bool,
+    /// Per layer, whether it is recurrent: it carries its state at the prompt's end, no
+    /// positions.
+    pub recurrent: Vec<bool>,
+    /// The recurrent layers' state shape.
+    pub state: Option<DeltaNet>,
 }
 
 impl Layout {
@@ -67,14 +73,25 @@ impl Layout {
             first_layer: 0,
             windows: (0..c.n_layer).map(|l| c.window_of(l)).collect(),
             mapped: false,
+            recurrent: c.recurrent.clone(),
+            state: c.features.delta_net,
         }
     }
 
-    /// Per layer, the first position of an `n`-token prompt the stream carries.
+    /// Per layer, the first position of an `n`-token prompt the stream carries (a recurrent
+    /// layer's: `n`, it carries none).
     pub fn starts(&self, n: usize) -> Vec<usize> {
         (0..self.n_layers)
-            .map(|l| window_start(self.windows.get(l).copied().flatten(), n))
+            .map(|l| match self.recurrent.get(l).copied().unwrap_or(false) {
+                true => n,
+                false => window_start(self.windows.get(l).copied().flatten(), n),
+            })
             .collect()
+    }
+
+    /// Whether some layer starts past position 0 for some prompt (the header lists starts).
+    fn cuts(&self) -> bool {
+        self.windows.iter().any(Option::is_some) || self.recurrent.iter().any(|&r| r)
     }
 
     /// `model`'s own KV from the first layer the request asks for.
@@ -132,7 +149,7 @@ pub fn header(
             compressed: zstd.is_some(),
             model_fingerprint: layout.fingerprint.clone(),
             first_layer: layout.first_layer as u32,
-            layer_starts: match layout.windows.iter().any(Option::is_some) {
+            layer_starts: match layout.cuts() {
                 true => layout
                     .starts(token_ids.len())
                     .into_iter()
@@ -144,6 +161,16 @@ pub fn header(
             values_codec: values_codec
                 .filter(|&c| c != codec)
                 .map_or(String::new(), |c| c.name().into()),
+            state_shape: layout.state.map(|s| StateShape {
+                layers: (0..layout.n_layers)
+                    .filter(|&l| layout.recurrent.get(l).copied().unwrap_or(false))
+                    .map(|l| l as u32)
+                    .collect(),
+                conv_kernel: s.conv_kernel as u32,
+                k_heads: s.k_heads as u32,
+                v_heads: s.v_heads as u32,
+                head_dim: s.head_dim as u32,
+            }),
         })),
     }
 }
@@ -172,7 +199,8 @@ pub async fn send_layer(
     let internal = |e: edgeprompt_kv::KvError| Status::internal(e.to_string());
     let first = from.max(layer.start()).min(layer.end());
     let mut s = first;
-    let lossy = matches!(seal, LayerSeal::Sign(..)) && codec != Codec::F16;
+    // A state is sent exact in every codec: only KV values are decoded before signing.
+    let lossy = matches!(seal, LayerSeal::Sign(..)) && codec != Codec::F16 && layer.state.is_none();
     let (mut dk, mut dv) = (
         vec![Vec::new(); layer.n_kv_head],
         vec![Vec::new(); layer.n_kv_head],

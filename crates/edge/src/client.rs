@@ -300,11 +300,11 @@ impl CloudClient {
         // No message may be larger than the largest a valid stream for this model holds: a
         // header of a context's worth of ids, or one chunk of f16.
         let cfg = &model.cfg;
-        let most = (cfg.context_length * 5).max(Codec::F16.chunk_bytes(
-            cfg.n_kv_head,
-            cfg.head_dim,
-            MAX_CHUNK_TOKENS,
-        )) + (64 << 10);
+        let state = cfg.features.delta_net.map_or(0, |s| s.state_bytes());
+        let most = (cfg.context_length * 5)
+            .max(Codec::F16.chunk_bytes(cfg.n_kv_head, cfg.head_dim, MAX_CHUNK_TOKENS))
+            .max(state)
+            + (64 << 10);
         let mut inner = self.inner.clone().max_decoding_message_size(most);
         // A cloud that accepts the request and then says nothing holds no one: the header
         // must come within the deadline.
@@ -353,6 +353,7 @@ impl CloudClient {
             cfg.head_dim,
         )
         .with_codec(wire_codec)
+        .with_state(cfg.features.delta_net)
         .with_starts(&header.layer_starts)?
         .starting_at(first_layer);
         tokio::spawn(async move {
@@ -486,15 +487,38 @@ pub fn check_header(
     };
     let values_codec = Codec::parse(values_codec)
         .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
-    // A cut must leave every position a private token can see: no later than the window.
+    // A hybrid model's recurrent layers and their state's shape are the model's own.
+    let want = cfg
+        .features
+        .delta_net
+        .map(|s| edgeprompt_protocol::StateShape {
+            layers: (0..cfg.n_layer)
+                .filter(|&l| cfg.is_recurrent(l))
+                .map(|l| l as u32)
+                .collect(),
+            conv_kernel: s.conv_kernel as u32,
+            k_heads: s.k_heads as u32,
+            v_heads: s.v_heads as u32,
+            head_dim: s.head_dim as u32,
+        });
+    if h.state_shape != want {
+        return Err(EdgeError::Stream(format!(
+            "header's recurrent state {:?} is not this model's {want:?}",
+            h.state_shape
+        )));
+    }
+    // A cut must leave every position a private token can see: no later than the window. A
+    // recurrent layer holds none: it starts at the prompt's end exactly.
     let n = h.token_ids.len();
     let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
-    if !starts.is_empty()
-        && (starts.len() != cfg.n_layer
-            || starts
-                .iter()
-                .enumerate()
-                .any(|(l, &s)| s > cfg.visible_from(l, n)))
+    let hybrid = cfg.recurrent.iter().any(|&r| r) && n > 0;
+    if (hybrid && starts.is_empty())
+        || !starts.is_empty()
+            && (starts.len() != cfg.n_layer
+                || starts
+                    .iter()
+                    .enumerate()
+                    .any(|(l, &s)| s > cfg.visible_from(l, n) || (cfg.is_recurrent(l) && s != n)))
     {
         return Err(EdgeError::Stream(format!(
             "header cuts layers past their windows: starts {starts:?} for {n} tokens"

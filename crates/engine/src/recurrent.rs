@@ -80,6 +80,30 @@ impl Recurrent {
     pub fn bytes(&self) -> usize {
         4 * (self.conv.len() + self.matrix.len())
     }
+
+    /// As the wire and every store hold it: f32 little-endian, the window then the matrices.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        self.conv
+            .iter()
+            .chain(&self.matrix)
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    }
+
+    /// What `to_le_bytes` wrote for shape `s`: refused unless exactly its size and finite.
+    pub fn from_le_bytes(s: &DeltaNet, b: &[u8]) -> Option<Self> {
+        if b.len() != s.state_bytes() {
+            return None;
+        }
+        let all: Vec<f32> = b
+            .chunks_exact(4)
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        let mut conv = all;
+        let matrix = conv.split_off(s.conv_floats());
+        let st = Self { conv, matrix };
+        st.fits(s).then_some(st)
+    }
 }
 
 /// A layer's parameters besides its projections.

@@ -328,6 +328,11 @@ impl PrefillPass {
             rows: self.ids.len(),
         }];
         model.forward_layer(l, &mut self.x, &mut parts, &mut self.scratch)?;
+        // A recurrent layer as a prefix holds it: its state where the pass ends.
+        if model.cfg.is_recurrent(l) {
+            let end = self.prefix_len + self.ids.len();
+            self.kv[l] = settled(&self.kv[l], None, end);
+        }
         self.next_layer += 1;
         Ok(())
     }
@@ -338,7 +343,8 @@ impl PrefillPass {
         &self.x
     }
 
-    /// This pass's own KV of layer `l` (complete once that layer ran).
+    /// This pass's own KV of layer `l` (complete once that layer ran; a recurrent layer's state
+    /// at the pass's end).
     pub fn layer_kv(&self, l: usize) -> &LayerKv {
         &self.kv[l]
     }

@@ -1,6 +1,9 @@
 //! Sealed KV chunks (one layer, one token range, one codec, a CRC-32 over header and payload)
 //! and the reassembler that accepts them only in layer-major order and only if they fit.
 
+use std::sync::Arc;
+
+use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
 use edgeprompt_engine::LayerKv;
 use half::f16;
 
@@ -19,6 +22,8 @@ pub struct Chunk {
     pub codec: Codec,
     pub compressed: bool,
     pub payload: Vec<u8>,
+    /// A recurrent layer's state (its one chunk, at the layer's end): f32 LE, never compressed.
+    pub state: Vec<u8>,
     pub checksum: u32,
 }
 
@@ -48,6 +53,11 @@ impl Chunk {
             .map(|h| &kv.values(h)[a * d..b * d])
             .collect();
         let payload = codec::encode(codec, zstd_level, &k, &v, d)?;
+        // A recurrent layer holds no positions: its one chunk ends where it does.
+        let state = match &kv.state {
+            Some(st) if start == kv.end() => st.to_le_bytes(),
+            _ => Vec::new(),
+        };
         let mut c = Chunk {
             layer,
             start: start as u32,
@@ -55,6 +65,7 @@ impl Chunk {
             codec,
             compressed: zstd_level.is_some(),
             payload,
+            state,
             checksum: 0,
         };
         c.checksum = c.compute_checksum();
@@ -69,6 +80,7 @@ impl Chunk {
         h.update(self.codec.name().as_bytes());
         h.update(&[self.compressed as u8]);
         h.update(&self.payload);
+        h.update(&self.state);
         h.finalize()
     }
 
@@ -106,6 +118,9 @@ pub struct Reassembler {
     v: Vec<Vec<f16>>,
     /// The codec every chunk must carry (the stream's header names one).
     codec: Option<Codec>,
+    /// A hybrid model's state shape: a layer that starts at the segment's end is a recurrent
+    /// layer, its one chunk carries a state of this shape.
+    state: Option<DeltaNet>,
 }
 
 impl Reassembler {
@@ -121,7 +136,15 @@ impl Reassembler {
             k: vec![Vec::new(); n_kv_head],
             v: vec![Vec::new(); n_kv_head],
             codec: None,
+            state: None,
         }
+    }
+
+    /// A stream of a hybrid model whose recurrent layers' states have shape `s` (checked
+    /// against the model later: which layers hold one is the model's to say).
+    pub fn with_state(mut self, s: Option<DeltaNet>) -> Self {
+        self.state = s;
+        self
     }
 
     /// Every chunk must be in `codec` (what the stream's header announced).
@@ -138,15 +161,17 @@ impl Reassembler {
     }
 
     /// The first position each layer carries (empty: every layer from 0). Refused unless one
-    /// per layer, each before the segment's end.
+    /// per layer, each before the segment's end (or at it: a recurrent layer, in a stream
+    /// that has a state shape).
     pub fn with_starts(mut self, starts: &[usize]) -> Result<Self> {
         if starts.is_empty() {
             return Ok(self);
         }
+        let at_end_ok = self.state.is_some();
         if starts.len() != self.n_layers
             || starts
                 .iter()
-                .any(|&s| s > self.n_tokens || (s == self.n_tokens && s > 0))
+                .any(|&s| s > self.n_tokens || (s == self.n_tokens && s > 0 && !at_end_ok))
         {
             return Err(KvError::Shape(format!(
                 "{} layer starts for {} layers of {} tokens",
@@ -211,6 +236,16 @@ impl Reassembler {
                 c.layer, c.start, c.end
             )));
         }
+        let stateful = self.starts[self.next_layer] == self.n_tokens && self.n_tokens > 0;
+        if stateful {
+            return self.push_state(c);
+        }
+        if !c.state.is_empty() {
+            return Err(KvError::Shape(format!(
+                "layer {}: a state on a layer that holds positions",
+                c.layer
+            )));
+        }
         let first_of_layer = c.start as usize == self.starts[self.next_layer];
         let rest = (self.n_tokens - self.starts[self.next_layer]) * self.head_dim;
         for (dst, src) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
@@ -228,9 +263,36 @@ impl Reassembler {
         let v = std::mem::replace(&mut self.v, vec![Vec::new(); self.n_kv_head]);
         let idx = self.next_layer;
         let layer = LayerKv::from_heads(self.head_dim, k, v)?.starting_at(self.starts[idx]);
+        Ok(Some((idx, self.advance(layer))))
+    }
+
+    /// A recurrent layer's one chunk (its positions checked empty by `push`): the state, of the
+    /// stream's shape and finite.
+    fn push_state(&mut self, c: &Chunk) -> Result<Option<(usize, LayerKv)>> {
+        let bad = |what: &str| KvError::Shape(format!("layer {}: {what}", c.layer));
+        let shape = self
+            .state
+            .ok_or_else(|| bad("a state in a stream without one"))?;
+        if c.start != c.end || c.n_tokens() != 0 {
+            return Err(bad("a recurrent layer's chunk holds positions"));
+        }
+        let state = Recurrent::from_le_bytes(&shape, &c.state)
+            .ok_or_else(|| bad("a state not of the model's size, or not finite"))?;
+        let layer = LayerKv::recurrent(
+            self.n_kv_head,
+            self.head_dim,
+            self.n_tokens,
+            Arc::new(state),
+        );
+        let idx = self.next_layer;
+        Ok(Some((idx, self.advance(layer))))
+    }
+
+    /// Layer `layer` is complete: expect the next.
+    fn advance(&mut self, layer: LayerKv) -> LayerKv {
         self.next_layer += 1;
         self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
-        Ok(Some((idx, layer)))
+        layer
     }
 }
 

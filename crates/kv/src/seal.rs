@@ -139,8 +139,18 @@ fn fresh_list_statement(fingerprint: &str, entries: &[ListEntry], at: Issued) ->
     m
 }
 
-/// SHA-256 of a layer's values and the positions they sit at.
+/// SHA-256 of a layer's values and the positions they sit at; for a recurrent layer, of its
+/// state and the position it is at (its own tag: a state's digest is never a KV layer's).
 pub fn layer_digest(layer: &LayerKv) -> [u8; 32] {
+    if let Some(st) = &layer.state {
+        let mut h = Sha256::new();
+        h.update(b"edgeprompt-state-v1\0");
+        for n in [layer.end(), st.conv.len(), st.matrix.len()] {
+            h.update((n as u64).to_le_bytes());
+        }
+        h.update(st.to_le_bytes());
+        return h.finalize().into();
+    }
     let mut h = Sha256::new();
     h.update(b"edgeprompt-layer-v1\0");
     for n in [layer.start(), layer.end(), layer.n_kv_head, layer.head_dim] {

@@ -9,6 +9,8 @@ use edgeprompt_engine::PrefixKv;
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 
+use edgeprompt_engine::recurrent::DeltaNet;
+
 use crate::chunk::{Chunk, Reassembler, MAX_CHUNK_TOKENS};
 use crate::codec::Codec;
 use crate::seal::{Seal, SIGNATURE_BYTES};
@@ -25,6 +27,9 @@ pub struct Expect {
     pub max_tokens: usize,
     /// Token ids must be below it.
     pub vocab_size: usize,
+    /// A hybrid model's recurrent state shape (its layers that start at the prompt's end hold
+    /// one).
+    pub state: Option<DeltaNet>,
 }
 
 impl Expect {
@@ -35,7 +40,13 @@ impl Expect {
             head_dim: cfg.head_dim,
             max_tokens: cfg.context_length,
             vocab_size: cfg.vocab_size,
+            state: cfg.features.delta_net,
         }
+    }
+
+    /// Most bytes of one layer's state (0 without recurrent layers).
+    fn max_state_bytes(&self) -> u64 {
+        self.state.map_or(0, |s| s.state_bytes() as u64)
     }
 
     /// Whether a prompt's token ids fit: at most the context, each in the vocabulary.
@@ -63,7 +74,10 @@ impl Expect {
         let chunks = (self.max_tokens / CHUNK_TOKENS + 1) as u64 * self.n_layers as u64;
         let values = Codec::F16.chunk_bytes(self.n_kv_head, self.head_dim, self.max_tokens) as u64
             * self.n_layers as u64;
-        header + values + chunks * (CHUNK_FRAME + 4096)
+        header
+            + values
+            + chunks * (CHUNK_FRAME + 4096)
+            + self.n_layers as u64 * (self.max_state_bytes() + 8)
     }
 
     /// Most bytes of a stored prefix's JSON header: an id is at most 10 digits and a comma;
@@ -374,6 +388,11 @@ pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv, seal: Option<&Seal>) -> R
             write_chunk(w, &Chunk::encode(l as u32, layer, s, e, Codec::F16, None)?)?;
             s = e;
         }
+        // A recurrent layer: one chunk without positions, carrying its state.
+        if layer.state.is_some() {
+            let e = layer.end();
+            write_chunk(w, &Chunk::encode(l as u32, layer, e, e, Codec::F16, None)?)?;
+        }
     }
     Ok(())
 }
@@ -424,10 +443,11 @@ pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Opti
         Codec::F16.chunk_bytes(header.n_kv_head, header.head_dim, MAX_CHUNK_TOKENS) as u64 + 4096;
     let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim)
         .with_codec(Codec::F16)
+        .with_state(expect.state)
         .with_starts(&header.layer_starts)?;
     let mut layers = Vec::with_capacity(header.n_layers);
     while !re.is_complete() {
-        let c = read_chunk(r, most_payload)?;
+        let c = read_chunk(r, most_payload, expect.max_state_bytes())?;
         if let Some((_, layer)) = re.push(&c)? {
             layers.push(Arc::new(layer));
         }
@@ -456,37 +476,57 @@ fn write_chunk(w: &mut impl Write, c: &Chunk) -> Result<()> {
     for x in [c.layer, c.start, c.end, c.checksum] {
         w.write_all(&x.to_le_bytes())?;
     }
-    w.write_all(&[c.codec.id(), c.compressed as u8])?;
+    // Flags: bit 0 compressed, bit 1 a state follows the payload (files without states read
+    // as before).
+    let flags = c.compressed as u8 | (!c.state.is_empty() as u8) << 1;
+    w.write_all(&[c.codec.id(), flags])?;
     w.write_all(&(c.payload.len() as u64).to_le_bytes())?;
     w.write_all(&c.payload)?;
+    if !c.state.is_empty() {
+        w.write_all(&(c.state.len() as u64).to_le_bytes())?;
+        w.write_all(&c.state)?;
+    }
     Ok(())
 }
 
-fn read_chunk(r: &mut impl Read, most: u64) -> Result<Chunk> {
+/// `len` bytes of `r`, at most `most`: a lying length costs what is really there.
+fn read_bytes(r: &mut impl Read, most: u64, what: &str) -> Result<Vec<u8>> {
+    let len = read_u64(r)?;
+    if len > most {
+        return Err(KvError::Store(format!(
+            "a {what} of {len} bytes, more than {most}"
+        )));
+    }
+    let mut out = Vec::new();
+    r.take(len).read_to_end(&mut out)?;
+    if out.len() as u64 != len {
+        return Err(KvError::Store(format!("{what} truncated")));
+    }
+    Ok(out)
+}
+
+fn read_chunk(r: &mut impl Read, most: u64, most_state: u64) -> Result<Chunk> {
     let (layer, start, end, checksum) = (read_u32(r)?, read_u32(r)?, read_u32(r)?, read_u32(r)?);
     let mut b = [0u8; 2];
     r.read_exact(&mut b)?;
     let codec =
         Codec::from_id(b[0]).ok_or_else(|| KvError::Store(format!("unknown codec {}", b[0])))?;
-    let len = read_u64(r)?;
-    if len > most {
-        return Err(KvError::Store(format!(
-            "a chunk of {len} bytes, more than {most}"
-        )));
+    if b[1] > 3 {
+        return Err(KvError::Store(format!("unknown chunk flags {}", b[1])));
     }
-    // Read through `take`: a lying length costs what is really there, not what it claims.
-    let mut payload = Vec::new();
-    r.take(len).read_to_end(&mut payload)?;
-    if payload.len() as u64 != len {
-        return Err(KvError::Store("chunk truncated".into()));
-    }
+    let payload = read_bytes(r, most, "chunk")?;
+    let state = match b[1] & 2 {
+        0 => Vec::new(),
+        _ => read_bytes(r, most_state, "state")?,
+    };
     Ok(Chunk {
         layer,
         start,
         end,
         codec,
-        compressed: b[1] != 0,
+        compressed: b[1] & 1 != 0,
         payload,
+        state,
         checksum,
     })
 }
@@ -543,6 +583,7 @@ mod tests {
             head_dim: 16,
             max_tokens,
             vocab_size: 1000,
+            state: None,
         }
     }
 

@@ -32,6 +32,7 @@ impl From<Chunk> for WireChunk {
             payload: c.payload,
             checksum: c.checksum,
             layer_seal: Vec::new(),
+            state: c.state,
         }
     }
 }
@@ -46,6 +47,7 @@ impl TryFrom<WireChunk> for Chunk {
             codec: Codec::parse(&w.codec).ok_or_else(|| format!("unknown codec {:?}", w.codec))?,
             compressed: w.compressed,
             payload: w.payload,
+            state: w.state,
             checksum: w.checksum,
         })
     }

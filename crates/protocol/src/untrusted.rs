@@ -3,6 +3,7 @@
 //! Whatever the bytes, it must return (errors are fine), never panic or allocate without bound:
 //! cargo-fuzz drives it (`fuzz/`), and a stable test runs seeds and mutations of them in CI.
 
+use edgeprompt_engine::recurrent::DeltaNet;
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::codec::{self, Codec};
 use prost::Message;
@@ -43,8 +44,23 @@ pub fn shape_bytes(shape: (usize, usize, usize, usize)) -> Option<[u8; 4]> {
     ])
 }
 
+/// The recurrent state shape of a hybrid stream, when the first byte's bit 3 says so (seeds
+/// of attention-only streams leave it clear): a convolution of 2-4 taps, 1 key head and 2 value
+/// heads of 8.
+pub fn state_of(b: [u8; 4]) -> Option<DeltaNet> {
+    (b[0] & 8 != 0).then(|| DeltaNet {
+        conv_kernel: 2 + (b[0] >> 4) as usize % 3,
+        k_heads: 1,
+        v_heads: 2,
+        head_dim: 8,
+    })
+}
+
 /// What a stored prefix of `shape` must be (any token id below 2^20).
-pub fn expect_of(shape: (usize, usize, usize, usize)) -> edgeprompt_kv::Expect {
+pub fn expect_of(
+    shape: (usize, usize, usize, usize),
+    state: Option<DeltaNet>,
+) -> edgeprompt_kv::Expect {
     let (n_layers, max_tokens, n_kv_head, head_dim) = shape;
     edgeprompt_kv::Expect {
         n_layers,
@@ -52,6 +68,7 @@ pub fn expect_of(shape: (usize, usize, usize, usize)) -> edgeprompt_kv::Expect {
         head_dim,
         max_tokens,
         vocab_size: 1 << 20,
+        state,
     }
 }
 
@@ -61,7 +78,8 @@ pub fn read_untrusted(data: &[u8]) {
         return;
     };
     let (layers, tokens, heads, dim) = shape_of(*head);
-    let mut re = Reassembler::new(layers, tokens, heads, dim);
+    let state = state_of(*head);
+    let mut re = Reassembler::new(layers, tokens, heads, dim).with_state(state);
     let mut rest = data;
     while !rest.is_empty() {
         let Ok(m) = FetchMessage::decode_length_delimited(&mut rest) else {
@@ -76,7 +94,9 @@ pub fn read_untrusted(data: &[u8]) {
             }
             Some(Body::Header(h)) => {
                 let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
-                let Ok(r) = Reassembler::new(layers, tokens, heads, dim).with_starts(&starts)
+                let Ok(r) = Reassembler::new(layers, tokens, heads, dim)
+                    .with_state(state)
+                    .with_starts(&starts)
                 else {
                     break;
                 };
@@ -85,7 +105,7 @@ pub fn read_untrusted(data: &[u8]) {
             None => {}
         }
     }
-    let _ = edgeprompt_kv::read_prefix(&mut &data[..], &expect_of(shape_of(*head)));
+    let _ = edgeprompt_kv::read_prefix(&mut &data[..], &expect_of(shape_of(*head), state));
     for c in Codec::ALL {
         for compressed in [false, true] {
             let _ = codec::decode(c, compressed, data, heads, dim, tokens);

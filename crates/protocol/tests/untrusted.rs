@@ -4,11 +4,14 @@
 
 use std::sync::Arc;
 
+use edgeprompt_engine::recurrent::Recurrent;
 use edgeprompt_engine::{LayerKv, PrefixKv};
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::Codec;
-use edgeprompt_protocol::untrusted::{expect_of, read_untrusted, shape_bytes, shape_of, SHAPE};
-use edgeprompt_protocol::{fetch_message::Body, FetchMessage};
+use edgeprompt_protocol::untrusted::{
+    expect_of, read_untrusted, shape_bytes, shape_of, state_of, SHAPE,
+};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, Header};
 use prost::Message;
 
 fn lcg(s: &mut u64) -> u64 {
@@ -35,9 +38,53 @@ fn layer(seed: &mut u64, shape: (usize, usize, usize, usize)) -> LayerKv {
     l
 }
 
-/// Valid inputs of every shape of `SHAPES`, each behind the four bytes naming its shape.
+/// A hybrid model's stream (layer 0 recurrent: a header whose start for it is the token
+/// count, its state chunk, then layer 1's KV) and its stored prefix, behind `SHAPE`'s bytes with
+/// the state bit set.
+fn hybrid_seeds() -> Vec<Vec<u8>> {
+    let mut head = shape_bytes(SHAPE).unwrap();
+    head[0] |= 8;
+    let (_, tokens, heads, dim) = shape_of(head);
+    let shape = state_of(head).unwrap();
+    let mut seed = 11;
+    let mut st = Recurrent::zero(&shape);
+    for v in st.conv.iter_mut().chain(st.matrix.iter_mut()) {
+        *v = (lcg(&mut seed) % 2000) as f32 / 500.0 - 2.0;
+    }
+    let layers = [
+        LayerKv::recurrent(heads, dim, tokens, Arc::new(st)),
+        layer(&mut seed, SHAPE),
+    ];
+    let mut bytes = head.to_vec();
+    let h = FetchMessage {
+        body: Some(Body::Header(Header {
+            layer_starts: vec![tokens as u32, 0],
+            ..Default::default()
+        })),
+    };
+    h.encode_length_delimited(&mut bytes).unwrap();
+    for (l, lk) in layers.iter().enumerate() {
+        let c = Chunk::encode(l as u32, lk, lk.start(), lk.end(), Codec::F16, None).unwrap();
+        FetchMessage {
+            body: Some(Body::Chunk(c.into())),
+        }
+        .encode_length_delimited(&mut bytes)
+        .unwrap();
+    }
+    let prefix = PrefixKv {
+        fingerprint: "fuzz".into(),
+        token_ids: (0..tokens as u32).collect(),
+        layers: layers.into_iter().map(Arc::new).collect(),
+    };
+    let mut stored = head.to_vec();
+    edgeprompt_kv::write_prefix(&mut stored, &prefix, None).unwrap();
+    vec![bytes, stored]
+}
+
+/// Valid inputs of every shape of `SHAPES`, each behind the four bytes naming its shape, and
+/// the hybrid ones.
 fn seeds() -> Vec<Vec<u8>> {
-    SHAPES
+    let plain: Vec<Vec<u8>> = SHAPES
         .iter()
         .flat_map(|&shape| {
             let head = shape_bytes(shape).expect("a shape the fuzzer can make");
@@ -48,7 +95,8 @@ fn seeds() -> Vec<Vec<u8>> {
                 d
             })
         })
-        .collect()
+        .collect();
+    plain.into_iter().chain(hybrid_seeds()).collect()
 }
 
 /// Valid inputs: chunk streams in every codec, with and without zstd, and a stored prefix.
@@ -103,9 +151,41 @@ fn seeds_are_valid_so_mutations_reach_deep() {
             assert!(re.is_complete(), "{shape:?}");
         }
         let (back, _) =
-            edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect_of(shape)).unwrap();
+            edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect_of(shape, None)).unwrap();
         assert_eq!(back.token_ids.len(), tokens);
     }
+    // The hybrid stream reassembles into a state layer and a KV layer; its stored prefix reads
+    // back the same state.
+    let hy = hybrid_seeds();
+    let head: [u8; 4] = hy[0][..4].try_into().unwrap();
+    let (layers, tokens, heads, dim) = shape_of(head);
+    let mut re = Reassembler::new(layers, tokens, heads, dim)
+        .with_state(state_of(head))
+        .with_starts(&[tokens, 0])
+        .unwrap();
+    let mut rest = &hy[0][4..];
+    let mut got = Vec::new();
+    while !rest.is_empty() {
+        let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+        if let Some(Body::Chunk(c)) = m.body {
+            got.extend(re.push(&Chunk::try_from(c).unwrap()).unwrap());
+        }
+    }
+    assert!(re.is_complete());
+    assert!(got[0].1.state.is_some() && got[1].1.state.is_none());
+    let (back, _) =
+        edgeprompt_kv::read_prefix(&mut &hy[1][4..], &expect_of(shape_of(head), state_of(head)))
+            .unwrap();
+    assert_eq!(back.layers[0].state, got[0].1.state);
+    // Without a state shape the same stream is refused at its first chunk.
+    let mut plain = Reassembler::new(layers, tokens, heads, dim);
+    let mut rest = &hy[0][4..];
+    let _header = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+    let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+    let Some(Body::Chunk(c)) = m.body else {
+        panic!()
+    };
+    assert!(plain.push(&Chunk::try_from(c).unwrap()).is_err());
     let s = seeds();
     // `EDGEPROMPT_FUZZ_SEEDS=fuzz/corpus/wire` saves them as the cargo-fuzz starting corpus.
     if let Some(dir) = std::env::var_os("EDGEPROMPT_FUZZ_SEEDS") {

@@ -150,6 +150,29 @@ pub struct Header {
     /// when it differs from `codec`: a peer relays f16 of int8-decoded KV. Empty: `codec`.
     #[prost(string, tag = "13")]
     pub values_codec: ::prost::alloc::string::String,
+    /// A hybrid model's recurrent layers (Gated DeltaNet) and the shape of their state; absent
+    /// for a model without them. Such a layer's layer_starts entry is the token count (it holds
+    /// no positions) and its one chunk carries the state.
+    #[prost(message, optional, tag = "14")]
+    pub state_shape: ::core::option::Option<StateShape>,
+}
+/// The recurrent layers of a hybrid model and their state's shape: the edge refuses a stream
+/// whose shape is not its model's.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StateShape {
+    /// The recurrent layers' indices, ascending.
+    #[prost(uint32, repeated, tag = "1")]
+    pub layers: ::prost::alloc::vec::Vec<u32>,
+    /// The causal convolution's width: the state holds its last conv_kernel - 1 input rows.
+    #[prost(uint32, tag = "2")]
+    pub conv_kernel: u32,
+    /// Key and value heads, and their width: each value head keeps a head_dim x head_dim matrix.
+    #[prost(uint32, tag = "3")]
+    pub k_heads: u32,
+    #[prost(uint32, tag = "4")]
+    pub v_heads: u32,
+    #[prost(uint32, tag = "5")]
+    pub head_dim: u32,
 }
 /// One layer's K and V over the positions start..end, in one codec.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -180,6 +203,12 @@ pub struct WireChunk {
     /// decoded values). Empty on other chunks, and when the KV is unsigned.
     #[prost(bytes = "vec", tag = "8")]
     pub layer_seal: ::prost::alloc::vec::Vec<u8>,
+    /// A recurrent layer's one chunk (start = end = the token count): the layer's state after the
+    /// prompt, exact, as f32 little-endian: the convolution window ((conv_kernel - 1) rows of
+    /// 2 * k_heads * head_dim + v_heads * head_dim channels, oldest first), then each value head's
+    /// matrix (head_dim rows of head_dim). Never compressed. Empty on every other chunk.
+    #[prost(bytes = "vec", tag = "9")]
+    pub state: ::prost::alloc::vec::Vec<u8>,
 }
 /// Generated client implementations.
 pub mod cloud_kv_client {
