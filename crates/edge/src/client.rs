@@ -521,7 +521,8 @@ pub fn check_header(
                     .any(|(l, &s)| s > cfg.visible_from(l, n) || (cfg.is_recurrent(l) && s != n)))
     {
         return Err(EdgeError::Stream(format!(
-            "header cuts layers past their windows: starts {starts:?} for {n} tokens"
+            "header's layer starts {starts:?} for {n} tokens: a layer cut past its window, or a \
+             recurrent layer not at the prompt's end"
         )));
     }
     let manifest = Manifest {

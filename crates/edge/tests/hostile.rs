@@ -85,6 +85,26 @@ enum Attack {
     /// The list with a guessed private prompt's address added (re-signed with another key):
     /// a path fishing for whether an edge holds that prompt.
     ForgedList,
+    // A hybrid model's recurrent states (Qwen3.5): what a sender could do to them.
+    /// One state value changed, the CRC recomputed, the signature kept.
+    AlteredState,
+    /// A state cut short.
+    TruncatedState,
+    /// A 20 MB state: past the message bound.
+    OversizedState,
+    /// A state with NaN in it (unsigned, the CRC recomputed).
+    NanState,
+    /// A recurrent layer's chunk with its state taken off.
+    MissingState,
+    /// An attention layer's last chunk carrying a state.
+    StateOnAttentionLayer,
+    /// The header says the recurrent layers hold positions from 0.
+    RowsOnRecurrentLayer,
+    /// The header without the state's shape, and with another one.
+    NoStateShape,
+    WrongStateShape,
+    /// The other prompt's genuine signed state in this prompt's stream.
+    ReplayedState,
 }
 
 const ATTACKS: [Attack; 25] = [
@@ -115,6 +135,20 @@ const ATTACKS: [Attack; 25] = [
     Attack::ReplayedInt4,
 ];
 
+/// Every attack on a hybrid model's states.
+const STATE_ATTACKS: [Attack; 10] = [
+    Attack::AlteredState,
+    Attack::TruncatedState,
+    Attack::OversizedState,
+    Attack::NanState,
+    Attack::MissingState,
+    Attack::StateOnAttentionLayer,
+    Attack::RowsOnRecurrentLayer,
+    Attack::NoStateShape,
+    Attack::WrongStateShape,
+    Attack::ReplayedState,
+];
+
 /// The genuine KV of the two prompts, the keys, and each attack's messages (made once, so
 /// memory measured during the attacks is the edge's, not the making of them).
 struct Genuine {
@@ -134,7 +168,11 @@ fn exact_prefix(m: &Model, ids: &[u32]) -> PrefixKv {
 
 impl Genuine {
     fn new() -> Self {
-        let model = model();
+        Self::of(model())
+    }
+
+    /// The genuine KV of the two prompts under `model`.
+    fn of(model: Arc<Model>) -> Self {
         let (support_ids, _) = edge_ids(&model, SUPPORT, USER);
         let (coding_ids, _) = edge_ids(&model, CODING, USER);
         Self {
@@ -213,9 +251,10 @@ impl Genuine {
             }
             Attack::OtherPromptHeader => self.stream(&self.coding, "coding", Some(&self.key)).await,
             Attack::ForgedIdHeader => self.stream(&self.coding, id, None).await,
-            Attack::NanValues | Attack::Int4ChunkInF16Stream | Attack::Int4ValuesAsF16 => {
-                self.stream(p, id, None).await
-            }
+            Attack::NanValues
+            | Attack::Int4ChunkInF16Stream
+            | Attack::Int4ValuesAsF16
+            | Attack::NanState => self.stream(p, id, None).await,
             Attack::ReplayedInt4 => self.stream_in(p, id, Some(&self.key), Codec::Int4).await,
             Attack::WrongKey => self.stream(p, id, Some(&self.wrong)).await,
             _ => self.stream(p, id, Some(&self.key)).await,
@@ -275,10 +314,60 @@ impl Genuine {
                 *chunk(&mut msgs, 1) = c.into();
             }
             Attack::Int4ValuesAsF16 => head(&mut msgs).values_codec = "int4".into(),
+            Attack::AlteredState => reseal(state_chunk(&mut msgs), |c| c.state[9] ^= 0x01),
+            Attack::TruncatedState => reseal(state_chunk(&mut msgs), |c| {
+                c.state.truncate(c.state.len() - 4)
+            }),
+            Attack::OversizedState => {
+                reseal(state_chunk(&mut msgs), |c| c.state = vec![0u8; 20 << 20])
+            }
+            Attack::NanState => reseal(state_chunk(&mut msgs), |c| {
+                c.state[..4].copy_from_slice(&f32::NAN.to_le_bytes())
+            }),
+            Attack::MissingState => reseal(state_chunk(&mut msgs), |c| c.state.clear()),
+            Attack::StateOnAttentionLayer => {
+                let l = (0..cfg.n_layer).find(|&l| !cfg.is_recurrent(l)).unwrap() as u32;
+                let at = msgs
+                    .iter()
+                    .rposition(|m| matches!(&m.body, Some(Body::Chunk(c)) if c.layer == l))
+                    .unwrap();
+                let state = state_chunk(&mut msgs).state.clone();
+                reseal(chunk(&mut msgs, at), |c| c.state = state);
+            }
+            Attack::RowsOnRecurrentLayer => {
+                let h = head(&mut msgs);
+                for l in 0..cfg.n_layer {
+                    if cfg.is_recurrent(l) {
+                        h.layer_starts[l] = 0;
+                    }
+                }
+            }
+            Attack::NoStateShape => head(&mut msgs).state_shape = None,
+            Attack::WrongStateShape => {
+                if let Some(s) = head(&mut msgs).state_shape.as_mut() {
+                    s.v_heads += 1;
+                }
+            }
+            Attack::ReplayedState => {
+                let theirs = self.stream(&self.coding, "coding", Some(&self.key)).await;
+                let mut theirs = theirs;
+                let replayed = state_chunk(&mut theirs).clone();
+                *state_chunk(&mut msgs) = replayed;
+            }
             _ => {}
         }
         msgs
     }
+}
+
+/// The first chunk that carries a state (a recurrent layer's).
+fn state_chunk(msgs: &mut [FetchMessage]) -> &mut edgeprompt_protocol::WireChunk {
+    msgs.iter_mut()
+        .find_map(|m| match &mut m.body {
+            Some(Body::Chunk(c)) if !c.state.is_empty() => Some(c),
+            _ => None,
+        })
+        .expect("a stream of a hybrid model")
 }
 
 fn head(msgs: &mut [FetchMessage]) -> &mut edgeprompt_protocol::Header {
@@ -1247,6 +1336,45 @@ fn a_list_forged_on_the_path_names_no_private_prompt() {
                 fetches.lock().unwrap().is_empty(),
                 "{trust:?}: a fetch was made"
             );
+        }
+    });
+}
+
+/// A hybrid model's states (Qwen3.5's recurrent layers) under every attack on them: refused,
+/// and the system message computed here, bit for bit the single-node prefix; the honest signed
+/// stream is taken with its states.
+#[test]
+fn every_hostile_state_ends_in_an_error_or_the_exact_fallback() {
+    let path = common::models_dir().join("synth/qwen35.gguf");
+    assert!(
+        path.exists(),
+        "{}: run scripts/ref/synth.py",
+        path.display()
+    );
+    let g = Arc::new(Genuine::of(Arc::new(Model::load(path).unwrap())));
+    let m = g.model.clone();
+    let (ids, _) = edge_ids(&m, SUPPORT, USER);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let attack = Arc::new(Mutex::new(Attack::Honest));
+        let url = hostile(&g, attack.clone()).await;
+        let trust = Some(g.key.public());
+        let r = edge(&m, &url, trust).for_system(&ids).await.unwrap();
+        assert_eq!(r.source, Source::Cloud, "the honest signed stream is taken");
+        assert!(same(&r.prefix, &g.support));
+        assert!(r.prefix.layers.iter().any(|l| l.state.is_some()));
+        let mut rows = Vec::new();
+        for a in STATE_ATTACKS {
+            *attack.lock().unwrap() = a;
+            let r = edge(&m, &url, trust).for_system(&ids).await.unwrap();
+            assert_eq!(r.source, Source::Local, "{a:?}: the attack is not used");
+            assert!(same(&r.prefix, &g.support), "{a:?}: the fallback is exact");
+            let err = fetch_error(&m, &url, trust).await;
+            rows.push(format!("{a:?}: {err}"));
+        }
+        println!("state attack outcomes (direct fetch errors):");
+        for r in &rows {
+            println!("  {r}");
         }
     });
 }

@@ -195,7 +195,7 @@ pub struct WireChunk {
     #[prost(bytes = "vec", tag = "6")]
     pub payload: ::prost::alloc::vec::Vec<u8>,
     /// CRC-32 (IEEE) of layer, start and end (u32 LE each), the codec name, the compressed flag
-    /// (one byte) and the payload as sent.
+    /// (one byte), the payload as sent and the state.
     #[prost(fixed32, tag = "7")]
     pub checksum: u32,
     /// On a layer's last chunk: the cloud's Ed25519 signature (64 bytes) of that layer's
