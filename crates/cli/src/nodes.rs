@@ -595,7 +595,16 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             "TTFT {:.3} s = KV transfer overlapped with edge compute (prefill done at {:.3} s) + first token",
             run.ttft, run.prefill_done
         );
-        println!("{} tokens, {:.2} s total; cloud prompt KV from the {}; bytes down {down} (KV payload {}), bytes up {up} (the list and fetch requests only; no edge-prompt bytes)", run.tokens, run.total, run.source, run.timeline.bytes_down());
+        // A hybrid model's recurrent layers travel as their state: fixed in size, not KV.
+        let payload = match model.cfg.state_bytes() {
+            0 => format!("KV payload {}", run.timeline.bytes_down()),
+            s => format!(
+                "KV and recurrent-state payload {}, of which {s} the states of {} recurrent layers",
+                run.timeline.bytes_down(),
+                model.cfg.recurrent.iter().filter(|&&r| r).count()
+            ),
+        };
+        println!("{} tokens, {:.2} s total; cloud prompt KV from the {}; bytes down {down} ({payload}), bytes up {up} (the list and fetch requests only; no edge-prompt bytes)", run.tokens, run.total, run.source);
         match trust {
             Some(k) => println!("every cloud layer checked against the cloud's Ed25519 key {} as it landed", &k.to_hex()[..16]),
             None => println!("KV unsigned (--unsigned): the edge could not tell it from a forgery"),

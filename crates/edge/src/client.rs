@@ -400,7 +400,7 @@ impl CloudClient {
                         return;
                     }
                 };
-                bytes += chunk.payload.len();
+                bytes += chunk.payload.len() + chunk.state.len();
                 let sig = <[u8; 64]>::try_from(chunk.layer_seal.as_slice()).ok();
                 let result = Chunk::try_from(chunk)
                     .map_err(EdgeError::Stream)

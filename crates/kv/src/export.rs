@@ -2,9 +2,11 @@
 //! reassembled, for checking another implementation's decoders against ours, or for another
 //! engine's cloud to serve.
 //!
-//! Layout: `EPKV`, u32 LE version (1), u32 LE length of a UTF-8 JSON header, the header, then
-//! for each layer, for each KV head, its keys then its values: rows of `head_dim` f16 (LE)
-//! for positions `layer_starts[l]..token count` (the order a layer's digest hashes).
+//! Layout: `EPKV`, u32 LE version (1; 2 for a hybrid model), u32 LE length of a UTF-8 JSON
+//! header, the header, then for each layer, for each KV head, its keys then its values: rows of
+//! `head_dim` f16 (LE) for positions `layer_starts[l]..token count` (the order a layer's digest
+//! hashes); version 2 follows a recurrent layer's (empty) heads with its state, f32 LE as the
+//! wire holds it, and names the recurrent layers and their shape in the header.
 
 use std::io::Write;
 
@@ -14,6 +16,8 @@ use crate::{content_address, Codec, Result};
 
 pub const MAGIC: &[u8; 4] = b"EPKV";
 pub const VERSION: u32 = 1;
+/// The version of an export that holds recurrent states.
+pub const VERSION_STATES: u32 = 2;
 
 #[derive(serde::Serialize)]
 struct Header<'a> {
@@ -29,6 +33,17 @@ struct Header<'a> {
     /// The codec the values were decoded from.
     codec: &'static str,
     mapped: bool,
+    /// The recurrent layers and their state's shape (version 2 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state_shape: Option<StateShape>,
+}
+
+#[derive(serde::Serialize)]
+struct StateShape {
+    layers: Vec<usize>,
+    /// Floats of each state's convolution window, then of its matrices.
+    conv_floats: usize,
+    matrix_floats: usize,
 }
 
 /// Write `prefix` (every layer, the model's own KV decoded from `codec`) as an export.
@@ -51,10 +66,25 @@ pub fn write_export(
         layer_starts: prefix.layers.iter().map(|l| l.start()).collect(),
         codec: codec.name(),
         mapped: false,
+        state_shape: prefix
+            .layers
+            .iter()
+            .find_map(|l| l.state.as_ref())
+            .map(|st| StateShape {
+                layers: (0..prefix.layers.len())
+                    .filter(|&l| prefix.layers[l].state.is_some())
+                    .collect(),
+                conv_floats: st.conv.len(),
+                matrix_floats: st.matrix.len(),
+            }),
+    };
+    let version = match header.state_shape {
+        Some(_) => VERSION_STATES,
+        None => VERSION,
     };
     let json = serde_json::to_vec(&header).map_err(|e| crate::KvError::Store(e.to_string()))?;
     out.write_all(MAGIC)?;
-    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&version.to_le_bytes())?;
     out.write_all(&(json.len() as u32).to_le_bytes())?;
     out.write_all(&json)?;
     let mut buf = Vec::new();
@@ -65,6 +95,9 @@ pub fn write_export(
                 buf.extend(part.iter().flat_map(|x| x.to_bits().to_le_bytes()));
                 out.write_all(&buf)?;
             }
+        }
+        if let Some(st) = &layer.state {
+            out.write_all(&st.to_le_bytes())?;
         }
     }
     Ok(())
