@@ -9,6 +9,7 @@
 //! exponentials and logarithms from `exp_neg` and a fixed series (never the platform's libm):
 //! the same bits on every CPU, so a state computed in the cloud continues on any edge exactly.
 
+use crate::kernels::delta::Step;
 use crate::kernels::exp::exp_neg;
 
 /// The shape of a model's DeltaNet layers. Keys and values have heads of the same width
@@ -108,7 +109,7 @@ impl Recurrent {
 
 /// A layer's parameters besides its projections.
 pub(crate) struct Params<'a> {
-    /// `[conv_dim, conv_kernel]`: each channel's taps, oldest input first.
+    /// `[conv_kernel, conv_dim]`: the taps, oldest input's first, each over every channel.
     pub conv: &'a [f32],
     /// Per value head: the decay's bias (`ssm_dt.bias`) and its rate (`ssm_a`, negative).
     pub dt_bias: &'a [f32],
@@ -128,30 +129,46 @@ pub(crate) struct Rows<'a> {
     pub rows: usize,
 }
 
+/// Rows of the convolution's output each task makes.
+const CONV_ROWS: usize = 16;
+
 /// Run the convolution (and its SiLU) over `r`'s rows after `state`'s window, then the L2 norms
 /// of each Q and K head; returns the convolved rows `[rows, conv_dim]` and moves the window on.
+/// Each output row reads only input rows, so rows run in parallel; each channel sums its taps
+/// oldest first from 0.
 pub(crate) fn convolve(s: &DeltaNet, p: &Params, state: &mut Recurrent, r: &Rows) -> Vec<f32> {
     let (c, k) = (s.conv_dim(), s.conv_kernel);
     let mut input = Vec::with_capacity((k - 1 + r.rows) * c);
     input.extend_from_slice(&state.conv);
     input.extend_from_slice(&r.qkv[..r.rows * c]);
     let mut out = vec![0f32; r.rows * c];
-    for (t, row) in out.chunks_exact_mut(c).enumerate() {
-        for (ch, o) in row.iter_mut().enumerate() {
-            let taps = &p.conv[ch * k..(ch + 1) * k];
-            let mut sum = 0f32;
-            for (i, &w) in taps.iter().enumerate() {
-                sum += input[(t + i) * c + ch] * w;
+    let ones = vec![1f32; c];
+    let mut pieces: Vec<(usize, &mut [f32])> = out
+        .chunks_mut(CONV_ROWS * c)
+        .enumerate()
+        .map(|(i, o)| (i * CONV_ROWS, o))
+        .collect();
+    crate::par::each(&mut pieces, 2, &|_, (t0, o)| {
+        for (dt, row) in o.chunks_exact_mut(c).enumerate() {
+            let t = *t0 + dt;
+            row.fill(0.0);
+            for i in 0..k {
+                let x = &input[(t + i) * c..(t + i + 1) * c];
+                let w = &p.conv[i * c..(i + 1) * c];
+                for ((o, &x), &w) in row.iter_mut().zip(x).zip(w) {
+                    *o += x * w;
+                }
             }
-            *o = silu(sum);
+            crate::kernels::silu_mul(row, &ones);
+            // Q and K heads to unit length (llama.cpp: x / sqrt(sum x^2 + eps)).
+            for head in row[..2 * s.key_dim()].chunks_exact_mut(s.head_dim) {
+                let ss = head.iter().fold(0f64, |a, &v| a + (v as f64) * (v as f64));
+                let inv = (1.0 / (ss + p.eps as f64).sqrt()) as f32;
+                head.iter_mut().for_each(|v| *v *= inv);
+            }
         }
-        // Q and K heads to unit length (llama.cpp: x / sqrt(sum x^2 + eps)).
-        for head in row[..2 * s.key_dim()].chunks_exact_mut(s.head_dim) {
-            let ss = head.iter().fold(0f64, |a, &v| a + (v as f64) * (v as f64));
-            let inv = (1.0 / (ss + p.eps as f64).sqrt()) as f32;
-            head.iter_mut().for_each(|v| *v *= inv);
-        }
-    }
+    });
+    drop(pieces);
     state.conv.copy_from_slice(&input[r.rows * c..]);
     out
 }
@@ -172,6 +189,7 @@ pub(crate) fn head(
     let kh = h % s.k_heads;
     let scale = 1.0 / (d as f32).sqrt();
     let c = s.conv_dim();
+    let (mut gate, ones) = (vec![0f32; d], vec![1f32; d]);
     for t in 0..r.rows {
         let row = &x[t * c..(t + 1) * c];
         let q = &row[kh * d..(kh + 1) * d];
@@ -182,48 +200,26 @@ pub(crate) fn head(
         let decay = exp(g);
         let o = &mut out[t * d..(t + 1) * d];
         // Row by row of the transposed matrix: decay, read with k, write back the error
-        // scaled by beta, read with q.
-        for (j, mj) in m.chunks_exact_mut(d).enumerate() {
-            mj.iter_mut().for_each(|a| *a *= decay);
-            let delta = (v[j] - dot(mj, k)) * beta;
-            for (a, &ki) in mj.iter_mut().zip(k) {
-                *a += ki * delta;
-            }
-            o[j] = dot(mj, q) * scale;
-        }
+        // scaled by beta, read with q (`kernels::delta`).
+        let step = Step {
+            k,
+            q,
+            v,
+            beta,
+            decay,
+            scale,
+        };
+        crate::kernels::delta_step(m, &step, o);
         // RMS norm over the head, times SiLU of the output gate.
         let ss = o.iter().fold(0f64, |a, &v| a + (v as f64) * (v as f64));
         let inv = (1.0 / (ss / d as f64 + p.eps as f64).sqrt()) as f32;
         let z = &r.z[t * s.value_dim() + h * d..t * s.value_dim() + (h + 1) * d];
-        for ((o, &w), &z) in o.iter_mut().zip(p.norm).zip(z) {
-            *o = *o * inv * w * silu(z);
+        gate.copy_from_slice(z);
+        crate::kernels::silu_mul(&mut gate, &ones[..d]);
+        for ((o, &w), &g) in o.iter_mut().zip(p.norm).zip(&gate) {
+            *o = *o * inv * w * g;
         }
     }
-}
-
-/// Lanes of `dot`.
-const LANES: usize = 8;
-
-/// `a . b` in one fixed order: eight interleaved partial sums (multiplies and adds, no FMA),
-/// added pairwise, then the tail in order. Plain f32 arithmetic: every compiler and CPU gives
-/// these bits.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let whole = n - n % LANES;
-    let mut acc = [0f32; LANES];
-    for (ca, cb) in a[..whole]
-        .chunks_exact(LANES)
-        .zip(b[..whole].chunks_exact(LANES))
-    {
-        for i in 0..LANES {
-            acc[i] += ca[i] * cb[i];
-        }
-    }
-    let mut sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for i in whole..n {
-        sum += a[i] * b[i];
-    }
-    sum
 }
 
 /// `1 / (1 + e^-x)` from `exp_neg` only.
@@ -234,10 +230,6 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     } else {
         e / (1.0 + e)
     }
-}
-
-fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
 }
 
 /// `e^x` for any `x` (a decay is `e^g` with `g <= 0` from a well-formed file; a positive `g`
@@ -295,13 +287,5 @@ mod tests {
             let y = i as f64 / 1000.0;
             assert!((ln_1p(y) - y.ln_1p()).abs() < 1e-15, "{y}");
         }
-    }
-
-    #[test]
-    fn dot_is_the_definition_in_its_order() {
-        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
-        let want: f64 = a.iter().zip(&b).map(|(x, y)| (x * y) as f64).sum();
-        assert!((dot(&a, &b) as f64 - want).abs() < 1e-5);
     }
 }

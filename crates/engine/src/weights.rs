@@ -568,10 +568,13 @@ impl Loader<'_> {
 
     /// A Gated DeltaNet layer's weights (llama.cpp's names), every size checked against `s`.
     fn delta_net(&mut self, p: &str, s: &DeltaNet, d: usize) -> Result<DeltaNetWeights> {
-        let conv = self.vector(
-            &format!("{p}.ssm_conv1d.weight"),
-            s.conv_dim() * s.conv_kernel,
-        )?;
+        // Stored per channel (its taps together); kept tap by tap, each tap over every
+        // channel, the order the convolution reads them in.
+        let (c, k) = (s.conv_dim(), s.conv_kernel);
+        let stored = self.vector(&format!("{p}.ssm_conv1d.weight"), c * k)?;
+        let conv = (0..k)
+            .flat_map(|i| stored.iter().skip(i).step_by(k).copied())
+            .collect();
         Ok(DeltaNetWeights {
             qkv: self.linear(&format!("{p}.attn_qkv"), false, d, s.conv_dim())?,
             z: self.linear(&format!("{p}.attn_gate"), false, d, s.value_dim())?,

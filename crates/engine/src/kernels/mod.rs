@@ -15,6 +15,7 @@ mod act_quant;
 mod arena;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod arm;
+pub(crate) mod delta;
 pub(crate) mod exp;
 pub(crate) mod float;
 mod formats;
@@ -385,6 +386,29 @@ fn gated_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
         done = unsafe { arm::gated::gated_mul_neon::<GELU>(g, u) };
     }
     gated::gated_tail::<GELU>(&mut g[done..], &u[done..]);
+}
+
+/// One token of the gated delta rule on a value head's matrix `m` (`delta.rs`), each row's
+/// output into `o`: the same bits on every path.
+pub fn delta_step(m: &mut [f32], s: &delta::Step, o: &mut [f32]) {
+    delta_step_at(*LEVEL, m, s, o)
+}
+
+/// `delta_step` on the kernel path `level` (at most the detected one).
+fn delta_step_at(level: Level, m: &mut [f32], s: &delta::Step, o: &mut [f32]) {
+    let d = s.k.len().max(1);
+    assert!(
+        s.q.len() == s.k.len() && s.v.len() == m.len() / d && o.len() == m.len() / d,
+        "delta step shapes"
+    );
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if level.avx2() {
+        // SAFETY: AVX2 detected (a level is at most the detected one).
+        done = unsafe { x86::delta::step_avx2(m, s, o) };
+    }
+    let _ = level;
+    delta::step_rows(m, s, o, done);
 }
 
 /// The activation quantizer of `level`'s kernels.

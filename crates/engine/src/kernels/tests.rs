@@ -512,6 +512,41 @@ fn silu_matches_its_definition_and_every_path_agrees() {
 }
 
 #[test]
+fn the_delta_step_gives_the_portable_bits_on_every_path() {
+    let mut seed = 17u64;
+    for d in [8usize, 32, 128, 12] {
+        let rows = d + 3;
+        let v = |seed: &mut u64, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+                })
+                .collect()
+        };
+        let m0 = v(&mut seed, rows * d);
+        let (k, q, vals) = (v(&mut seed, d), v(&mut seed, d), v(&mut seed, rows));
+        let s = delta::Step {
+            k: &k,
+            q: &q,
+            v: &vals,
+            beta: 0.7,
+            decay: 0.93,
+            scale: 0.125,
+        };
+        let (mut m_slow, mut o_slow) = (m0.clone(), vec![0f32; rows]);
+        delta::step_rows(&mut m_slow, &s, &mut o_slow, 0);
+        for level in simd_levels() {
+            let (mut m, mut o) = (m0.clone(), vec![0f32; rows]);
+            delta_step_at(level, &mut m, &s, &mut o);
+            let bits = |x: &[f32]| x.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&m), bits(&m_slow), "{level:?} d={d}: matrix");
+            assert_eq!(bits(&o), bits(&o_slow), "{level:?} d={d}: outputs");
+        }
+    }
+}
+
+#[test]
 fn gelu_matches_the_tanh_form_and_every_path_agrees() {
     let g: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) / 50.0).collect();
     let u: Vec<f32> = (0..1003).map(|i| 1.0 + (i % 5) as f32 / 10.0).collect();

@@ -1,8 +1,10 @@
 //! The x86 kernels: the GEMM on AVX2 / AVX-512 VNNI (256-bit tiles, `gemm.rs`) and on 512-bit
 //! vectors (`gemm_wide.rs`), the float GEMM's tiles (`float.rs`), the activation quantizers
-//! (`act_quant.rs`), exp (`exp.rs`) and the gated activations (`gated.rs`).
+//! (`act_quant.rs`), exp (`exp.rs`), the gated activations (`gated.rs`) and the delta rule's
+//! step (`delta.rs`).
 
 pub(crate) mod act_quant;
+pub(crate) mod delta;
 pub(crate) mod exp;
 pub(crate) mod float;
 pub(crate) mod gated;
