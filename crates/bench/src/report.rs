@@ -79,6 +79,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
         ttft_section(dir, sub, &mut md)?;
     }
     window_section(dir, &mut md);
+    hybrid_section(dir, "xeon-207/", &mut md);
     // The AVX2 EPYC's run, then those of the other machines where there are any.
     for sub in ["", "avx512/", "xeon/", "xeon-emr/"] {
         decode_section(dir, sub, &mut md);
@@ -250,6 +251,7 @@ fn engine_section(dir: &Path, md: &mut String) {
         "synth-qwen3-0.6b",
         "synth-llama3.2-1b",
         "synth-qwen3moe-a3b",
+        "synth-qwen35-0.8b",
     ];
     let names = models.iter().flat_map(|m| {
         [
@@ -263,6 +265,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "zen4/",
             "zen1/",
             "zen3/",
+            "xeon-207/",
         ]
         .map(|sub| format!("{sub}engine-{m}.json"))
     });
@@ -449,6 +452,59 @@ fn first_loaded(r: &serde_json::Value, k: u64) -> String {
         .as_u64()
         .filter(|&n| k >= n)
         .map_or(k.to_string(), |_| "all local".into())
+}
+
+/// A hybrid model on the wire (`bench ttft` on the Qwen3.5-0.8B shape and on Qwen3-0.6B's, the
+/// pure-attention model of its size): bytes down and TTFT against the cloud prompt's length.
+fn hybrid_section(dir: &Path, sub: &str, md: &mut String) {
+    let (Some(h), Some(a)) = (
+        load(dir, &format!("{sub}ttft-qwen35-0.8b.json")),
+        load(dir, &format!("{sub}ttft-qwen3-0.6b.json")),
+    ) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## A hybrid model on the wire (`edgeprompt-bench ttft`, `{sub}ttft-qwen35-0.8b.json`, \
+         `{sub}ttft-qwen3-0.6b.json`)\n\n{}; codec {}. Qwen3.5-0.8B's shape (18 Gated DeltaNet \
+         layers sending their state, 6 attention layers sending KV) against Qwen3-0.6B's (28 \
+         attention layers), both synthetic, Q4_K_M; the same cloud and private prompts; \
+         pipelined EdgePrompt against the edge prefilling everything itself.\n\n\
+         | link | cloud + edge tokens | Qwen3.5 MB down | Qwen3 MB down | Qwen3.5 / Qwen3 bytes | Qwen3.5 edge-only s | split s | split vs edge-only | Qwen3 edge-only s | split s | split vs edge-only |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_line(&h),
+        h["codec"].as_str().unwrap_or("?")
+    );
+    let rows = |v: &Value| v["rows"].as_array().cloned().unwrap_or_default();
+    let (hr, ar) = (rows(&h), rows(&a));
+    for r in &hr {
+        let other = ar.iter().find(|x| {
+            x["profile"] == r["profile"]
+                && x["cloud_tokens"].as_u64().map(|n| n / 64)
+                    == r["cloud_tokens"].as_u64().map(|n| n / 64)
+        });
+        let Some(o) = other else { continue };
+        let (hb, ab) = (f(&r["kv_bytes_down"]), f(&o["kv_bytes_down"]));
+        let (he, hs, ae, as_) = (
+            f(&r["edge_only_s"]),
+            f(&r["pipelined_s"]),
+            f(&o["edge_only_s"]),
+            f(&o["pipelined_s"]),
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {} + {} | {:.1} | {:.1} | {:.2} | {he:.2} | {hs:.2} | {:.2}x | {ae:.2} | {as_:.2} | {:.2}x |",
+            r["profile"].as_str().unwrap_or("?"),
+            r["cloud_tokens"],
+            r["edge_tokens"],
+            hb / 1e6,
+            ab / 1e6,
+            hb / ab,
+            hs / he,
+            as_ / ae
+        );
+    }
+    let _ = writeln!(md);
 }
 
 /// Sliding-window layers cut on the wire (`bench ttft` on a Gemma 3 model): the same requests

@@ -259,6 +259,36 @@ mod tests {
     }
 
     #[test]
+    fn a_hybrid_models_conversation_is_continued_only_whole() {
+        use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
+        let shape = DeltaNet {
+            conv_kernel: 2,
+            k_heads: 1,
+            v_heads: 1,
+            head_dim: 2,
+        };
+        let state = Arc::new(Recurrent::zero(&shape));
+        let p = prefix(&[1; 10]);
+        let kept = ContinuedKv {
+            fingerprint: "m".into(),
+            prefix: Some(p.clone()),
+            token_ids: vec![5, 6, 7],
+            layers: vec![Arc::new(LayerKv::recurrent(1, 2, 13, state))],
+        };
+        let c = PrivateCache::new(1 << 20);
+        let s = Scope::new(None, None);
+        c.put(s, kept);
+        let mut ids = vec![1; 10];
+        // The whole conversation and more: continued from its end.
+        ids.extend([5, 6, 7, 8]);
+        assert_eq!(c.get(&s, &ids, 10).unwrap().len, 3);
+        // Parting inside it (a re-tokenized answer): its state there is gone, so no hit.
+        ids.truncate(10);
+        ids.extend([5, 6, 9, 8]);
+        assert!(c.get(&s, &ids, 10).is_none());
+    }
+
+    #[test]
     fn conversations_on_one_prefix_hold_it_once() {
         let (p, q) = (prefix(&[1; 100]), prefix(&[2; 100]));
         let c = PrivateCache::new(1 << 20);

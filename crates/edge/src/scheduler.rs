@@ -885,10 +885,9 @@ fn finish(r: &mut Running, reason: &'static str, metrics: &Metrics) {
     metrics.finished(reason);
 }
 
-/// KV bytes one token takes in every layer.
+/// KV bytes one token takes in every attention layer.
 pub fn kv_bytes_per_token(model: &Model) -> usize {
-    let c = &model.cfg;
-    c.n_layer * c.n_kv_head * c.head_dim * 2 * 2
+    model.cfg.kv_bytes_per_token()
 }
 
 fn admission(
@@ -968,7 +967,8 @@ fn admission(
             cfg.max_batch + cfg.max_queue
         )));
     }
-    let bytes = (job.prompt.len() + job.max_tokens) * kv_bytes_per_token(model);
+    // A hybrid model's answer also holds its own recurrent states.
+    let bytes = model.cfg.prompt_bytes(job.prompt.len() + job.max_tokens);
     if bytes * answers > cfg.kv_budget_bytes {
         return Err(Refusal::Invalid(format!(
             "{answers} x (prompt + max_tokens) need {:.1} MB of private KV; this server's budget is {:.1} MB",

@@ -50,8 +50,9 @@ pub struct AutoSplit {
     n_layer: usize,
     /// Edge compute per prompt token per layer, seconds.
     token_layer_secs: f64,
-    /// Wire bytes per token per layer of the KV (f16, the edge model's shape).
-    bytes_per_token_layer: usize,
+    /// Per layer, its wire bytes per prompt token (f16 KV of the edge model's shape) and its
+    /// fixed bytes (a recurrent layer: its state, whatever the prompt's length).
+    layer_bytes: Vec<(usize, usize)>,
     /// The private prompt length the split is planned for.
     private_tokens: usize,
     meter: LinkMeter,
@@ -67,7 +68,12 @@ impl AutoSplit {
             cloud_kv: AtomicU8::new(0),
             n_layer: c.n_layer,
             token_layer_secs,
-            bytes_per_token_layer: c.n_kv_head * c.head_dim * 2 * 2,
+            layer_bytes: (0..c.n_layer)
+                .map(|l| match (c.is_recurrent(l), c.features.delta_net) {
+                    (true, Some(s)) => (0, s.state_bytes()),
+                    _ => (c.n_kv_head * c.head_dim * 2 * 2, 0),
+                })
+                .collect(),
             private_tokens: DEFAULT_PRIVATE_TOKENS,
             meter: LinkMeter::default(),
         }
@@ -186,7 +192,11 @@ impl AutoSplit {
         let x = SplitInputs {
             prompt_layer_secs: vec![p as f64 * self.token_layer_secs; n],
             private_layer_secs: vec![self.private_tokens as f64 * self.token_layer_secs; n],
-            layer_bytes: vec![p * self.bytes_per_token_layer; n],
+            layer_bytes: self
+                .layer_bytes
+                .iter()
+                .map(|&(per_token, fixed)| p * per_token + fixed)
+                .collect(),
             bandwidth_bps: link.bytes_per_sec * 8.0,
             rtt_secs: link.rtt.as_secs_f64(),
             cloud_secs: 0.0,
@@ -220,7 +230,7 @@ mod tests {
             n_layer: 24,
             // 0.5B-like: ~200 tok/s prefill = 0.2 ms per token per layer.
             token_layer_secs: 0.2e-3,
-            bytes_per_token_layer: 512,
+            layer_bytes: vec![(512, 0); 24],
             private_tokens: 128,
             meter: LinkMeter::default(),
         }

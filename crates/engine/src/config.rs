@@ -170,6 +170,13 @@ impl ModelConfig {
         2 * 2 * attention * self.n_kv_head * self.head_dim
     }
 
+    /// Bytes a prompt of `n` tokens holds: its attention layers' KV (f16) and its recurrent
+    /// layers' states.
+    pub fn prompt_bytes(&self, n: usize) -> usize {
+        n.saturating_mul(self.kv_bytes_per_token())
+            .saturating_add(self.state_bytes())
+    }
+
     /// Bytes of the recurrent layers' states (the same after any number of tokens; 0 for a
     /// model without such layers).
     pub fn state_bytes(&self) -> usize {

@@ -588,6 +588,41 @@ mod tests {
     }
 
     #[test]
+    fn a_hybrid_prefix_round_trips_with_its_states_and_seal() {
+        use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
+        let shape = DeltaNet {
+            conv_kernel: 3,
+            k_heads: 1,
+            v_heads: 2,
+            head_dim: 4,
+        };
+        let mut st = Recurrent::zero(&shape);
+        for (i, v) in st.conv.iter_mut().chain(st.matrix.iter_mut()).enumerate() {
+            *v = i as f32 * 0.25 - 3.0;
+        }
+        let mut p = prefix(10, 2);
+        p.layers[0] = Arc::new(LayerKv::recurrent(2, 16, 10, Arc::new(st)));
+        let key = crate::SealKey::from_seed([9; 32]);
+        let seal = Seal::sign(&key, "doc", &p, Codec::F16, 0, false);
+        let mut bytes = Vec::new();
+        write_prefix(&mut bytes, &p, Some(&seal)).unwrap();
+        let want = Expect {
+            state: Some(shape),
+            ..expect(2, 100)
+        };
+        let (back, seal_back) = read_prefix(&mut &bytes[..], &want).unwrap();
+        assert_eq!(back.layers[0], p.layers[0]);
+        assert_eq!(back.layers[1], p.layers[1]);
+        seal_back.unwrap().verify(&key.public(), &back).unwrap();
+        // A reader whose model has no such state refuses it; a flipped state byte fails the CRC.
+        assert!(read_prefix(&mut &bytes[..], &expect(2, 100)).is_err());
+        let at = bytes.len() - p.layers[1].bytes() - 40;
+        let mut bad = bytes.clone();
+        bad[at] ^= 1;
+        assert!(read_prefix(&mut &bad[..], &want).is_err());
+    }
+
+    #[test]
     fn memory_store_evicts_by_bytes_lru() {
         let p = Arc::new(prefix(10, 2)); // 2 layers x 10 tok x 2 heads x 16 x 2 (K,V) x 2 B
         let one = p.bytes();

@@ -49,7 +49,7 @@ impl Prefixes {
         // The prompt's bytes held against the cache's budget before anything is asked, when
         // its length is known (its tokens, or the cloud's list): a refusal then sends nothing,
         // so whether a fetch goes out never depends on what is being computed here.
-        let per_token = self.model.cfg.kv_bytes_per_token();
+        let cfg = &self.model.cfg;
         let listed = ids.map(<[u32]>::len).or_else(|| {
             let p = self.catalog.current();
             match &prompt {
@@ -58,7 +58,7 @@ impl Prefixes {
             }
         });
         let mut held = match listed {
-            Some(n) => Some(self.hold(n * per_token, false).map_err(busy)?),
+            Some(n) => Some(self.hold(cfg.prompt_bytes(n), false).map_err(busy)?),
             None => None,
         };
         let asked = Instant::now();
@@ -130,7 +130,7 @@ impl Prefixes {
         }
         // What arrives counts against the prompt cache's budget while it arrives, like a
         // prompt computed here: a flood of fetches is refused, not held in memory unbounded.
-        let bytes = header.token_ids.len() * per_token;
+        let bytes = cfg.prompt_bytes(header.token_ids.len());
         if held.as_ref().is_none_or(|h| h.bytes < bytes) {
             held = Some(self.hold(bytes, false).map_err(busy)?);
         }
@@ -287,7 +287,7 @@ impl Prefixes {
     /// at once than the memory budget holds (a flood of new system prompts is refused, not
     /// queued without bound).
     pub(super) async fn compute(&self, ids: &[u32]) -> Result<PrefixKv, LookupError> {
-        let bytes = ids.len() * self.model.cfg.kv_bytes_per_token();
+        let bytes = self.model.cfg.prompt_bytes(ids.len());
         if bytes > self.cfg.cache_bytes {
             return Err(LookupError::TooLong(format!(
                 "the system prompt's KV ({} MB for {} tokens) is larger than this edge's prompt cache ({} MB)",

@@ -69,7 +69,7 @@ impl Prefixes {
         let Some(me) = self.me.get().and_then(Weak::upgrade) else {
             return;
         };
-        let per_token = self.model.cfg.kv_bytes_per_token();
+        let cfg = &self.model.cfg;
         // The plan under the prefetcher's lock alone (eviction takes it inside the entries'
         // lock: never the other way round).
         let due: Vec<(String, String)> = {
@@ -82,7 +82,7 @@ impl Prefixes {
             let mut plan = HashSet::new();
             let mut due = Vec::new();
             for p in &list.prompts {
-                let bytes = p.tokens.saturating_mul(per_token);
+                let bytes = cfg.prompt_bytes(p.tokens);
                 if bytes > left {
                     continue;
                 }
