@@ -5,7 +5,7 @@ use edgeprompt_engine::config::window_start;
 use edgeprompt_engine::recurrent::DeltaNet;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::{codec, Chunk, Codec, Manifest, SealKey};
-use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header, StateShape};
+use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -161,16 +161,7 @@ pub fn header(
             values_codec: values_codec
                 .filter(|&c| c != codec)
                 .map_or(String::new(), |c| c.name().into()),
-            state_shape: layout.state.map(|s| StateShape {
-                layers: (0..layout.n_layers)
-                    .filter(|&l| layout.recurrent.get(l).copied().unwrap_or(false))
-                    .map(|l| l as u32)
-                    .collect(),
-                conv_kernel: s.conv_kernel as u32,
-                k_heads: s.k_heads as u32,
-                v_heads: s.v_heads as u32,
-                head_dim: s.head_dim as u32,
-            }),
+            state_shape: edgeprompt_protocol::state_shape(&layout.recurrent, layout.state),
         })),
     }
 }

@@ -488,19 +488,7 @@ pub fn check_header(
     let values_codec = Codec::parse(values_codec)
         .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
     // A hybrid model's recurrent layers and their state's shape are the model's own.
-    let want = cfg
-        .features
-        .delta_net
-        .map(|s| edgeprompt_protocol::StateShape {
-            layers: (0..cfg.n_layer)
-                .filter(|&l| cfg.is_recurrent(l))
-                .map(|l| l as u32)
-                .collect(),
-            conv_kernel: s.conv_kernel as u32,
-            k_heads: s.k_heads as u32,
-            v_heads: s.v_heads as u32,
-            head_dim: s.head_dim as u32,
-        });
+    let want = edgeprompt_protocol::state_shape(&cfg.recurrent, cfg.features.delta_net);
     if h.state_shape != want {
         return Err(EdgeError::Stream(format!(
             "header's recurrent state {:?} is not this model's {want:?}",

@@ -53,6 +53,24 @@ impl TryFrom<WireChunk> for Chunk {
     }
 }
 
+/// The header's description of a hybrid model's recurrent layers (`recurrent[l]`: layer `l` is
+/// one) and their state's shape; none for a model without them.
+pub fn state_shape(
+    recurrent: &[bool],
+    s: Option<edgeprompt_engine::recurrent::DeltaNet>,
+) -> Option<StateShape> {
+    s.map(|s| StateShape {
+        layers: (0..recurrent.len())
+            .filter(|&l| recurrent[l])
+            .map(|l| l as u32)
+            .collect(),
+        conv_kernel: s.conv_kernel as u32,
+        k_heads: s.k_heads as u32,
+        v_heads: s.v_heads as u32,
+        head_dim: s.head_dim as u32,
+    })
+}
+
 /// Whether a prompt id is acceptable (short, plain): ids are names, not content.
 pub fn valid_prompt_id(id: &str) -> bool {
     !id.is_empty()
