@@ -76,6 +76,14 @@ ARCHS = {
         head_dim=64, n_ff=512, rope_dims=16, sections=[3, 3, 2, 0], ssm=(4, 2, 4, 32),
         attn_every=4, mtp=1, tied=True, rope_base=10000000.0,
     ),
+    # Qwen3.5-0.8B's widths (1024 wide; attention 8 heads of 256 with 2 KV heads, RoPE on 64 of
+    # them in sections 11/11/10; DeltaNet 16 key and 16 value heads of 128, width-4 convolution;
+    # FFN 3584) in four of its layers: three DeltaNet, one attention.
+    "qwen35-0.8b-shape": dict(
+        arch="qwen35", tok="qwen05", pre="qwen35", n_embd=1024, n_layer=4, n_head=8, n_kv=2,
+        head_dim=256, n_ff=3584, rope_dims=64, sections=[11, 11, 10, 0], ssm=(4, 16, 16, 128),
+        attn_every=4, tied=True, rope_base=10000000.0,
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,

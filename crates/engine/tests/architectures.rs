@@ -17,8 +17,16 @@ use edgeprompt_engine::{Model, Sequence};
 
 mod common;
 
-const ARCHS: [&str; 8] = [
-    "qwen3", "llama3", "granite", "smollm3", "phi3", "gemma2", "qwen3moe", "qwen35",
+const ARCHS: [&str; 9] = [
+    "qwen3",
+    "llama3",
+    "granite",
+    "smollm3",
+    "phi3",
+    "gemma2",
+    "qwen3moe",
+    "qwen35",
+    "qwen35-0.8b-shape",
 ];
 
 /// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded
