@@ -84,6 +84,18 @@ ARCHS = {
         head_dim=256, n_ff=3584, rope_dims=64, sections=[11, 11, 10, 0], ssm=(4, 16, 16, 128),
         attn_every=4, tied=True, rope_base=10000000.0,
     ),
+    # The MoE hybrid: qwen35's trunk in four layers (three DeltaNet, one attention), each FFN
+    # eight routed experts (two used) whose gate and up share one stack, and a gated shared
+    # expert; an MTP block (with its own experts) after the trunk. The layers' matrices in F32:
+    # with 8-bit activations the two implementations' hidden states differ enough that a
+    # router's near tie picks another expert in one or the other (seen: a 0.007 logit gap,
+    # cosine 0.997 at that token); in F32 they agree to float rounding.
+    "qwen35moe": dict(
+        arch="qwen35moe", tok="qwen05", pre="qwen35", n_embd=256, n_layer=4, n_head=4, n_kv=2,
+        head_dim=64, n_ff=512, rope_dims=16, sections=[3, 3, 2, 0], ssm=(4, 2, 4, 32),
+        attn_every=4, mtp=1, tied=False, rope_base=10000000.0, experts=8, experts_used=2,
+        n_ff_exp=128, shared_ff=256, layer_fmt="F32",
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
@@ -291,6 +303,8 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_expert_count(s["experts"])
         w.add_expert_used_count(s["experts_used"])
         w.add_expert_feed_forward_length(s["n_ff_exp"])
+    if "shared_ff" in s:
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["shared_ff"])
     write_tokenizer(w, fields, s.get("pre"))
 
     g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
@@ -311,6 +325,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.5 * g.rng.random(rot // 2)).astype(np.float32))
         w.add_tensor("rope_factors_long.weight", (1.0 + 4.0 * g.rng.random(rot // 2)).astype(np.float32))
     qd, kvd = nh * hd, nkv * hd
+    fmt = s.get("layer_fmt", fmt)
     if "ssm" in s:
         write_hybrid(w, g, s, fmt)
         nl = 0
@@ -372,9 +387,22 @@ def write_hybrid(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str):
         w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(hd))
 
     def ffn(p):
-        add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d), fmt, g.rng)
-        add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d), fmt, g.rng)
-        add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
+        if "experts" not in s:
+            add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
+            return
+        # Qwen3.5-MoE: the router (F32), each expert's gate rows then its up rows in one
+        # stack, the experts' down; the shared expert and its gate vector.
+        e, fe, sf = s["experts"], s["n_ff_exp"], s["shared_ff"]
+        w.add_tensor(f"{p}.ffn_gate_inp.weight", g.matrix(e, d))
+        gate_up = np.stack([np.concatenate([g.matrix(fe, d), g.matrix(fe, d)]) for _ in range(e)])
+        add_matrix(w, f"{p}.ffn_gate_up_exps.weight", gate_up, fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_down_exps.weight", np.stack([g.matrix(d, fe) for _ in range(e)]), fmt, g.rng)
+        w.add_tensor(f"{p}.ffn_gate_inp_shexp.weight", g.matrix(1, d).reshape(d))
+        add_matrix(w, f"{p}.ffn_gate_shexp.weight", g.matrix(sf, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_up_shexp.weight", g.matrix(sf, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_down_shexp.weight", g.matrix(d, sf), fmt, g.rng)
 
     for l in range(nl):
         p = f"blk.{l}"

@@ -3,8 +3,9 @@
 //! metadata), a signing cloud node streams a plain-text cloud prompt, an edge server takes the
 //! cloud's layers from several split points (computing the ones below itself) and answers a
 //! completion; the answer is the single-node answer on the concatenated ids, token for token.
-//! Gemma 2's sliding-window layers arrive cut to the window, as Gemma 3's do; Qwen3.5's recurrent
-//! layers arrive as their state at the prompt's end, signed, and no positions.
+//! Gemma 2's sliding-window layers arrive cut to the window, as Gemma 3's do; the recurrent
+//! layers of Qwen3.5 and Qwen3.5-MoE arrive as their state at the prompt's end, signed, and
+//! no positions.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,9 +25,10 @@ use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
 /// gained after the first six, or in f16 or bf16 (the float kernels).
-const FAMILIES: [&str; 16] = [
+const FAMILIES: [&str; 17] = [
     "qwen3",
     "qwen35",
+    "qwen35moe",
     "llama3",
     "granite",
     "smollm3",
@@ -134,7 +136,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 let got = v["choices"][0]["text"].as_str().unwrap();
                 assert_eq!(got, want, "{name}: split at layer {split} of {n}");
             }
-            if name == "qwen35" {
+            if name.starts_with("qwen35") {
                 let p = Prefixes::new(
                     m.clone(),
                     common::prefix_config(&cloud),
@@ -145,11 +147,11 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 let n = got.prefix.n_tokens();
                 for (l, layer) in got.prefix.layers.iter().enumerate() {
                     let recurrent = m.cfg.is_recurrent(l);
-                    assert_eq!(layer.state.is_some(), recurrent, "qwen35 layer {l}");
+                    assert_eq!(layer.state.is_some(), recurrent, "{name} layer {l}");
                     assert_eq!(
                         layer.len(),
                         if recurrent { 0 } else { n },
-                        "qwen35 layer {l}"
+                        "{name} layer {l}"
                     );
                 }
             }

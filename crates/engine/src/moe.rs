@@ -2,11 +2,15 @@
 //! experts, the rows of each expert run together through its gated MLP, and each row sums its
 //! experts' outputs weighted by the router.
 //!
+//! A shared expert (Qwen3.5-MoE) runs every row; its output, scaled by the sigmoid of the
+//! row's shared gate logit, is added after the routed sum.
+//!
 //! Batch invariance holds as for the dense FFN: a row's experts depend on its router logits
 //! alone, an expert's matrices give each row the same bits however many rows share the call
 //! (our kernels' contract), and each row sums its experts in its own top-k order.
 
 use crate::kernels::exp::exp_neg;
+use crate::recurrent::sigmoid;
 use crate::weights::{Experts, Linear};
 use crate::Result;
 
@@ -78,6 +82,24 @@ pub(crate) fn forward(
         let dst = &mut out[r * d..(r + 1) * d];
         for (k, &(_, w)) in p.iter().enumerate() {
             let src = &ys[(r * x.used + k) * d..(r * x.used + k + 1) * d];
+            for (o, v) in dst.iter_mut().zip(src) {
+                *o += w * v;
+            }
+        }
+    }
+    if let Some(s) = &x.shared {
+        let logit = s.gate_inp.forward(h, rows)?;
+        let mut pair: [Vec<f32>; 2] = Default::default();
+        Linear::forward_many_into(&[&s.gate, &s.up], h, rows, &mut pair)?;
+        let [g, u] = &mut pair;
+        if gelu {
+            crate::kernels::gelu_mul(g, u);
+        } else {
+            crate::kernels::silu_mul(g, u);
+        }
+        Linear::forward_many_into(&[&s.down], g, rows, std::slice::from_mut(&mut y))?;
+        for ((dst, src), &l) in out.chunks_exact_mut(d).zip(y.chunks_exact(d)).zip(&logit) {
+            let w = sigmoid(l);
             for (o, v) in dst.iter_mut().zip(src) {
                 *o += w * v;
             }

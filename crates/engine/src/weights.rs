@@ -7,6 +7,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 
 use std::sync::Arc;
 
+use crate::arch::Moe;
 use crate::config::ModelConfig;
 use crate::dequant;
 use crate::gguf::{Content, Dtype};
@@ -291,12 +292,17 @@ impl Ffn {
                 .chain(&x.gate)
                 .chain(&x.up)
                 .chain(&x.down)
+                .chain(
+                    x.shared
+                        .iter()
+                        .flat_map(|s| [&s.gate_inp, &s.gate, &s.up, &s.down]),
+                )
                 .collect(),
         }
     }
 }
 
-/// One layer's experts: the router, and each expert's gate, up and down.
+/// One layer's experts: the router, each expert's gate, up and down, and the shared expert.
 pub(crate) struct Experts {
     /// Experts each row runs.
     pub used: usize,
@@ -304,6 +310,17 @@ pub(crate) struct Experts {
     pub gate: Vec<Linear>,
     pub up: Vec<Linear>,
     pub down: Vec<Linear>,
+    pub shared: Option<SharedExpert>,
+}
+
+/// The expert every row runs besides its routed ones (Qwen3.5-MoE): a gated MLP whose output
+/// is scaled by `sigmoid(gate_inp . row)`.
+pub(crate) struct SharedExpert {
+    /// One output: the row's gate logit.
+    pub gate_inp: Linear,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
 }
 
 pub(crate) struct Weights {
@@ -424,6 +441,8 @@ impl Loader<'_> {
         let n: usize = ranges.iter().map(|r| r.1).sum();
         let bad = || EngineError::Gguf(format!("tensor {name}: {n} rows of matrix {e}"));
         let (stack, rows, k) = match info.dims[..] {
+            // A vector is a matrix of one row (Qwen3.5-MoE's shared expert gate).
+            [k] => (1, 1, k),
             [rows, k] => (1, rows, k),
             [stack, rows, k] => (stack, rows, k),
             _ => return Err(bad()),
@@ -588,6 +607,50 @@ impl Loader<'_> {
         })
     }
 
+    /// A layer's experts: gate and up stacked apart, or in one stack (each expert's gate rows,
+    /// then its up rows); and the shared expert when the family has one.
+    fn experts(&mut self, p: &str, moe: &Moe, d: usize) -> Result<Experts> {
+        let ff = moe.n_ff;
+        let fused = format!("{p}.ffn_gate_up_exps.weight");
+        let (gate_name, up_name, up_first) = if self.has(&fused) {
+            (fused.clone(), fused, ff)
+        } else {
+            let name = |part| format!("{p}.ffn_{part}_exps.weight");
+            (name("gate"), name("up"), 0)
+        };
+        let mut stack = |name: &str, first: usize, out: usize, inp: usize| {
+            (0..moe.count)
+                .map(|e| self.linear_rows(name, e, first, out, inp))
+                .collect::<Result<Vec<_>>>()
+        };
+        let gate = stack(&gate_name, 0, ff, d)?;
+        let up = stack(&up_name, up_first, ff, d)?;
+        let down = stack(&format!("{p}.ffn_down_exps.weight"), 0, d, ff)?;
+        let shared = match moe.shared_n_ff {
+            Some(sf) => Some(SharedExpert {
+                gate_inp: self.linear_rows(
+                    &format!("{p}.ffn_gate_inp_shexp.weight"),
+                    0,
+                    0,
+                    1,
+                    d,
+                )?,
+                gate: self.linear(&format!("{p}.ffn_gate_shexp"), false, d, sf)?,
+                up: self.linear(&format!("{p}.ffn_up_shexp"), false, d, sf)?,
+                down: self.linear(&format!("{p}.ffn_down_shexp"), false, sf, d)?,
+            }),
+            None => None,
+        };
+        Ok(Experts {
+            used: moe.used,
+            router: self.linear(&format!("{p}.ffn_gate_inp"), false, d, moe.count)?,
+            gate,
+            up,
+            down,
+            shared,
+        })
+    }
+
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -666,25 +729,7 @@ impl Weights {
                 (false, _) => Mixer::Attention(ld.attention(&p, cfg)?),
             };
             let ffn = match &f.moe {
-                Some(moe) => Ffn::Experts(Experts {
-                    used: moe.used,
-                    router: ld.linear(&format!("{p}.ffn_gate_inp"), false, d, moe.count)?,
-                    gate: (0..moe.count)
-                        .map(|e| {
-                            ld.linear_rows(&format!("{p}.ffn_gate_exps.weight"), e, 0, moe.n_ff, d)
-                        })
-                        .collect::<Result<_>>()?,
-                    up: (0..moe.count)
-                        .map(|e| {
-                            ld.linear_rows(&format!("{p}.ffn_up_exps.weight"), e, 0, moe.n_ff, d)
-                        })
-                        .collect::<Result<_>>()?,
-                    down: (0..moe.count)
-                        .map(|e| {
-                            ld.linear_rows(&format!("{p}.ffn_down_exps.weight"), e, 0, d, moe.n_ff)
-                        })
-                        .collect::<Result<_>>()?,
-                }),
+                Some(moe) => Ffn::Experts(ld.experts(&p, moe, d)?),
                 // Phi's gate and up in one matrix: gate the first half of its rows.
                 None if f.fused => {
                     let up = format!("{p}.ffn_up.weight");
@@ -775,6 +820,11 @@ impl Weights {
                     run(&x.router, 1);
                     for l in [&x.gate[0], &x.up[0], &x.down[0]] {
                         run(l, x.used);
+                    }
+                    if let Some(s) = &x.shared {
+                        [&s.gate_inp, &s.gate, &s.up, &s.down]
+                            .into_iter()
+                            .for_each(|l| run(l, 1));
                     }
                 }
             }

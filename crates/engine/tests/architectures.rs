@@ -17,7 +17,7 @@ use edgeprompt_engine::{Model, Sequence};
 
 mod common;
 
-const ARCHS: [&str; 9] = [
+const ARCHS: [&str; 10] = [
     "qwen3",
     "llama3",
     "granite",
@@ -27,6 +27,7 @@ const ARCHS: [&str; 9] = [
     "qwen3moe",
     "qwen35",
     "qwen35-0.8b-shape",
+    "qwen35moe",
 ];
 
 /// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded

@@ -18,13 +18,17 @@ use edgeprompt_engine::{LayerKv, Model, PrefixKv, Sequence};
 const DECODE: usize = 6;
 
 fn model() -> Model {
+    synth("qwen35")
+}
+
+fn synth(name: &str) -> Model {
     let dir = std::env::var_os("EDGEPROMPT_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| common::root().join("models"));
-    let p = dir.join("synth/qwen35.gguf");
+    let p = dir.join(format!("synth/{name}.gguf"));
     assert!(
         p.exists(),
-        "{} is missing: run `python3 scripts/ref/synth.py qwen35`",
+        "{} is missing: run `python3 scripts/ref/synth.py {name}`",
         p.display()
     );
     Model::load(p).unwrap()
@@ -78,10 +82,16 @@ fn the_shape_is_read_from_the_file() {
     assert_eq!(c.state_bytes(), 6 * 4 * (3 * 256 + 4 * 32 * 32));
 }
 
+/// Qwen3.5, and Qwen3.5-MoE (whose batched rows also share experts).
 #[test]
 fn split_equals_single_node_bit_for_bit_around_the_convolution_width() {
-    let m = model();
-    let all = long_ids(&m);
+    for name in ["qwen35", "qwen35moe"] {
+        split_equals_single_node(name, &synth(name));
+    }
+}
+
+fn split_equals_single_node(name: &str, m: &Model) {
+    let all = long_ids(m);
     let edge = m
         .tokenizer
         .encode(" My booking is for Friday; can I still get my money back?")
@@ -89,17 +99,17 @@ fn split_equals_single_node_bit_for_bit_around_the_convolution_width() {
     for n in [1, 2, 3, 4, 5, 63, 64, 65, 1000] {
         let cloud = &all[..n];
         let whole: Vec<u32> = cloud.iter().chain(&edge).copied().collect();
-        let mut single = Sequence::new(&m);
-        let first = single.prefill(&m, &whole).unwrap();
-        let want = answer(&m, &mut single, first);
+        let mut single = Sequence::new(m);
+        let first = single.prefill(m, &whole).unwrap();
+        let want = answer(m, &mut single, first);
 
         // The cloud's pass, layer by layer, exported as a prefix: its recurrent layers hold a
         // state and no rows.
-        let mut pass = PrefillPass::new(&m, cloud, 0).unwrap();
+        let mut pass = PrefillPass::new(m, cloud, 0).unwrap();
         for _ in 0..m.cfg.n_layer {
-            pass.run_layer(&m, None).unwrap();
+            pass.run_layer(m, None).unwrap();
         }
-        let prefix = Arc::new(pass.into_prefix(&m).unwrap());
+        let prefix = Arc::new(pass.into_prefix(m).unwrap());
         for (l, kv) in prefix.layers.iter().enumerate() {
             assert_eq!(kv.state.is_some(), m.cfg.is_recurrent(l), "layer {l}");
             assert_eq!(kv.end(), n);
@@ -108,44 +118,47 @@ fn split_equals_single_node_bit_for_bit_around_the_convolution_width() {
             }
         }
         // The same prefix from a sequence's export.
-        let mut cloud_seq = Sequence::new(&m);
-        cloud_seq.prefill(&m, cloud).unwrap();
-        let exported = cloud_seq.export_prefix(&m).unwrap();
+        let mut cloud_seq = Sequence::new(m);
+        cloud_seq.prefill(m, cloud).unwrap();
+        let exported = cloud_seq.export_prefix(m).unwrap();
         for (a, b) in prefix.layers.iter().zip(&exported.layers) {
-            assert_eq!(a, b, "n = {n}: the pass and the sequence export differ");
+            assert_eq!(
+                a, b,
+                "{name}, n = {n}: the pass and the sequence export differ"
+            );
         }
 
         // The edge's pipeline: its layer l runs with cloud layer l.
-        let mut edge_pass = PrefillPass::new(&m, &edge, n).unwrap();
+        let mut edge_pass = PrefillPass::new(m, &edge, n).unwrap();
         for l in 0..m.cfg.n_layer {
-            edge_pass.run_layer(&m, Some(&prefix.layers[l])).unwrap();
+            edge_pass.run_layer(m, Some(&prefix.layers[l])).unwrap();
         }
-        let (mut seq, first) = edge_pass.finish(&m, prefix.clone()).unwrap();
+        let (mut seq, first) = edge_pass.finish(m, prefix.clone()).unwrap();
         assert_same(
-            &format!("n = {n}: edge pipeline"),
-            &answer(&m, &mut seq, first),
+            &format!("{name}, n = {n}: edge pipeline"),
+            &answer(m, &mut seq, first),
             &want,
         );
 
         // A sequence on the prefix, its prompt in chunks of 5 (each chunk continues the state).
-        let mut on_prefix = Sequence::with_prefix(&m, prefix.clone()).unwrap();
-        let first = on_prefix.prefill_chunked(&m, &edge, 5).unwrap();
+        let mut on_prefix = Sequence::with_prefix(m, prefix.clone()).unwrap();
+        let first = on_prefix.prefill_chunked(m, &edge, 5).unwrap();
         assert_same(
-            &format!("n = {n}: chunked on the prefix"),
-            &answer(&m, &mut on_prefix, first),
+            &format!("{name}, n = {n}: chunked on the prefix"),
+            &answer(m, &mut on_prefix, first),
             &want,
         );
 
         // In a batch beside another sequence (on the same prefix, another prompt).
-        let mut a = Sequence::with_prefix(&m, prefix.clone()).unwrap();
-        let mut b = Sequence::with_prefix(&m, prefix.clone()).unwrap();
+        let mut a = Sequence::with_prefix(m, prefix.clone()).unwrap();
+        let mut b = Sequence::with_prefix(m, prefix.clone()).unwrap();
         let other = m.tokenizer.encode(" And on Sunday?").unwrap();
         let mut batch = [(&mut b, other.as_slice()), (&mut a, edge.as_slice())];
         let mut out = m.forward(&mut batch).unwrap();
         let first = out.pop().unwrap();
         assert_same(
-            &format!("n = {n}: batched"),
-            &answer(&m, &mut a, first),
+            &format!("{name}, n = {n}: batched"),
+            &answer(m, &mut a, first),
             &want,
         );
     }

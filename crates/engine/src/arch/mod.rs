@@ -27,6 +27,7 @@ pub enum Arch {
     Qwen3,
     Qwen3Moe,
     Qwen35,
+    Qwen35Moe,
     Phi3,
     SmolLm3,
     Gemma2,
@@ -36,7 +37,7 @@ pub enum Arch {
 
 /// Every architecture name this engine loads, for the error that names the rest.
 pub const SUPPORTED: &str =
-    "llama, qwen2, qwen3, qwen3moe, qwen35, phi3, smollm3, gemma2, gemma3, granite";
+    "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, phi3, smollm3, gemma2, gemma3, granite";
 
 impl Arch {
     pub fn from_name(name: &str) -> Result<Self> {
@@ -46,6 +47,7 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
             "qwen35" => Arch::Qwen35,
+            "qwen35moe" => Arch::Qwen35Moe,
             "phi3" => Arch::Phi3,
             "smollm3" => Arch::SmolLm3,
             "gemma2" => Arch::Gemma2,
@@ -68,6 +70,9 @@ pub struct Moe {
     pub used: usize,
     /// Hidden width of one expert.
     pub n_ff: usize,
+    /// Hidden width of the shared expert every row also runs, its output scaled by a sigmoid
+    /// gate of the row (Qwen3.5-MoE), when the layers have one.
+    pub shared_n_ff: Option<usize>,
 }
 
 /// What a family's layers do beyond the plain pre-norm transformer with SiLU-gated FFN and
@@ -189,6 +194,7 @@ pub fn features(arch: Arch, m: &Meta, head_dim: usize, n_embd: usize) -> Result<
         Arch::Qwen3 => qwen::qwen3(plain),
         Arch::Qwen3Moe => qwen::qwen3moe(plain, m)?,
         Arch::Qwen35 => qwen35::features(plain, m, head_dim)?,
+        Arch::Qwen35Moe => qwen35::moe(plain, m, head_dim)?,
         Arch::Phi3 => phi3::features(plain, m, head_dim)?,
         Arch::SmolLm3 => smollm3::features(plain),
         Arch::Gemma2 => gemma::gemma2(plain, m, n_embd),

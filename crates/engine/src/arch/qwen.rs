@@ -23,10 +23,19 @@ pub fn qwen3(plain: Features) -> Features {
 }
 
 pub fn qwen3moe(plain: Features, m: &Meta) -> Result<Features> {
+    Ok(Features {
+        moe: Some(experts(m, None)?),
+        ..qwen3(plain)
+    })
+}
+
+/// The experts of a Qwen MoE family's layers, and the width of its shared expert if it has one.
+pub fn experts(m: &Meta, shared_n_ff: Option<usize>) -> Result<Moe> {
     let moe = Moe {
         count: m.usize("expert_count")?,
         used: m.usize("expert_used_count")?,
         n_ff: m.usize("expert_feed_forward_length")?,
+        shared_n_ff,
     };
     if moe.used == 0 || moe.used > moe.count || moe.count > 1024 {
         return Err(EngineError::Unsupported(format!(
@@ -34,8 +43,5 @@ pub fn qwen3moe(plain: Features, m: &Meta) -> Result<Features> {
             moe.used, moe.count
         )));
     }
-    Ok(Features {
-        moe: Some(moe),
-        ..qwen3(plain)
-    })
+    Ok(moe)
 }

@@ -4,7 +4,8 @@
 //! gate on the attention output, per-head RMS norms of Q and K, NEOX RoPE on the first
 //! `rope.dimension_count` dimensions (the text positions of its interleaved multi-axis RoPE).
 //! The norm before the FFN is named `post_attention_norm`. MTP (next-n) blocks at the end of
-//! the file are left unread.
+//! the file are left unread. Qwen3.5-MoE (`qwen35moe`) is the same trunk with routed experts
+//! and a gated shared expert for FFN.
 
 use super::{Features, Meta};
 use crate::config::RopeStyle;
@@ -54,6 +55,23 @@ pub fn features(plain: Features, m: &Meta, head_dim: usize) -> Result<Features> 
         ffn_norm: "post_attention_norm",
         delta_net: Some(shape),
         ..plain
+    })
+}
+
+/// Qwen3.5-MoE: the hybrid trunk, a softmax router over experts, and (when the file holds its
+/// tensors) a shared expert whose output a sigmoid of the row scales.
+pub fn moe(plain: Features, m: &Meta, head_dim: usize) -> Result<Features> {
+    let shared_n_ff = if m.has("blk.0.ffn_up_shexp.weight") {
+        Some(
+            m.usize("expert_shared_feed_forward_length")
+                .or_else(|_| m.usize("feed_forward_length"))?,
+        )
+    } else {
+        None
+    };
+    Ok(Features {
+        moe: Some(super::qwen::experts(m, shared_n_ff)?),
+        ..features(plain, m, head_dim)?
     })
 }
 
