@@ -6,7 +6,7 @@
 # run (every kernel against the portable bits) and, on `max`, the kernel-paths test: a real
 # model's logits on i8mm, dotprod, neon and the portable path, equal to each other and to the
 # committed fixture that x86 reproduces too; and on `max` the model families (qwen3, llama 3,
-# granite, smollm3, phi3, gemma2, qwen3moe, qwen35, qwen35moe) against llama.cpp's logits on their synthetic
+# granite, smollm3, phi3, gemma2, qwen3moe, qwen35, qwen35moe, lfm2) against llama.cpp's logits on their synthetic
 # GGUFs (scripts/ref/synth.py, made by scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -96,6 +96,14 @@ ARCHS = {
         attn_every=4, mtp=1, tied=False, rope_base=10000000.0, experts=8, experts_used=2,
         n_ff_exp=128, shared_ff=256, layer_fmt="F32",
     ),
+    # LFM2's hybrid (LFM2-350M's pattern in six layers): short convolutions of three taps where
+    # the per-layer KV head count is 0, GQA with Q/K norms in the others; the final norm named
+    # `token_embd_norm`; Llama 3's pre-tokenizer under LFM2's name.
+    "lfm2": dict(
+        arch="lfm2", tok="smollm2", pre="lfm2", n_embd=256, n_layer=6, n_head=4, n_kv=2,
+        head_dim=64, n_ff=512, tied=True, shortconv=3, attn_layers=[2, 5], rope_base=1000000.0,
+        qk_norm=True,
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
@@ -272,7 +280,11 @@ def write(name: str, spec: dict, out: Path) -> Path:
     w.add_block_count(nl + s.get("mtp", 0))
     w.add_feed_forward_length(ff)
     w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
+    if "shortconv" in s:
+        w.add_head_count_kv([nkv if l in s["attn_layers"] else 0 for l in range(nl)])
+        w.add_uint32(f"{arch}.shortconv.l_cache", s["shortconv"])
+    else:
+        w.add_head_count_kv(nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
@@ -312,7 +324,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
     # Embeddings of unit rows (Gemma scales them by sqrt(width) itself).
     embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") else 1.0
     add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale), fmt, g.rng)
-    w.add_tensor("output_norm.weight", g.norm(d))
+    w.add_tensor("token_embd_norm.weight" if "shortconv" in s else "output_norm.weight", g.norm(d))
     if not s.get("tied"):
         add_matrix(w, "output.weight", g.matrix(vocab, d), fmt, g.rng)
     rot = s.get("rope_dims", hd)
@@ -332,6 +344,16 @@ def write(name: str, spec: dict, out: Path) -> Path:
     for l in range(nl):
         p = f"blk.{l}"
         w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
+        if "shortconv" in s and l not in s["attn_layers"]:
+            # LFM2's short convolution: B, C and X in one projection, taps per channel.
+            add_matrix(w, f"{p}.shortconv.in_proj.weight", g.matrix(3 * d, d), fmt, g.rng)
+            w.add_tensor(f"{p}.shortconv.conv.weight", g.matrix(d, s["shortconv"], 0.5))
+            add_matrix(w, f"{p}.shortconv.out_proj.weight", g.matrix(d, d), fmt, g.rng)
+            w.add_tensor(f"{p}.ffn_norm.weight", g.norm(d))
+            add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_up.weight", g.matrix(ff, d), fmt, g.rng)
+            add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, ff), fmt, g.rng)
+            continue
         if s.get("fused"):
             add_matrix(w, f"{p}.attn_qkv.weight", g.matrix(qd + 2 * kvd, d), fmt, g.rng)
         else:

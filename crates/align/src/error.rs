@@ -8,7 +8,7 @@ pub enum AlignError {
     File { path: String, msg: String },
     #[error("adapters do not fit: {0}")]
     Mismatch(String),
-    #[error("CE-LSLM maps attention models' KV; {0} has recurrent (Gated DeltaNet) layers, whose state it does not map")]
+    #[error("CE-LSLM maps attention models' KV; {0} has recurrent layers (Gated DeltaNet, short convolutions), whose state it does not map")]
     Recurrent(String),
     #[error("calibration: {0}")]
     Calibration(String),

@@ -2,7 +2,7 @@
 //! prompts to peers: fingerprint check, codec negotiation, the header, layer-major chunks.
 
 use edgeprompt_engine::config::window_start;
-use edgeprompt_engine::recurrent::DeltaNet;
+use edgeprompt_engine::recurrent::Recurrence;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::{codec, Chunk, Codec, Manifest, SealKey};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
@@ -58,7 +58,7 @@ pub struct Layout {
     /// positions.
     pub recurrent: Vec<bool>,
     /// The recurrent layers' state shape.
-    pub state: Option<DeltaNet>,
+    pub state: Option<Recurrence>,
 }
 
 impl Layout {
@@ -74,7 +74,7 @@ impl Layout {
             windows: (0..c.n_layer).map(|l| c.window_of(l)).collect(),
             mapped: false,
             recurrent: c.recurrent.clone(),
-            state: c.features.delta_net,
+            state: c.features.recurrence,
         }
     }
 

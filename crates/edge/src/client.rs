@@ -300,7 +300,7 @@ impl CloudClient {
         // No message may be larger than the largest a valid stream for this model holds: a
         // header of a context's worth of ids, or one chunk of f16.
         let cfg = &model.cfg;
-        let state = cfg.features.delta_net.map_or(0, |s| s.state_bytes());
+        let state = cfg.features.recurrence.map_or(0, |s| s.state_bytes());
         let most = (cfg.context_length * 5)
             .max(Codec::F16.chunk_bytes(cfg.n_kv_head, cfg.head_dim, MAX_CHUNK_TOKENS))
             .max(state)
@@ -353,7 +353,7 @@ impl CloudClient {
             cfg.head_dim,
         )
         .with_codec(wire_codec)
-        .with_state(cfg.features.delta_net)
+        .with_state(cfg.features.recurrence)
         .with_starts(&header.layer_starts)?
         .starting_at(first_layer);
         tokio::spawn(async move {
@@ -488,7 +488,7 @@ pub fn check_header(
     let values_codec = Codec::parse(values_codec)
         .ok_or_else(|| EdgeError::Stream(format!("unknown codec {values_codec:?}")))?;
     // A hybrid model's recurrent layers and their state's shape are the model's own.
-    let want = edgeprompt_protocol::state_shape(&cfg.recurrent, cfg.features.delta_net);
+    let want = edgeprompt_protocol::state_shape(&cfg.recurrent, cfg.features.recurrence);
     if h.state_shape != want {
         return Err(EdgeError::Stream(format!(
             "header's recurrent state {:?} is not this model's {want:?}",

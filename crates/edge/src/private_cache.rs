@@ -260,13 +260,13 @@ mod tests {
 
     #[test]
     fn a_hybrid_models_conversation_is_continued_only_whole() {
-        use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
-        let shape = DeltaNet {
+        use edgeprompt_engine::recurrent::{DeltaNet, Recurrence, Recurrent};
+        let shape = Recurrence::DeltaNet(DeltaNet {
             conv_kernel: 2,
             k_heads: 1,
             v_heads: 1,
             head_dim: 2,
-        };
+        });
         let state = Arc::new(Recurrent::zero(&shape));
         let p = prefix(&[1; 10]);
         let kept = ContinuedKv {

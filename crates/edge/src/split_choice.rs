@@ -69,7 +69,7 @@ impl AutoSplit {
             n_layer: c.n_layer,
             token_layer_secs,
             layer_bytes: (0..c.n_layer)
-                .map(|l| match (c.is_recurrent(l), c.features.delta_net) {
+                .map(|l| match (c.is_recurrent(l), c.features.recurrence) {
                     (true, Some(s)) => (0, s.state_bytes()),
                     _ => (c.n_kv_head * c.head_dim * 2 * 2, 0),
                 })

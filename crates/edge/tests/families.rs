@@ -4,8 +4,8 @@
 //! cloud's layers from several split points (computing the ones below itself) and answers a
 //! completion; the answer is the single-node answer on the concatenated ids, token for token.
 //! Gemma 2's sliding-window layers arrive cut to the window, as Gemma 3's do; the recurrent
-//! layers of Qwen3.5 and Qwen3.5-MoE arrive as their state at the prompt's end, signed, and
-//! no positions.
+//! layers of Qwen3.5, Qwen3.5-MoE and LFM2 arrive as their state at the prompt's end, signed,
+//! and no positions.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,10 +25,11 @@ use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
 /// gained after the first six, or in f16 or bf16 (the float kernels).
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "qwen3",
     "qwen35",
     "qwen35moe",
+    "lfm2",
     "llama3",
     "granite",
     "smollm3",
@@ -136,7 +137,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 let got = v["choices"][0]["text"].as_str().unwrap();
                 assert_eq!(got, want, "{name}: split at layer {split} of {n}");
             }
-            if name.starts_with("qwen35") {
+            if name.starts_with("qwen35") || name == "lfm2" {
                 let p = Prefixes::new(
                     m.clone(),
                     common::prefix_config(&cloud),

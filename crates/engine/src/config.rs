@@ -36,8 +36,8 @@ pub struct ModelConfig {
     pub sliding: Vec<bool>,
     /// RoPE base of the sliding layers (Gemma 3: 10 000; the global layers use `rope_base`).
     pub rope_base_local: f32,
-    /// Per layer: whether it is a recurrent (Gated DeltaNet) layer, which keeps a state of
-    /// fixed size instead of KV (`features.delta_net` its shape).
+    /// Per layer: whether it is a recurrent layer, which keeps a state of fixed size instead of
+    /// KV (`features.recurrence` says what it is).
     pub recurrent: Vec<bool>,
     /// What the family's layers do beyond the plain transformer (`arch/`).
     pub features: Features,
@@ -59,7 +59,7 @@ impl ModelConfig {
         };
         let n_embd = m.usize("embedding_length")?;
         let n_head = m.usize("attention.head_count")?;
-        let n_kv_head = m.usize("attention.head_count_kv").unwrap_or(n_head);
+        let n_kv_head = crate::arch::kv_heads(&m)?.unwrap_or(n_head);
         // Heads may be wider than n_embd / n_head (Gemma, Qwen3); the key length says so.
         let head_dim = m
             .usize("attention.key_length")
@@ -87,10 +87,7 @@ impl ModelConfig {
             .usize("block_count")?
             .saturating_sub(m.usize("nextn_predict_layers").unwrap_or(0));
         let features = crate::arch::features(arch, &m, head_dim, n_embd)?;
-        let recurrent = match features.delta_net {
-            Some(_) => crate::arch::recurrent_layers(&m, n_layer)?,
-            None => vec![false; n_layer],
-        };
+        let recurrent = crate::arch::recurrent_layers(arch, &m, n_layer)?;
         let rope_base = m.f32("rope.freq_base").unwrap_or(10_000.0);
         let window = m
             .usize("attention.sliding_window")
@@ -159,7 +156,7 @@ impl ModelConfig {
         window_start(self.window_of(l), prompt_len)
     }
 
-    /// Whether layer `l` is a recurrent (DeltaNet) layer.
+    /// Whether layer `l` is a recurrent layer.
     pub fn is_recurrent(&self, l: usize) -> bool {
         self.recurrent.get(l).copied().unwrap_or(false)
     }
@@ -182,7 +179,7 @@ impl ModelConfig {
     pub fn state_bytes(&self) -> usize {
         let layers = self.recurrent.iter().filter(|&&r| r).count();
         self.features
-            .delta_net
+            .recurrence
             .map_or(0, |s| layers * s.state_bytes())
     }
 

@@ -447,7 +447,7 @@ impl ContinuedKv {
 /// Layer `i` holds a state of `cfg`'s shape, finite, exactly when it is a recurrent layer
 /// after at least one position.
 fn check_state(cfg: &ModelConfig, i: usize, l: &LayerKv, end: usize) -> Result<()> {
-    let ok = match (cfg.is_recurrent(i), &l.state, &cfg.features.delta_net) {
+    let ok = match (cfg.is_recurrent(i), &l.state, &cfg.features.recurrence) {
         (false, None, _) => true,
         (false, Some(_), _) => false,
         (true, None, _) => end == 0,

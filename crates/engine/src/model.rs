@@ -11,12 +11,12 @@ use crate::attention::{attend_batch_kept, KeptView, KvView, Scores};
 use crate::chat::ChatTemplate;
 use crate::config::{meta_str, ModelConfig};
 use crate::kv::{LayerKv, LayerSpan, PrefixKv};
-use crate::recurrent::{convolve, head, Params, Recurrent, Rows};
+use crate::recurrent::{convolve_qkv, head, short_conv, Params, Recurrence, Recurrent, Rows};
 use crate::rope::Rope;
 use crate::sample::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{Attention, DeltaNetWeights, Ffn, Linear, Mixer, Weights};
+use crate::weights::{Attention, DeltaNetWeights, Ffn, Linear, Mixer, ShortConvWeights, Weights};
 use crate::{EngineError, Result};
 
 /// Longest context the RoPE table is built for, whatever the GGUF claims.
@@ -95,7 +95,7 @@ pub struct LayerInput<'a> {
 impl LayerInput<'_> {
     /// The recurrent state this part's rows continue: its own, else the kept positions', else
     /// the prefix's, else the state before any token.
-    fn start_state(&self, s: &crate::recurrent::DeltaNet) -> Arc<Recurrent> {
+    fn start_state(&self, s: &Recurrence) -> Arc<Recurrent> {
         self.private
             .state
             .clone()
@@ -253,7 +253,7 @@ impl Model {
         let w = &self.weights.layers[l];
         let a = match &w.mixer {
             Mixer::Attention(a) => a,
-            Mixer::DeltaNet(_) => {
+            Mixer::DeltaNet(_) | Mixer::ShortConv(_) => {
                 return Err(EngineError::Input(format!(
                     "layer {l} is recurrent: it has no queries"
                 )))
@@ -386,6 +386,7 @@ impl Model {
         match &w.mixer {
             Mixer::Attention(a) => self.attention_rows(l, a, parts, rows, scratch)?,
             Mixer::DeltaNet(d) => self.delta_net_rows(d, parts, rows, scratch)?,
+            Mixer::ShortConv(sc) => self.short_conv_rows(sc, parts, rows, scratch)?,
         }
         let Scratch {
             h,
@@ -512,7 +513,7 @@ impl Model {
         rows: usize,
         scratch: &mut Scratch,
     ) -> Result<()> {
-        let Some(s) = self.cfg.features.delta_net else {
+        let Some(shape @ Recurrence::DeltaNet(s)) = self.cfg.features.recurrence else {
             return Err(EngineError::Input(
                 "a DeltaNet layer without its shape".into(),
             ));
@@ -543,8 +544,8 @@ impl Model {
                 rows: part.rows,
             };
             at += part.rows;
-            let mut state = part.start_state(&s);
-            let x = convolve(&s, &p, Arc::make_mut(&mut state), &r);
+            let mut state = part.start_state(&shape);
+            let x = convolve_qkv(&s, &p, Arc::make_mut(&mut state), &r);
             states.push(state);
             inputs.push((r, x));
         }
@@ -580,6 +581,43 @@ impl Model {
         drop(jobs);
         for (part, st) in parts.iter_mut().zip(states) {
             part.private.state = Some(st);
+        }
+        Linear::forward_many_into(&[&w.out], attn, rows, std::slice::from_mut(o))
+    }
+
+    /// LFM2's short convolution of the normed rows `scratch.h`: each part's rows continue its
+    /// window (as `delta_net_rows`); the output projection in `scratch.o`.
+    fn short_conv_rows(
+        &self,
+        w: &ShortConvWeights,
+        parts: &mut [LayerInput],
+        rows: usize,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let Some(shape @ Recurrence::ShortConv(s)) = self.cfg.features.recurrence else {
+            return Err(EngineError::Input(
+                "a short-convolution layer without its shape".into(),
+            ));
+        };
+        let Scratch {
+            h, qkv, attn, o, ..
+        } = scratch;
+        Linear::forward_many_into(&[&w.in_proj], h, rows, &mut qkv[..1])?;
+        let bcx = &qkv[0];
+        attn.clear();
+        let mut at = 0;
+        for part in parts.iter_mut() {
+            let mut state = part.start_state(&shape);
+            let y = short_conv(
+                &s,
+                &w.conv,
+                Arc::make_mut(&mut state),
+                &bcx[at * 3 * s.width..(at + part.rows) * 3 * s.width],
+                part.rows,
+            );
+            attn.extend_from_slice(&y);
+            part.private.state = Some(state);
+            at += part.rows;
         }
         Linear::forward_many_into(&[&w.out], attn, rows, std::slice::from_mut(o))
     }

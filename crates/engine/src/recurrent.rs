@@ -1,6 +1,7 @@
-//! Gated DeltaNet, the linear-attention layers of Qwen3.5: per layer a state of fixed size (the
-//! last `conv_kernel - 1` rows of a short causal convolution's input, and a `head_dim` square
-//! matrix per value head) that each token updates, instead of KV that grows with the prompt.
+//! The recurrent layers of hybrid models: per layer a state of fixed size that each token
+//! updates, instead of KV that grows with the prompt. Gated DeltaNet (Qwen3.5's linear
+//! attention) keeps the last `conv_kernel - 1` rows of a short causal convolution's input and a
+//! `head_dim` square matrix per value head; LFM2's short convolution keeps only the window.
 //!
 //! One canonical order of operations: a token's update depends on the state before it and on
 //! its own row only, and each is computed token by token in the same order whatever the batch,
@@ -35,15 +36,51 @@ impl DeltaNet {
     pub fn conv_dim(&self) -> usize {
         2 * self.key_dim() + self.value_dim()
     }
+}
+
+/// LFM2's short convolution: the input projected to B, C and X (`width` each), `B * X`
+/// through a causal depthwise convolution of `kernel` taps, times C. No bias, no activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ShortConv {
+    pub kernel: usize,
+    pub width: usize,
+}
+
+/// What a hybrid's recurrent layers are, and so what their state holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Recurrence {
+    DeltaNet(DeltaNet),
+    ShortConv(ShortConv),
+}
+
+impl Recurrence {
+    /// The convolution's taps: the state holds its last `conv_kernel - 1` input rows.
+    pub fn conv_kernel(&self) -> usize {
+        match self {
+            Recurrence::DeltaNet(s) => s.conv_kernel,
+            Recurrence::ShortConv(s) => s.kernel,
+        }
+    }
+
+    /// The convolution's channels.
+    pub fn conv_dim(&self) -> usize {
+        match self {
+            Recurrence::DeltaNet(s) => s.conv_dim(),
+            Recurrence::ShortConv(s) => s.width,
+        }
+    }
 
     /// Floats of the convolution's carried window.
     pub fn conv_floats(&self) -> usize {
-        (self.conv_kernel - 1) * self.conv_dim()
+        (self.conv_kernel() - 1) * self.conv_dim()
     }
 
-    /// Floats of the value heads' matrices.
+    /// Floats of the value heads' matrices (none for a short convolution).
     pub fn matrix_floats(&self) -> usize {
-        self.v_heads * self.head_dim * self.head_dim
+        match self {
+            Recurrence::DeltaNet(s) => s.v_heads * s.head_dim * s.head_dim,
+            Recurrence::ShortConv(_) => 0,
+        }
     }
 
     /// Bytes of one layer's state.
@@ -52,19 +89,20 @@ impl DeltaNet {
     }
 }
 
-/// One DeltaNet layer's state after some positions, exactly as the engine keeps it.
+/// One recurrent layer's state after some positions, exactly as the engine keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recurrent {
     /// `[conv_kernel - 1, conv_dim]`: the convolution's last input rows, oldest first.
     pub conv: Vec<f32>,
-    /// `[v_heads, head_dim, head_dim]`: head `h`'s matrix stored transposed, row `j` holding
-    /// what key dimension `i` writes to value dimension `j` (llama.cpp's layout).
+    /// DeltaNet's `[v_heads, head_dim, head_dim]`: head `h`'s matrix stored transposed, row
+    /// `j` holding what key dimension `i` writes to value dimension `j` (llama.cpp's layout);
+    /// empty for a short convolution.
     pub matrix: Vec<f32>,
 }
 
 impl Recurrent {
     /// The state before any token.
-    pub fn zero(s: &DeltaNet) -> Self {
+    pub fn zero(s: &Recurrence) -> Self {
         Self {
             conv: vec![0.0; s.conv_floats()],
             matrix: vec![0.0; s.matrix_floats()],
@@ -72,7 +110,7 @@ impl Recurrent {
     }
 
     /// Whether it has `s`'s sizes and only finite values (what a state from the wire must).
-    pub fn fits(&self, s: &DeltaNet) -> bool {
+    pub fn fits(&self, s: &Recurrence) -> bool {
         self.conv.len() == s.conv_floats()
             && self.matrix.len() == s.matrix_floats()
             && self.conv.iter().chain(&self.matrix).all(|v| v.is_finite())
@@ -92,7 +130,7 @@ impl Recurrent {
     }
 
     /// What `to_le_bytes` wrote for shape `s`: refused unless exactly its size and finite.
-    pub fn from_le_bytes(s: &DeltaNet, b: &[u8]) -> Option<Self> {
+    pub fn from_le_bytes(s: &Recurrence, b: &[u8]) -> Option<Self> {
         if b.len() != s.state_bytes() {
             return None;
         }
@@ -132,17 +170,24 @@ pub(crate) struct Rows<'a> {
 /// Rows of the convolution's output each task makes.
 const CONV_ROWS: usize = 16;
 
-/// Run the convolution (and its SiLU) over `r`'s rows after `state`'s window, then the L2 norms
-/// of each Q and K head; returns the convolved rows `[rows, conv_dim]` and moves the window on.
-/// Each output row reads only input rows, so rows run in parallel; each channel sums its taps
-/// oldest first from 0.
-pub(crate) fn convolve(s: &DeltaNet, p: &Params, state: &mut Recurrent, r: &Rows) -> Vec<f32> {
-    let (c, k) = (s.conv_dim(), s.conv_kernel);
-    let mut input = Vec::with_capacity((k - 1 + r.rows) * c);
-    input.extend_from_slice(&state.conv);
-    input.extend_from_slice(&r.qkv[..r.rows * c]);
-    let mut out = vec![0f32; r.rows * c];
-    let ones = vec![1f32; c];
+/// The causal depthwise convolution of `rows` input rows `x` (`[rows, c]`, `c` =
+/// `window.len() / (k - 1)`) after the carried `window`, over `k` taps (`[k, c]`, the oldest
+/// input's first), then `post` on each output row; returns the output rows and moves the
+/// window on. Each output row reads only input rows, so rows run in parallel; each channel
+/// sums its taps oldest first from 0.
+pub(crate) fn convolve(
+    k: usize,
+    taps: &[f32],
+    window: &mut [f32],
+    x: &[f32],
+    rows: usize,
+    post: &(dyn Fn(&mut [f32]) + Sync),
+) -> Vec<f32> {
+    let c = window.len() / (k - 1).max(1);
+    let mut input = Vec::with_capacity((k - 1 + rows) * c);
+    input.extend_from_slice(window);
+    input.extend_from_slice(&x[..rows * c]);
+    let mut out = vec![0f32; rows * c];
     let mut pieces: Vec<(usize, &mut [f32])> = out
         .chunks_mut(CONV_ROWS * c)
         .enumerate()
@@ -154,23 +199,57 @@ pub(crate) fn convolve(s: &DeltaNet, p: &Params, state: &mut Recurrent, r: &Rows
             row.fill(0.0);
             for i in 0..k {
                 let x = &input[(t + i) * c..(t + i + 1) * c];
-                let w = &p.conv[i * c..(i + 1) * c];
+                let w = &taps[i * c..(i + 1) * c];
                 for ((o, &x), &w) in row.iter_mut().zip(x).zip(w) {
                     *o += x * w;
                 }
             }
-            crate::kernels::silu_mul(row, &ones);
-            // Q and K heads to unit length (llama.cpp: x / sqrt(sum x^2 + eps)).
-            for head in row[..2 * s.key_dim()].chunks_exact_mut(s.head_dim) {
-                let ss = head.iter().fold(0f64, |a, &v| a + (v as f64) * (v as f64));
-                let inv = (1.0 / (ss + p.eps as f64).sqrt()) as f32;
-                head.iter_mut().for_each(|v| *v *= inv);
-            }
+            post(row);
         }
     });
     drop(pieces);
-    state.conv.copy_from_slice(&input[r.rows * c..]);
+    window.copy_from_slice(&input[rows * c..]);
     out
+}
+
+/// DeltaNet's convolution: SiLU, then each Q and K head to unit length (llama.cpp:
+/// `x / sqrt(sum x^2 + eps)`).
+pub(crate) fn convolve_qkv(s: &DeltaNet, p: &Params, state: &mut Recurrent, r: &Rows) -> Vec<f32> {
+    let ones = vec![1f32; s.conv_dim()];
+    let post = |row: &mut [f32]| {
+        crate::kernels::silu_mul(row, &ones);
+        for head in row[..2 * s.key_dim()].chunks_exact_mut(s.head_dim) {
+            let ss = head.iter().fold(0f64, |a, &v| a + (v as f64) * (v as f64));
+            let inv = (1.0 / (ss + p.eps as f64).sqrt()) as f32;
+            head.iter_mut().for_each(|v| *v *= inv);
+        }
+    };
+    convolve(s.conv_kernel, p.conv, &mut state.conv, r.qkv, r.rows, &post)
+}
+
+/// LFM2's short convolution of the projected rows `bcx` (`[rows, 3 * width]`: B, C, X):
+/// `C * conv(B * X)` (`[rows, width]`), the window in `state` moved on.
+pub(crate) fn short_conv(
+    s: &ShortConv,
+    taps: &[f32],
+    state: &mut Recurrent,
+    bcx: &[f32],
+    rows: usize,
+) -> Vec<f32> {
+    let w = s.width;
+    let mut bx = vec![0f32; rows * w];
+    for (o, r) in bx.chunks_exact_mut(w).zip(bcx.chunks_exact(3 * w)) {
+        for ((o, &b), &x) in o.iter_mut().zip(&r[..w]).zip(&r[2 * w..]) {
+            *o = b * x;
+        }
+    }
+    let mut y = convolve(s.kernel, taps, &mut state.conv, &bx, rows, &|_| {});
+    for (o, r) in y.chunks_exact_mut(w).zip(bcx.chunks_exact(3 * w)) {
+        for (o, &c) in o.iter_mut().zip(&r[w..2 * w]) {
+            *o *= c;
+        }
+    }
+    y
 }
 
 /// The gated delta rule for value head `h` over the convolved rows `x` (`[rows, conv_dim]`),

@@ -303,7 +303,7 @@ impl PrefillPass {
             return Err(crate::EngineError::Input("all layers already ran".into()));
         }
         let fits = |p: &LayerKv| {
-            let state = match (&p.state, &model.cfg.features.delta_net) {
+            let state = match (&p.state, &model.cfg.features.recurrence) {
                 (Some(st), Some(shape)) => model.cfg.is_recurrent(l) && st.fits(shape),
                 (Some(_), None) => false,
                 (None, _) => !model.cfg.is_recurrent(l) || self.prefix_len == 0,

@@ -319,7 +319,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     Ok(match pre {
         "qwen2" => Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]).into(),
         "qwen35" => Sequence::new(vec![split(QWEN35_PATTERN)?, byte_level(false)]).into(),
-        "llama3" | "llama-bpe" | "smaug-bpe" => {
+        "llama3" | "llama-bpe" | "smaug-bpe" | "lfm2" => {
             Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]).into()
         }
         "gpt-4o" | "llama4" => Sequence::new(vec![split(GPT4O_PATTERN)?, byte_level(false)]).into(),
@@ -341,7 +341,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         .into(),
         other => {
             return Err(EngineError::Unsupported(format!(
-                "pre-tokenizer {other:?} (supported: qwen2, qwen35, llama-bpe/llama3/smaug-bpe, smollm, refact, gpt-4o/llama4, default)"
+                "pre-tokenizer {other:?} (supported: qwen2, qwen35, llama-bpe/llama3/smaug-bpe/lfm2, smollm, refact, gpt-4o/llama4, default)"
             )))
         }
     })

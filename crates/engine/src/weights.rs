@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::dequant;
 use crate::gguf::{Content, Dtype};
 use crate::kernels::{Carver, FloatMatrix, Floats, Format, QMatrix, Slab};
-use crate::recurrent::DeltaNet;
+use crate::recurrent::{DeltaNet, Recurrence, ShortConv};
 use crate::{EngineError, Result};
 
 /// A weight matrix: the packed kernels for the quantized formats, the float GEMM for F32,
@@ -227,10 +227,12 @@ pub(crate) struct LayerWeights {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
-/// What mixes a layer's positions: attention over KV, or a Gated DeltaNet's recurrence.
+/// What mixes a layer's positions: attention over KV, a Gated DeltaNet's recurrence, or a
+/// short convolution.
 pub(crate) enum Mixer {
     Attention(Attention),
     DeltaNet(DeltaNetWeights),
+    ShortConv(ShortConvWeights),
 }
 
 pub(crate) struct Attention {
@@ -259,6 +261,14 @@ pub(crate) struct DeltaNetWeights {
     pub out: Linear,
 }
 
+/// LFM2's short convolution (`recurrent.rs`): B, C and X in one projection, the taps, and the
+/// output.
+pub(crate) struct ShortConvWeights {
+    pub in_proj: Linear,
+    pub conv: Vec<f32>,
+    pub out: Linear,
+}
+
 impl Mixer {
     /// Every matrix it holds, in the order a token runs them.
     fn matrices(&self) -> Vec<&Linear> {
@@ -269,6 +279,7 @@ impl Mixer {
                 .chain([&a.wo])
                 .collect(),
             Mixer::DeltaNet(x) => vec![&x.qkv, &x.z, &x.beta, &x.alpha, &x.out],
+            Mixer::ShortConv(x) => vec![&x.in_proj, &x.out],
         }
     }
 }
@@ -587,13 +598,11 @@ impl Loader<'_> {
 
     /// A Gated DeltaNet layer's weights (llama.cpp's names), every size checked against `s`.
     fn delta_net(&mut self, p: &str, s: &DeltaNet, d: usize) -> Result<DeltaNetWeights> {
-        // Stored per channel (its taps together); kept tap by tap, each tap over every
-        // channel, the order the convolution reads them in.
-        let (c, k) = (s.conv_dim(), s.conv_kernel);
-        let stored = self.vector(&format!("{p}.ssm_conv1d.weight"), c * k)?;
-        let conv = (0..k)
-            .flat_map(|i| stored.iter().skip(i).step_by(k).copied())
-            .collect();
+        let conv = self.taps(
+            &format!("{p}.ssm_conv1d.weight"),
+            s.conv_dim(),
+            s.conv_kernel,
+        )?;
         Ok(DeltaNetWeights {
             qkv: self.linear(&format!("{p}.attn_qkv"), false, d, s.conv_dim())?,
             z: self.linear(&format!("{p}.attn_gate"), false, d, s.value_dim())?,
@@ -605,6 +614,25 @@ impl Loader<'_> {
             norm: self.vector(&format!("{p}.ssm_norm.weight"), s.head_dim)?,
             out: self.linear(&format!("{p}.ssm_out"), false, s.value_dim(), d)?,
         })
+    }
+
+    /// An LFM2 short-convolution layer's weights (llama.cpp's names).
+    fn short_conv(&mut self, p: &str, s: &ShortConv, d: usize) -> Result<ShortConvWeights> {
+        Ok(ShortConvWeights {
+            in_proj: self.linear(&format!("{p}.shortconv.in_proj"), false, d, 3 * s.width)?,
+            conv: self.taps(&format!("{p}.shortconv.conv.weight"), s.width, s.kernel)?,
+            out: self.linear(&format!("{p}.shortconv.out_proj"), false, s.width, d)?,
+        })
+    }
+
+    /// A depthwise convolution's `k` taps over `c` channels: stored per channel (its taps
+    /// together), kept tap by tap, each tap over every channel, the order the convolution
+    /// reads them in.
+    fn taps(&mut self, name: &str, c: usize, k: usize) -> Result<Vec<f32>> {
+        let stored = self.vector(name, c * k)?;
+        Ok((0..k)
+            .flat_map(|i| stored.iter().skip(i).step_by(k).copied())
+            .collect())
     }
 
     /// A layer's experts: gate and up stacked apart, or in one stack (each expert's gate rows,
@@ -719,8 +747,13 @@ impl Weights {
             };
             let post_attn_norm = norm(f.post_norms, "post_attention_norm", d)?;
             let post_ffn_norm = norm(f.post_norms, "post_ffw_norm", d)?;
-            let mixer = match (cfg.is_recurrent(l), &f.delta_net) {
-                (true, Some(shape)) => Mixer::DeltaNet(ld.delta_net(&p, shape, d)?),
+            let mixer = match (cfg.is_recurrent(l), &f.recurrence) {
+                (true, Some(Recurrence::DeltaNet(shape))) => {
+                    Mixer::DeltaNet(ld.delta_net(&p, shape, d)?)
+                }
+                (true, Some(Recurrence::ShortConv(shape))) => {
+                    Mixer::ShortConv(ld.short_conv(&p, shape, d)?)
+                }
                 (true, None) => {
                     return Err(EngineError::Gguf(format!(
                         "layer {l} is recurrent in a family without recurrent layers"
@@ -762,7 +795,7 @@ impl Weights {
             .find(|n| ld.has(n))
             .map(|n| ld.vector(n, half))
             .transpose()?;
-        let output_norm = ld.vector("output_norm.weight", d)?;
+        let output_norm = ld.vector(&format!("{}.weight", f.output_norm), d)?;
         let token_embd = Arc::new(ld.matrix("token_embd.weight")?);
         let tied_output = !ld.has("output.weight");
         // Every token id the tokenizer can produce has its row (exactly one per id when the

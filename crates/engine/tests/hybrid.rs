@@ -1,5 +1,5 @@
-//! A hybrid model (Qwen3.5: Gated DeltaNet layers between gated attention layers) split between
-//! cloud and edge: the cloud prompt's recurrent layers travel as their state at its end, its
+//! Hybrid models (Qwen3.5: Gated DeltaNet layers between gated attention layers; LFM2: short
+//! convolutions between attention layers) split between cloud and edge: the cloud prompt's recurrent layers travel as their state at its end, its
 //! attention layers as KV, and the edge continues both. Every way of running the same tokens
 //! (one sequence, a prefix and a continuation, the edge's layer-by-layer pass, chunks of any
 //! size, a batch with another sequence, a conversation kept between turns) gives the same bits,
@@ -10,7 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use edgeprompt_engine::recurrent::Recurrent;
+use edgeprompt_engine::recurrent::{Recurrence, Recurrent, ShortConv};
 use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Model, PrefixKv, Sequence};
@@ -72,7 +72,9 @@ fn the_shape_is_read_from_the_file() {
     assert_eq!(c.n_layer, 8, "the MTP block after the trunk is not a layer");
     let recurrent: Vec<usize> = (0..8).filter(|&l| c.is_recurrent(l)).collect();
     assert_eq!(recurrent, [0, 1, 2, 4, 5, 6]);
-    let s = c.features.delta_net.unwrap();
+    let Some(Recurrence::DeltaNet(s)) = c.features.recurrence else {
+        panic!("{:?}", c.features.recurrence)
+    };
     assert_eq!(
         (s.conv_kernel, s.k_heads, s.v_heads, s.head_dim),
         (4, 2, 4, 32)
@@ -82,10 +84,29 @@ fn the_shape_is_read_from_the_file() {
     assert_eq!(c.state_bytes(), 6 * 4 * (3 * 256 + 4 * 32 * 32));
 }
 
-/// Qwen3.5, and Qwen3.5-MoE (whose batched rows also share experts).
+#[test]
+fn lfm2_layers_are_read_from_the_per_layer_kv_heads() {
+    let m = synth("lfm2");
+    let c = &m.cfg;
+    let attention: Vec<usize> = (0..c.n_layer).filter(|&l| !c.is_recurrent(l)).collect();
+    assert_eq!((c.n_layer, c.n_kv_head), (6, 2));
+    assert_eq!(attention, [2, 5], "the layers whose KV head count is not 0");
+    assert_eq!(
+        c.features.recurrence,
+        Some(Recurrence::ShortConv(ShortConv {
+            kernel: 3,
+            width: 256
+        }))
+    );
+    // Four windows of two rows of 256 floats: 8 KB whatever the prompt's length.
+    assert_eq!(c.state_bytes(), 4 * 2 * 256 * 4);
+    assert_eq!(c.kv_bytes_per_token(), 2 * 2 * 2 * 2 * 64);
+}
+
+/// Qwen3.5, Qwen3.5-MoE (whose batched rows also share experts) and LFM2 (short convolutions).
 #[test]
 fn split_equals_single_node_bit_for_bit_around_the_convolution_width() {
-    for name in ["qwen35", "qwen35moe"] {
+    for name in ["qwen35", "qwen35moe", "lfm2"] {
         split_equals_single_node(name, &synth(name));
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
+use edgeprompt_engine::recurrent::{Recurrence, Recurrent};
 use edgeprompt_engine::LayerKv;
 use half::f16;
 
@@ -120,7 +120,7 @@ pub struct Reassembler {
     codec: Option<Codec>,
     /// A hybrid model's state shape: a layer that starts at the segment's end is a recurrent
     /// layer, its one chunk carries a state of this shape.
-    state: Option<DeltaNet>,
+    state: Option<Recurrence>,
 }
 
 impl Reassembler {
@@ -142,7 +142,7 @@ impl Reassembler {
 
     /// A stream of a hybrid model whose recurrent layers' states have shape `s` (checked
     /// against the model later: which layers hold one is the model's to say).
-    pub fn with_state(mut self, s: Option<DeltaNet>) -> Self {
+    pub fn with_state(mut self, s: Option<Recurrence>) -> Self {
         self.state = s;
         self
     }

@@ -9,7 +9,7 @@ use edgeprompt_engine::PrefixKv;
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 
-use edgeprompt_engine::recurrent::DeltaNet;
+use edgeprompt_engine::recurrent::Recurrence;
 
 use crate::chunk::{Chunk, Reassembler, MAX_CHUNK_TOKENS};
 use crate::codec::Codec;
@@ -29,7 +29,7 @@ pub struct Expect {
     pub vocab_size: usize,
     /// A hybrid model's recurrent state shape (its layers that start at the prompt's end hold
     /// one).
-    pub state: Option<DeltaNet>,
+    pub state: Option<Recurrence>,
 }
 
 impl Expect {
@@ -40,7 +40,7 @@ impl Expect {
             head_dim: cfg.head_dim,
             max_tokens: cfg.context_length,
             vocab_size: cfg.vocab_size,
-            state: cfg.features.delta_net,
+            state: cfg.features.recurrence,
         }
     }
 
@@ -589,13 +589,13 @@ mod tests {
 
     #[test]
     fn a_hybrid_prefix_round_trips_with_its_states_and_seal() {
-        use edgeprompt_engine::recurrent::{DeltaNet, Recurrent};
-        let shape = DeltaNet {
+        use edgeprompt_engine::recurrent::{DeltaNet, Recurrence, Recurrent};
+        let shape = Recurrence::DeltaNet(DeltaNet {
             conv_kernel: 3,
             k_heads: 1,
             v_heads: 2,
             head_dim: 4,
-        };
+        });
         let mut st = Recurrent::zero(&shape);
         for (i, v) in st.conv.iter_mut().chain(st.matrix.iter_mut()).enumerate() {
             *v = i as f32 * 0.25 - 3.0;

@@ -10,6 +10,7 @@
 
 pub mod untrusted;
 
+use edgeprompt_engine::recurrent::Recurrence;
 use edgeprompt_kv::{Chunk, Codec};
 
 // The messages and the service, generated from `proto/edgeprompt/v1/cloud_kv.proto`.
@@ -55,19 +56,23 @@ impl TryFrom<WireChunk> for Chunk {
 
 /// The header's description of a hybrid model's recurrent layers (`recurrent[l]`: layer `l` is
 /// one) and their state's shape; none for a model without them.
-pub fn state_shape(
-    recurrent: &[bool],
-    s: Option<edgeprompt_engine::recurrent::DeltaNet>,
-) -> Option<StateShape> {
-    s.map(|s| StateShape {
+pub fn state_shape(recurrent: &[bool], s: Option<Recurrence>) -> Option<StateShape> {
+    let s = s?;
+    let (kind, (k_heads, v_heads, head_dim)) = match s {
+        Recurrence::DeltaNet(d) => (StateKind::GatedDeltaNet, (d.k_heads, d.v_heads, d.head_dim)),
+        Recurrence::ShortConv(_) => (StateKind::ShortConv, (0, 0, 0)),
+    };
+    Some(StateShape {
         layers: (0..recurrent.len())
             .filter(|&l| recurrent[l])
             .map(|l| l as u32)
             .collect(),
-        conv_kernel: s.conv_kernel as u32,
-        k_heads: s.k_heads as u32,
-        v_heads: s.v_heads as u32,
-        head_dim: s.head_dim as u32,
+        conv_kernel: s.conv_kernel() as u32,
+        k_heads: k_heads as u32,
+        v_heads: v_heads as u32,
+        head_dim: head_dim as u32,
+        conv_channels: s.conv_dim() as u32,
+        kind: kind as i32,
     })
 }
 

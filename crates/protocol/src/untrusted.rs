@@ -3,7 +3,7 @@
 //! Whatever the bytes, it must return (errors are fine), never panic or allocate without bound:
 //! cargo-fuzz drives it (`fuzz/`), and a stable test runs seeds and mutations of them in CI.
 
-use edgeprompt_engine::recurrent::DeltaNet;
+use edgeprompt_engine::recurrent::{DeltaNet, Recurrence, ShortConv};
 use edgeprompt_kv::chunk::{Chunk, Reassembler};
 use edgeprompt_kv::codec::{self, Codec};
 use prost::Message;
@@ -45,21 +45,25 @@ pub fn shape_bytes(shape: (usize, usize, usize, usize)) -> Option<[u8; 4]> {
 }
 
 /// The recurrent state shape of a hybrid stream, when the first byte's bit 3 says so (seeds
-/// of attention-only streams leave it clear): a convolution of 2-4 taps, 1 key head and 2 value
-/// heads of 8.
-pub fn state_of(b: [u8; 4]) -> Option<DeltaNet> {
-    (b[0] & 8 != 0).then(|| DeltaNet {
-        conv_kernel: 2 + (b[0] >> 4) as usize % 3,
-        k_heads: 1,
-        v_heads: 2,
-        head_dim: 8,
+/// of attention-only streams leave it clear): a convolution of 2-4 taps; with bit 7 a short
+/// convolution over 8 channels, else a DeltaNet of 1 key head and 2 value heads of 8.
+pub fn state_of(b: [u8; 4]) -> Option<Recurrence> {
+    let kernel = 2 + (b[0] >> 4) as usize % 3;
+    (b[0] & 8 != 0).then(|| match b[0] & 0x80 {
+        0 => Recurrence::DeltaNet(DeltaNet {
+            conv_kernel: kernel,
+            k_heads: 1,
+            v_heads: 2,
+            head_dim: 8,
+        }),
+        _ => Recurrence::ShortConv(ShortConv { kernel, width: 8 }),
     })
 }
 
 /// What a stored prefix of `shape` must be (any token id below 2^20).
 pub fn expect_of(
     shape: (usize, usize, usize, usize),
-    state: Option<DeltaNet>,
+    state: Option<Recurrence>,
 ) -> edgeprompt_kv::Expect {
     let (n_layers, max_tokens, n_kv_head, head_dim) = shape;
     edgeprompt_kv::Expect {

@@ -6,13 +6,12 @@
 
 mod gemma;
 mod granite;
+mod lfm2;
 mod llama;
 mod phi3;
 mod qwen;
 mod qwen35;
 mod smollm3;
-
-pub use qwen35::recurrent_layers;
 
 use crate::gguf::Content;
 
@@ -33,11 +32,12 @@ pub enum Arch {
     Gemma2,
     Gemma3,
     Granite,
+    Lfm2,
 }
 
 /// Every architecture name this engine loads, for the error that names the rest.
 pub const SUPPORTED: &str =
-    "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, phi3, smollm3, gemma2, gemma3, granite";
+    "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, phi3, smollm3, gemma2, gemma3, granite, lfm2";
 
 impl Arch {
     pub fn from_name(name: &str) -> Result<Self> {
@@ -53,6 +53,7 @@ impl Arch {
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "granite" => Arch::Granite,
+            "lfm2" => Arch::Lfm2,
             other => {
                 return Err(EngineError::Unsupported(format!(
                     "architecture {other:?} (supported: {SUPPORTED})"
@@ -120,9 +121,11 @@ pub struct Features {
     pub attn_gate: bool,
     /// The name of the norm before the FFN (`ffn_norm`; Qwen3.5: `post_attention_norm`).
     pub ffn_norm: &'static str,
-    /// The shape of the Gated DeltaNet layers of a hybrid (Qwen3.5); which layers they are is
-    /// `ModelConfig::recurrent`.
-    pub delta_net: Option<crate::recurrent::DeltaNet>,
+    /// The name of the norm before the head (`output_norm`; LFM2: `token_embd_norm`).
+    pub output_norm: &'static str,
+    /// What the recurrent layers of a hybrid are (Qwen3.5: Gated DeltaNet; LFM2: short
+    /// convolutions); which layers they are is `ModelConfig::recurrent`.
+    pub recurrence: Option<crate::recurrent::Recurrence>,
 }
 
 impl Features {
@@ -149,7 +152,8 @@ impl Features {
             moe: None,
             attn_gate: false,
             ffn_norm: "ffn_norm",
-            delta_net: None,
+            output_norm: "output_norm",
+            recurrence: None,
         }
     }
 
@@ -200,5 +204,40 @@ pub fn features(arch: Arch, m: &Meta, head_dim: usize, n_embd: usize) -> Result<
         Arch::Gemma2 => gemma::gemma2(plain, m, n_embd),
         Arch::Gemma3 => gemma::gemma3(plain, n_embd),
         Arch::Granite => granite::features(plain, m),
+        Arch::Lfm2 => lfm2::features(plain, m, n_embd)?,
     })
+}
+
+/// Per layer (of the first `n_layer`): whether it is recurrent, in a family with recurrent
+/// layers (`features.recurrence`); all attention otherwise.
+pub fn recurrent_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Vec<bool>> {
+    match arch {
+        Arch::Qwen35 | Arch::Qwen35Moe => qwen35::recurrent_layers(m, n_layer),
+        Arch::Lfm2 => lfm2::recurrent_layers(m, n_layer),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Phi3
+        | Arch::SmolLm3
+        | Arch::Gemma2
+        | Arch::Gemma3
+        | Arch::Granite => Ok(vec![false; n_layer]),
+    }
+}
+
+/// The KV heads of the attention layers: the GGUF's count, or the one nonzero count of its
+/// per-layer list (LFM2: 0 on the recurrent layers); `None` if it names none.
+pub fn kv_heads(m: &Meta) -> Result<Option<usize>> {
+    let Some(per_layer) = lfm2::kv_heads(m)? else {
+        return Ok(m.usize("attention.head_count_kv").ok());
+    };
+    let mut counts: Vec<usize> = per_layer.into_iter().filter(|&h| h > 0).collect();
+    counts.dedup();
+    match counts[..] {
+        [h] => Ok(Some(h)),
+        _ => Err(EngineError::Unsupported(format!(
+            "attention layers with different KV head counts {counts:?}"
+        ))),
+    }
 }

@@ -10,7 +10,7 @@
 use super::{Features, Meta};
 use crate::config::RopeStyle;
 use crate::gguf::Value;
-use crate::recurrent::DeltaNet;
+use crate::recurrent::{DeltaNet, Recurrence};
 use crate::{EngineError, Result};
 
 /// Widest convolution and head this engine accepts (Qwen3.5: 4 and 128), so a state's size is
@@ -53,7 +53,7 @@ pub fn features(plain: Features, m: &Meta, head_dim: usize) -> Result<Features> 
         attn_gate: true,
         rope_dims,
         ffn_norm: "post_attention_norm",
-        delta_net: Some(shape),
+        recurrence: Some(Recurrence::DeltaNet(shape)),
         ..plain
     })
 }

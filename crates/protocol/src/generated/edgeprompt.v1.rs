@@ -150,14 +150,16 @@ pub struct Header {
     /// when it differs from `codec`: a peer relays f16 of int8-decoded KV. Empty: `codec`.
     #[prost(string, tag = "13")]
     pub values_codec: ::prost::alloc::string::String,
-    /// A hybrid model's recurrent layers (Gated DeltaNet) and the shape of their state; absent
+    /// A hybrid model's recurrent layers (Gated DeltaNet, short convolutions) and the shape of their state; absent
     /// for a model without them. Such a layer's layer_starts entry is the token count (it holds
     /// no positions) and its one chunk carries the state.
     #[prost(message, optional, tag = "14")]
     pub state_shape: ::core::option::Option<StateShape>,
 }
 /// The recurrent layers of a hybrid model and their state's shape: the edge refuses a stream
-/// whose shape is not its model's.
+/// whose shape is not its model's. A layer's state is f32 little-endian: the convolution's last
+/// conv_kernel - 1 input rows of conv_channels, oldest first, then v_heads matrices of
+/// head_dim x head_dim: 4 * ((conv_kernel - 1) * conv_channels + v_heads * head_dim^2) bytes.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StateShape {
     /// The recurrent layers' indices, ascending.
@@ -166,13 +168,20 @@ pub struct StateShape {
     /// The causal convolution's width: the state holds its last conv_kernel - 1 input rows.
     #[prost(uint32, tag = "2")]
     pub conv_kernel: u32,
-    /// Key and value heads, and their width: each value head keeps a head_dim x head_dim matrix.
+    /// Key and value heads, and their width: each value head keeps a head_dim x head_dim matrix
+    /// (all 0 for a short convolution, whose state is its window only).
     #[prost(uint32, tag = "3")]
     pub k_heads: u32,
     #[prost(uint32, tag = "4")]
     pub v_heads: u32,
     #[prost(uint32, tag = "5")]
     pub head_dim: u32,
+    /// The convolution's channels: a DeltaNet's Q, K and V rows side by side
+    /// (2 * k_heads * head_dim + v_heads * head_dim), a short convolution's model width.
+    #[prost(uint32, tag = "6")]
+    pub conv_channels: u32,
+    #[prost(enumeration = "StateKind", tag = "7")]
+    pub kind: i32,
 }
 /// One layer's K and V over the positions start..end, in one codec.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -209,6 +218,35 @@ pub struct WireChunk {
     /// matrix (head_dim rows of head_dim). Never compressed. Empty on every other chunk.
     #[prost(bytes = "vec", tag = "9")]
     pub state: ::prost::alloc::vec::Vec<u8>,
+}
+/// What the recurrent layers are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum StateKind {
+    /// Qwen3.5's Gated DeltaNet: a SiLU convolution over Q, K and V, then the gated delta rule.
+    GatedDeltaNet = 0,
+    /// LFM2's short convolution: C * conv(B * X), no activation.
+    ShortConv = 1,
+}
+impl StateKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::GatedDeltaNet => "GATED_DELTA_NET",
+            Self::ShortConv => "SHORT_CONV",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "GATED_DELTA_NET" => Some(Self::GatedDeltaNet),
+            "SHORT_CONV" => Some(Self::ShortConv),
+            _ => None,
+        }
+    }
 }
 /// Generated client implementations.
 pub mod cloud_kv_client {
