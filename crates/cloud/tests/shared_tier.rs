@@ -1,5 +1,6 @@
 //! Two cloud nodes on one real Redis (a `redis-server` started for the test on loopback): a
-//! prompt prefilled by one is served by the other without prefilling it again, bit for bit.
+//! prompt prefilled by one is served by the other without prefilling it again, bit for bit
+//! (a hybrid model's recurrent states too).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -54,17 +55,27 @@ fn redis() -> (Redis, String) {
     panic!("redis-server did not start");
 }
 
-fn model() -> Arc<Model> {
+fn load(file: &str) -> Arc<Model> {
     let dir = std::env::var_os("EDGEPROMPT_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    Arc::new(Model::load(dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap())
+    Arc::new(Model::load(dir.join(file)).unwrap())
 }
 
+fn model() -> Arc<Model> {
+    load("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// For SmolLM2, and for hybrids (Qwen3.5, LFM2), whose prompts hold recurrent states beside KV.
 #[test]
 fn a_prompt_prefilled_by_one_cloud_node_is_served_by_another() {
+    for m in [model(), load("synth/qwen35.gguf"), load("synth/lfm2.gguf")] {
+        served_by_another(m);
+    }
+}
+
+fn served_by_another(m: Arc<Model>) {
     let (_redis, url) = redis();
-    let m = model();
     let specs = [PromptSpec {
         id: "support".into(),
         system: "You are the support assistant of Acme Rail. Refunds are full up to 24 hours \

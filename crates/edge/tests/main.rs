@@ -18,6 +18,7 @@ mod faults;
 mod first_contact;
 mod hostile;
 mod http_api;
+mod hybrid;
 mod lslm;
 mod network;
 mod page;

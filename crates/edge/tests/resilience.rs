@@ -1,6 +1,7 @@
 //! The edge keeps answering, with the same tokens, whatever happens to the cloud: a cloud that
 //! is down, or whose connection dies at any point of the KV stream (cut over real sockets), or
-//! that is gone after the stream; the KV then comes from a peer edge or this edge's disk.
+//! that is gone after the stream; the KV then comes from a peer edge or this edge's disk. For a
+//! hybrid model too, whose prompt is recurrent states beside KV.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,9 +154,15 @@ fn same_kv(a: &PrefixKv, b: &PrefixKv) -> bool {
     a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
 }
 
+/// For SmolLM2, and for a hybrid (Qwen3.5: recurrent states beside KV).
 #[test]
 fn cloud_faults_before_during_and_after_the_stream_never_change_the_answer() {
-    let m = model();
+    for m in [model(), common::hybrid()] {
+        cloud_faults_never_change_the_answer(m);
+    }
+}
+
+fn cloud_faults_never_change_the_answer(m: Arc<Model>) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
     rt.block_on(async {
@@ -208,7 +215,12 @@ fn cloud_faults_before_during_and_after_the_stream_never_change_the_answer() {
 /// prompt from a peer (it asks peers only for what the cloud published).
 #[test]
 fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
-    let m = model();
+    for m in [model(), common::hybrid()] {
+        a_peer_serves(m);
+    }
+}
+
+fn a_peer_serves(m: Arc<Model>) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
     rt.block_on(async {
@@ -240,7 +252,12 @@ fn a_peer_edge_serves_the_prompt_when_the_cloud_is_down() {
 
 #[test]
 fn the_disk_tier_survives_a_restart_with_the_cloud_gone() {
-    let m = model();
+    for m in [model(), common::hybrid()] {
+        the_disk_tier_survives(m);
+    }
+}
+
+fn the_disk_tier_survives(m: Arc<Model>) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (cloud_ids, _) = edge_ids(&m, SUPPORT, USER);
     let dir = tempfile::tempdir().unwrap();

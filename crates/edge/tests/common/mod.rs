@@ -39,6 +39,13 @@ pub fn model() -> Arc<Model> {
         .clone()
 }
 
+/// A hybrid model: the synthetic Qwen3.5 (Gated DeltaNet layers, whose prompts are states
+/// beside KV; `scripts/ref/synth.py`), with Qwen2.5's chat template.
+pub fn hybrid() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| load("synth/qwen35.gguf")).clone()
+}
+
 /// An HTTP edge (open API, model id `smollm2`, 6 tokens by default, the default scheduler)
 /// looking prompts up with `prefixes`, on an ephemeral loopback port; its address.
 pub async fn http_edge(
