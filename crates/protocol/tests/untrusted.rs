@@ -38,12 +38,15 @@ fn layer(seed: &mut u64, shape: (usize, usize, usize, usize)) -> LayerKv {
     l
 }
 
+/// The state bits of the hybrid seeds: a DeltaNet's state, a short convolution's.
+const HYBRIDS: [u8; 2] = [8, 8 | 0x80];
+
 /// A hybrid model's stream (layer 0 recurrent: a header whose start for it is the token
 /// count, its state chunk, then layer 1's KV) and its stored prefix, behind `SHAPE`'s bytes with
-/// the state bit set.
-fn hybrid_seeds() -> Vec<Vec<u8>> {
+/// the state `bits` set (`state_of`).
+fn hybrid_seeds(bits: u8) -> Vec<Vec<u8>> {
     let mut head = shape_bytes(SHAPE).unwrap();
-    head[0] |= 8;
+    head[0] |= bits;
     let (_, tokens, heads, dim) = shape_of(head);
     let shape = state_of(head).unwrap();
     let mut seed = 11;
@@ -96,7 +99,10 @@ fn seeds() -> Vec<Vec<u8>> {
             })
         })
         .collect();
-    plain.into_iter().chain(hybrid_seeds()).collect()
+    plain
+        .into_iter()
+        .chain(HYBRIDS.into_iter().flat_map(hybrid_seeds))
+        .collect()
 }
 
 /// Valid inputs: chunk streams in every codec, with and without zstd, and a stored prefix.
@@ -154,38 +160,49 @@ fn seeds_are_valid_so_mutations_reach_deep() {
             edgeprompt_kv::read_prefix(&mut &s[streams][..], &expect_of(shape, None)).unwrap();
         assert_eq!(back.token_ids.len(), tokens);
     }
-    // The hybrid stream reassembles into a state layer and a KV layer; its stored prefix reads
+    // Each hybrid stream reassembles into a state layer and a KV layer; its stored prefix reads
     // back the same state.
-    let hy = hybrid_seeds();
-    let head: [u8; 4] = hy[0][..4].try_into().unwrap();
-    let (layers, tokens, heads, dim) = shape_of(head);
-    let mut re = Reassembler::new(layers, tokens, heads, dim)
-        .with_state(state_of(head))
-        .with_starts(&[tokens, 0])
-        .unwrap();
-    let mut rest = &hy[0][4..];
-    let mut got = Vec::new();
-    while !rest.is_empty() {
-        let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
-        if let Some(Body::Chunk(c)) = m.body {
-            got.extend(re.push(&Chunk::try_from(c).unwrap()).unwrap());
-        }
-    }
-    assert!(re.is_complete());
-    assert!(got[0].1.state.is_some() && got[1].1.state.is_none());
-    let (back, _) =
-        edgeprompt_kv::read_prefix(&mut &hy[1][4..], &expect_of(shape_of(head), state_of(head)))
+    for bits in HYBRIDS {
+        let hy = hybrid_seeds(bits);
+        let head: [u8; 4] = hy[0][..4].try_into().unwrap();
+        let (layers, tokens, heads, dim) = shape_of(head);
+        let mut re = Reassembler::new(layers, tokens, heads, dim)
+            .with_state(state_of(head))
+            .with_starts(&[tokens, 0])
             .unwrap();
-    assert_eq!(back.layers[0].state, got[0].1.state);
-    // Without a state shape the same stream is refused at its first chunk.
-    let mut plain = Reassembler::new(layers, tokens, heads, dim);
-    let mut rest = &hy[0][4..];
-    let _header = FetchMessage::decode_length_delimited(&mut rest).unwrap();
-    let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
-    let Some(Body::Chunk(c)) = m.body else {
-        panic!()
-    };
-    assert!(plain.push(&Chunk::try_from(c).unwrap()).is_err());
+        let mut rest = &hy[0][4..];
+        let mut got = Vec::new();
+        while !rest.is_empty() {
+            let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+            if let Some(Body::Chunk(c)) = m.body {
+                got.extend(re.push(&Chunk::try_from(c).unwrap()).unwrap());
+            }
+        }
+        assert!(re.is_complete());
+        assert!(got[0].1.state.is_some() && got[1].1.state.is_none());
+        let short_conv = bits & 0x80 != 0;
+        let st = got[0].1.state.as_ref().unwrap();
+        assert_eq!(
+            st.matrix.is_empty(),
+            short_conv,
+            "a short convolution's state is its window"
+        );
+        let (back, _) = edgeprompt_kv::read_prefix(
+            &mut &hy[1][4..],
+            &expect_of(shape_of(head), state_of(head)),
+        )
+        .unwrap();
+        assert_eq!(back.layers[0].state, got[0].1.state);
+        // Without a state shape the same stream is refused at its first chunk.
+        let mut plain = Reassembler::new(layers, tokens, heads, dim);
+        let mut rest = &hy[0][4..];
+        let _header = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+        let m = FetchMessage::decode_length_delimited(&mut rest).unwrap();
+        let Some(Body::Chunk(c)) = m.body else {
+            panic!()
+        };
+        assert!(plain.push(&Chunk::try_from(c).unwrap()).is_err());
+    }
     let s = seeds();
     // `EDGEPROMPT_FUZZ_SEEDS=fuzz/corpus/wire` saves them as the cargo-fuzz starting corpus.
     if let Some(dir) = std::env::var_os("EDGEPROMPT_FUZZ_SEEDS") {
