@@ -503,6 +503,7 @@ pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
     }
     let (model, cfg) = one_shot(&a.model, &a.cloud, &a.codec, &a.security)?;
     let codec = cfg.codec;
+    let recurrence = model.cfg.features.recurrence;
     let rt = tokio::runtime::Runtime::new()?;
     let got = rt.block_on(async {
         let prefixes = Prefixes::new(model, cfg, Arc::new(Metrics::new()))?;
@@ -522,7 +523,7 @@ pub fn kv_export(a: ExportArgs) -> anyhow::Result<()> {
     let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty());
     let tmp = tempfile::NamedTempFile::new_in(dir.unwrap_or(std::path::Path::new(".")))?;
     let mut out = std::io::BufWriter::new(tmp);
-    edgeprompt_kv::export::write_export(&mut out, &a.prompt_id, codec, &got.prefix)?;
+    edgeprompt_kv::export::write_export(&mut out, &a.prompt_id, codec, recurrence, &got.prefix)?;
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(&a.out)

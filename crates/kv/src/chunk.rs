@@ -52,6 +52,9 @@ impl Chunk {
         let v: Vec<&[f16]> = (0..kv.n_kv_head)
             .map(|h| &kv.values(h)[a * d..b * d])
             .collect();
+        // No positions (a recurrent layer's chunk, an empty prompt's): an empty payload, not
+        // a zstd frame of nothing.
+        let zstd_level = zstd_level.filter(|_| end > start);
         let payload = codec::encode(codec, zstd_level, &k, &v, d)?;
         // A recurrent layer holds no positions: its one chunk ends where it does.
         let state = match &kv.state {

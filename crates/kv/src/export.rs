@@ -10,6 +10,7 @@
 
 use std::io::Write;
 
+use edgeprompt_engine::recurrent::Recurrence;
 use edgeprompt_engine::PrefixKv;
 
 use crate::{content_address, Codec, Result};
@@ -38,21 +39,62 @@ struct Header<'a> {
     state_shape: Option<StateShape>,
 }
 
+/// The wire's `StateShape` (the kind by its enum name), and each state's floats.
 #[derive(serde::Serialize)]
 struct StateShape {
     layers: Vec<usize>,
+    kind: &'static str,
+    conv_kernel: usize,
+    k_heads: usize,
+    v_heads: usize,
+    head_dim: usize,
+    conv_channels: usize,
     /// Floats of each state's convolution window, then of its matrices.
     conv_floats: usize,
     matrix_floats: usize,
 }
 
-/// Write `prefix` (every layer, the model's own KV decoded from `codec`) as an export.
+impl StateShape {
+    fn new(s: Recurrence, layers: Vec<usize>) -> Self {
+        let (kind, (k_heads, v_heads, head_dim)) = match s {
+            Recurrence::DeltaNet(d) => ("GATED_DELTA_NET", (d.k_heads, d.v_heads, d.head_dim)),
+            Recurrence::ShortConv(_) => ("SHORT_CONV", (0, 0, 0)),
+        };
+        Self {
+            layers,
+            kind,
+            conv_kernel: s.conv_kernel(),
+            k_heads,
+            v_heads,
+            head_dim,
+            conv_channels: s.conv_dim(),
+            conv_floats: s.conv_floats(),
+            matrix_floats: s.matrix_floats(),
+        }
+    }
+}
+
+/// Write `prefix` (every layer, the model's own KV decoded from `codec`; the states of its
+/// recurrent layers, of the model's `recurrence`) as an export.
 pub fn write_export(
     out: &mut impl Write,
     prompt_id: &str,
     codec: Codec,
+    recurrence: Option<Recurrence>,
     prefix: &PrefixKv,
 ) -> Result<()> {
+    let recurrent: Vec<usize> = (0..prefix.layers.len())
+        .filter(|&l| prefix.layers[l].state.is_some())
+        .collect();
+    let state_shape = match (recurrence, recurrent.is_empty()) {
+        (_, true) => None,
+        (Some(s), false) => Some(StateShape::new(s, recurrent)),
+        (None, false) => {
+            return Err(crate::KvError::Shape(
+                "states in a prefix of a model without recurrent layers".into(),
+            ))
+        }
+    };
     let first = prefix.layers.first();
     let header = Header {
         prompt_id,
@@ -66,17 +108,7 @@ pub fn write_export(
         layer_starts: prefix.layers.iter().map(|l| l.start()).collect(),
         codec: codec.name(),
         mapped: false,
-        state_shape: prefix
-            .layers
-            .iter()
-            .find_map(|l| l.state.as_ref())
-            .map(|st| StateShape {
-                layers: (0..prefix.layers.len())
-                    .filter(|&l| prefix.layers[l].state.is_some())
-                    .collect(),
-                conv_floats: st.conv.len(),
-                matrix_floats: st.matrix.len(),
-            }),
+        state_shape,
     };
     let version = match header.state_shape {
         Some(_) => VERSION_STATES,

@@ -26,6 +26,11 @@ impl Drop for Proc {
 /// `edgeprompt cloud` (SmolLM2) publishing `system` as prompt "support", its prompts file and
 /// signing key in `dir`; its URL once it serves.
 pub fn cloud(dir: &Path, system: &str) -> (Proc, String) {
+    cloud_with(dir, system, "smollm2")
+}
+
+/// `cloud` running `model` (a name the binary knows, or a GGUF path).
+pub fn cloud_with(dir: &Path, system: &str, model: &str) -> (Proc, String) {
     let prompts = dir.join("prompts.toml");
     let text = format!("[[prompt]]\nid = \"support\"\nsystem = {system:?}\n");
     std::fs::write(&prompts, text).unwrap();
@@ -33,7 +38,7 @@ pub fn cloud(dir: &Path, system: &str) -> (Proc, String) {
         .args([
             "cloud",
             "--model",
-            "smollm2",
+            model,
             "--listen",
             "127.0.0.1:0",
             "--prompts",

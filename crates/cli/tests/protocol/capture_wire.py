@@ -132,18 +132,22 @@ def check(files: dict, pb, fp: str) -> list[str]:
         assert h.codec == codec and h.compressed and h.content_address.hex() == address
         m = epkv.Manifest(h.prompt_id, fp, address, h.n_layers, h.n_kv_head, h.head_dim,
                           h.first_layer, h.values_codec or h.codec, h.mapped)
+        # A hybrid model (--model a qwen35 or lfm2 GGUF): its recurrent layers carry states.
+        recurrent, floats = [], None
+        if h.HasField("state_shape"):
+            recurrent, floats = list(h.state_shape.layers), epkv.state_floats(h.state_shape)
         re_ = epkv.Reassembler(h.n_layers, len(h.token_ids), h.n_kv_head, h.head_dim, codec,
-                               starts=list(h.layer_starts))
+                               starts=list(h.layer_starts), recurrent=recurrent,
+                               state_floats=floats)
         sealed = 0
         for i in range(1, CHUNKS_KEPT + 1):
             c = msgs[f"fetch_{codec}_{i:03}"].chunk
             assert c.checksum == epkv.chunk_checksum(c.layer, c.start, c.end, c.codec,
-                                                     c.compressed, c.payload), (codec, i)
+                                                     c.compressed, c.payload, c.state), (codec, i)
             done = re_.push(c)
             if done:
-                l, start, k, v = done
-                key.verify(m.statement(l, epkv.layer_digest(start, len(h.token_ids), k, v)),
-                           c.layer_seal)
+                l, layer = done
+                key.verify(m.statement(l, layer.digest(len(h.token_ids))), c.layer_seal)
                 sealed += 1
         notes.append(f"{codec}+zstd: header ({len(h.token_ids)} tokens, {h.n_layers} layers) "
                      f"and {CHUNKS_KEPT} chunks: CRCs hold, {sealed} layer seals verified")

@@ -5,12 +5,16 @@ What lives here, and the Rust it must agree with byte for byte:
 - the codecs' payload layouts and their decoding to f16 (crates/kv/src/codec.rs);
 - the chunk CRC and the layer-major reassembly (crates/kv/src/chunk.rs);
 - the content address (crates/kv/src/address.rs);
-- the layer digest, the seal's statement and the list's statement (crates/kv/src/seal.rs);
-- EPKV files: one prompt's decoded KV as `edgeprompt kv-export` writes it;
+- the layer digest, a recurrent layer's state digest, the seal's statement and the list's
+  statement (crates/kv/src/seal.rs);
+- a recurrent layer's state and its size (crates/engine/src/recurrent.rs Recurrent);
+- EPKV files (versions 1 and 2): one prompt's decoded KV, and a hybrid model's states, as
+  `edgeprompt kv-export` writes it;
 - stubs generated from the .proto at run time (so no generated code is checked in).
 
-Values are numpy float16 arrays; a layer is (keys, values), each of shape
-(n_kv_head, n_positions, head_dim).
+Values are numpy float16 arrays; a layer is a `Layer`: its keys and values, each of shape
+(n_kv_head, n_positions, head_dim), and for a hybrid model's recurrent layer (no positions) its
+`State`, kept as the f32 LE bytes the wire carries.
 """
 
 from __future__ import annotations
@@ -161,6 +165,91 @@ def layer_digest(start: int, end: int, k: np.ndarray, v: np.ndarray) -> bytes:
     return h.digest()
 
 
+def state_digest(position: int, st: "State") -> bytes:
+    """SHA-256 of a recurrent layer's state: its own tag (so no state digest is a KV layer's),
+    the position it is at (the token count), the window's and the matrices' float counts
+    (u64 LE), then the state's bytes as the wire holds them."""
+    h = hashlib.sha256()
+    h.update(b"edgeprompt-state-v1\0")
+    h.update(struct.pack("<3Q", position, st.conv_floats, st.matrix_floats))
+    h.update(st.data)
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# States (recurrent.rs Recurrent): a hybrid model's recurrent layer holds no positions, but one
+# f32 state after the prompt's last token, sent exact (never quantized nor compressed).
+
+
+@dataclass(frozen=True)
+class State:
+    conv_floats: int
+    matrix_floats: int
+    data: bytes  # f32 LE: the convolution window, then each value head's matrix
+
+    @classmethod
+    def parse(cls, data: bytes, conv_floats: int, matrix_floats: int) -> "State":
+        """Refused unless exactly the shape's size and every value finite (as Rust's
+        Recurrent::from_le_bytes): a model never makes an infinite or NaN state."""
+        want = 4 * (conv_floats + matrix_floats)
+        if len(data) != want:
+            raise ProtocolError(f"a state of {len(data)} bytes, the shape's is {want}")
+        if not np.isfinite(np.frombuffer(data, "<f4")).all():
+            raise ProtocolError("a state with values that are not finite")
+        return cls(conv_floats, matrix_floats, bytes(data))
+
+    def floats(self) -> np.ndarray:
+        return np.frombuffer(self.data, "<f4")
+
+
+STATE_KINDS = {0: "GATED_DELTA_NET", 1: "SHORT_CONV"}
+
+
+def state_floats(shape) -> tuple[int, int]:
+    """A header's StateShape -> (window floats, matrix floats): (conv_kernel - 1) rows of
+    conv_channels, then v_heads matrices of head_dim x head_dim. Refused when its fields do not
+    fit its kind (docs/protocol.md, "States")."""
+    kind = STATE_KINDS.get(shape.kind)
+    if kind is None or shape.conv_kernel < 1:
+        raise ProtocolError(f"a state shape of kind {shape.kind}, kernel {shape.conv_kernel}")
+    heads = (shape.k_heads, shape.v_heads, shape.head_dim)
+    if kind == "GATED_DELTA_NET":
+        # The window holds the Q, K and V projections side by side.
+        channels = (2 * shape.k_heads + shape.v_heads) * shape.head_dim
+        if shape.conv_channels != channels or 0 in heads:
+            raise ProtocolError(f"a Gated DeltaNet state of {shape.conv_channels} channels for "
+                                f"heads {heads} ({channels})")
+    elif heads != (0, 0, 0):
+        raise ProtocolError(f"a short convolution's state with heads {heads}")
+    return ((shape.conv_kernel - 1) * shape.conv_channels,
+            shape.v_heads * shape.head_dim * shape.head_dim)
+
+
+@dataclass
+class Layer:
+    """One layer as an edge reassembles it: K and V over positions start..n, or, for a
+    recurrent layer (start = n), no positions and its state."""
+
+    start: int
+    k: np.ndarray
+    v: np.ndarray
+    state: State | None = None
+
+    def digest(self, end: int) -> bytes:
+        """What the layer's seal signs (seal.rs layer_digest): a state's own digest, else the
+        KV's."""
+        if self.state is not None:
+            return state_digest(end, self.state)
+        return layer_digest(self.start, end, self.k, self.v)
+
+    def same(self, other: "Layer") -> bool:
+        """Bit for bit (f16 bits, state bytes), not as floats: -0 and NaN compare as bits."""
+        return (self.start == other.start and self.state == other.state
+                and self.k.shape == other.k.shape and self.v.shape == other.v.shape
+                and self.k.view(np.uint16).tobytes() == other.k.view(np.uint16).tobytes()
+                and self.v.view(np.uint16).tobytes() == other.v.view(np.uint16).tobytes())
+
+
 # ---------------------------------------------------------------------------------------------
 # Codecs (codec.rs). Decoding reproduces Rust's f32 arithmetic (`q as f32 * d + m`, a multiply
 # then an add, never fused), rounded once to f16 (round to nearest, ties to even): numpy float32
@@ -306,15 +395,17 @@ def encode_f16(k: np.ndarray, v: np.ndarray) -> bytes:
 
 
 def chunk_checksum(layer: int, start: int, end: int, codec: str, compressed: bool,
-                   payload: bytes) -> int:
+                   payload: bytes, state: bytes = b"") -> int:
     """CRC-32 (IEEE, as crc32fast and zlib compute it) of layer, start, end (u32 LE), the codec
-    name, the compressed flag (one byte) and the payload as sent."""
+    name, the compressed flag (one byte), the payload as sent and the state (empty but on a
+    recurrent layer's chunk)."""
     head = struct.pack("<3I", layer, start, end) + codec.encode() + bytes([int(compressed)])
-    return zlib.crc32(payload, zlib.crc32(head)) & 0xFFFFFFFF
+    return zlib.crc32(state, zlib.crc32(payload, zlib.crc32(head))) & 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
-# Reassembly (chunk.rs Reassembler): chunks layer-major, each layer's contiguous from its start.
+# Reassembly (chunk.rs Reassembler): chunks layer-major, each layer's contiguous from its start;
+# a recurrent layer is one chunk at the prompt's end carrying its state.
 
 
 @dataclass
@@ -326,6 +417,10 @@ class Reassembler:
     codec: str
     first_layer: int = 0
     starts: list = field(default_factory=list)  # empty: every layer from 0
+    # A hybrid model's recurrent layers (the header's state_shape.layers) and their state's
+    # (window floats, matrix floats), from state_floats.
+    recurrent: list = field(default_factory=list)
+    state_floats: tuple | None = None
     next_layer: int = 0
     next_start: int = 0
     _k: list = field(default_factory=list)
@@ -334,20 +429,34 @@ class Reassembler:
     def __post_init__(self):
         if not self.starts:
             self.starts = [0] * self.n_layers
+        n = self.n_tokens
+        self.recurrent = list(self.recurrent)  # a header's repeated field, or any iterable
+        if self.recurrent and self.state_floats is None:
+            raise ProtocolError(f"recurrent layers {self.recurrent} without a state shape")
+        if self.recurrent != sorted(set(self.recurrent)) or \
+                any(l >= self.n_layers for l in self.recurrent):
+            raise ProtocolError(f"recurrent layers {self.recurrent} of {self.n_layers}")
+        # A recurrent layer starts at the prompt's end exactly (it holds no positions); any
+        # other layer before it (or at 0, for an empty prompt).
         if len(self.starts) != self.n_layers or any(
-            s > self.n_tokens or (s == self.n_tokens and s > 0) for s in self.starts
+            s != n if self._stateful(l) else (s > n or (s == n and s > 0))
+            for l, s in enumerate(self.starts)
         ):
             raise ProtocolError(f"layer starts {self.starts} for {self.n_layers} layers of "
-                                f"{self.n_tokens} positions")
+                                f"{n} positions, recurrent {self.recurrent}")
         self.next_layer = min(self.first_layer, self.n_layers)
         self.next_start = self.starts[self.next_layer] if self.next_layer < self.n_layers else 0
+
+    def _stateful(self, l: int) -> bool:
+        # An empty prompt leaves no state to send: every layer is one empty chunk (as Rust).
+        return l in self.recurrent and self.n_tokens > 0
 
     def complete(self) -> bool:
         return self.next_layer == self.n_layers
 
     def push(self, c):
-        """Take one WireChunk (already checked: CRC); returns (layer, start, k, v) when it
-        completes a layer, else None."""
+        """Take one WireChunk (already checked: CRC); returns (layer, Layer) when it completes
+        a layer, else None."""
         if self.complete() or c.layer != self.next_layer or c.start != self.next_start:
             raise ProtocolError(f"chunk out of order: want layer {self.next_layer} from "
                                 f"{self.next_start}, got layer {c.layer} from {c.start}")
@@ -360,6 +469,10 @@ class Reassembler:
         # No model makes infinite or NaN keys or values: Rust refuses such a chunk too.
         if not (np.isfinite(k).all() and np.isfinite(v).all()):
             raise ProtocolError(f"layer {c.layer} {c.start}..{c.end}: values not finite")
+        if self._stateful(c.layer):
+            return self._push_state(c, k, v)
+        if c.state:
+            raise ProtocolError(f"layer {c.layer}: a state on a layer that holds positions")
         self._k.append(k)
         self._v.append(v)
         self.next_start = c.end
@@ -368,28 +481,63 @@ class Reassembler:
         l, start = self.next_layer, self.starts[self.next_layer]
         k, v = np.concatenate(self._k, axis=1), np.concatenate(self._v, axis=1)
         self._k, self._v = [], []
+        return self._advance(l, Layer(start, k, v))
+
+    def _push_state(self, c, k, v):
+        """A recurrent layer's one chunk: no positions (its start, checked in order, is the
+        token count), a payload that decodes to nothing, and a state of the shape's size."""
+        if c.end != c.start:
+            raise ProtocolError(f"layer {c.layer}: a recurrent layer's chunk holds positions "
+                                f"{c.start}..{c.end}")
+        try:
+            state = State.parse(c.state, *self.state_floats)
+        except ProtocolError as e:
+            raise ProtocolError(f"layer {c.layer}: {e}") from None
+        return self._advance(c.layer, Layer(c.start, k, v, state))
+
+    def _advance(self, l: int, layer: Layer):
         self.next_layer += 1
         self.next_start = self.starts[self.next_layer] if self.next_layer < self.n_layers else 0
-        return l, start, k, v
+        return l, layer
 
 
 # ---------------------------------------------------------------------------------------------
-# EPKV files: b"EPKV", u32 LE version (1), u32 LE length N, N bytes of JSON metadata, then for
-# each layer from first_layer on, for each KV head: its keys of positions layer_starts[l]..n
-# (rows of head_dim f16 LE), then its values likewise (the order layer_digest hashes).
+# EPKV files: b"EPKV", u32 LE version, u32 LE length N, N bytes of JSON metadata, then for each
+# layer from first_layer on, for each KV head: its keys of positions layer_starts[l]..n (rows of
+# head_dim f16 LE), then its values likewise (the order layer_digest hashes). Version 2 (a
+# hybrid model) names its recurrent layers, their shape (the header's StateShape, the kind by
+# its enum name) and their state's size in the metadata's state_shape {layers, kind,
+# conv_kernel, k_heads, v_heads, head_dim, conv_channels, conv_floats, matrix_floats}, and
+# follows each such layer's (empty) heads
+# with its state, f32 LE as the wire holds it.
 
 EPKV_MAGIC = b"EPKV"
 EPKV_VERSION = 1
+EPKV_VERSION_STATES = 2
 
 
 @dataclass
 class Epkv:
     meta: dict
-    layers: dict  # layer -> (k, v), each (n_kv_head, positions, head_dim) f16
+    layers: dict  # layer -> Layer
 
     @property
     def n_tokens(self) -> int:
         return len(self.meta["token_ids"])
+
+
+def _epkv_states(path: str, version: int, meta: dict) -> tuple[set, tuple | None]:
+    """The recurrent layers and their state's (window, matrix) floats a file says it holds:
+    version 2 and a state_shape go together."""
+    shape = meta.get("state_shape")
+    if version not in (EPKV_VERSION, EPKV_VERSION_STATES):
+        raise ProtocolError(f"{path}: EPKV version {version}, this reader knows "
+                            f"{EPKV_VERSION} and {EPKV_VERSION_STATES}")
+    if (version == EPKV_VERSION_STATES) != (shape is not None):
+        raise ProtocolError(f"{path}: version {version} with state_shape {shape}")
+    if shape is None:
+        return set(), None
+    return set(shape["layers"]), (shape["conv_floats"], shape["matrix_floats"])
 
 
 def read_epkv(path: str) -> Epkv:
@@ -398,9 +546,8 @@ def read_epkv(path: str) -> Epkv:
     if data[:4] != EPKV_MAGIC:
         raise ProtocolError(f"{path}: not an EPKV file")
     version, n = struct.unpack_from("<II", data, 4)
-    if version != EPKV_VERSION:
-        raise ProtocolError(f"{path}: EPKV version {version}, this reader knows {EPKV_VERSION}")
     meta = json.loads(data[12 : 12 + n].decode())
+    recurrent, floats = _epkv_states(path, version, meta)
     pos = 12 + n
     n_tokens = len(meta["token_ids"])
     heads, dim = meta["n_kv_head"], meta["head_dim"]
@@ -412,19 +559,35 @@ def read_epkv(path: str) -> Epkv:
         count = heads * 2 * rows * dim
         arr = np.frombuffer(data, "<f2", count, pos).astype(np.float16)
         arr = arr.reshape(heads, 2, rows, dim)
-        layers[l] = (np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]))
         pos += 2 * count
+        state = None
+        if l in recurrent:
+            if rows != 0:
+                raise ProtocolError(f"{path}: recurrent layer {l} holds {rows} positions")
+            size = 4 * sum(floats)
+            state = State.parse(data[pos : pos + size], *floats)
+            pos += size
+        layers[l] = Layer(starts[l], np.ascontiguousarray(arr[:, 0]),
+                          np.ascontiguousarray(arr[:, 1]), state)
     if pos != len(data):
         raise ProtocolError(f"{path}: {len(data) - pos} bytes past the last layer")
     return Epkv(meta, layers)
 
 
 def write_epkv(path: str, meta: dict, layers: dict) -> None:
+    """`layers`: layer -> Layer. Version 2 when `meta` has a state_shape, whose layers must be
+    exactly those holding a state."""
+    version = EPKV_VERSION_STATES if meta.get("state_shape") else EPKV_VERSION
+    recurrent, _ = _epkv_states(path, version, meta)
     js = json.dumps(meta).encode()
     with open(path, "wb") as f:
-        f.write(EPKV_MAGIC + struct.pack("<II", EPKV_VERSION, len(js)) + js)
+        f.write(EPKV_MAGIC + struct.pack("<II", version, len(js)) + js)
         for l in range(meta["first_layer"], meta["n_layers"]):
-            k, v = layers[l]
-            for h in range(k.shape[0]):
-                f.write(k[h].astype("<f2").tobytes())
-                f.write(v[h].astype("<f2").tobytes())
+            layer = layers[l]
+            if (layer.state is not None) != (l in recurrent):
+                raise ProtocolError(f"{path}: layer {l}'s state does not match state_shape")
+            for h in range(layer.k.shape[0]):
+                f.write(layer.k[h].astype("<f2").tobytes())
+                f.write(layer.v[h].astype("<f2").tobytes())
+            if layer.state is not None:
+                f.write(layer.state.data)

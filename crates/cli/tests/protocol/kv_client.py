@@ -1,6 +1,8 @@
 """An edge written in Python from the protocol alone: fetches one cloud prompt in every codec,
 with zstd off and on, and checks everything a correct edge must check, then that a forgery
-fails its seal. Exits non-zero on any mismatch.
+fails its seal. A hybrid model's stream (the header's state_shape) has its recurrent layers'
+states checked likewise: their seals, their bytes against the export, forged and malformed
+states. Exits non-zero on any mismatch.
 
     python kv_client.py CONFIG.json [--codecs f16,int8] [--allow-missing-exports]
                                     [--dump-epkv DIR]
@@ -73,9 +75,35 @@ def check_list(stub, pb, cfg, key: VerifyKey) -> dict:
             "listed": len(entries)}
 
 
+def state_shape(h) -> dict | None:
+    """The header's StateShape (the kind by its enum name) and its states' float counts, as an
+    export names them (None for a model without recurrent layers)."""
+    if not h.HasField("state_shape"):
+        return None
+    s = h.state_shape
+    conv, matrix = epkv.state_floats(s)
+    return {"layers": list(s.layers), "kind": type(h).DESCRIPTOR.file.enum_types_by_name[
+                "StateKind"].values_by_number[s.kind].name,
+            "conv_kernel": s.conv_kernel, "k_heads": s.k_heads, "v_heads": s.v_heads,
+            "head_dim": s.head_dim, "conv_channels": s.conv_channels,
+            "conv_floats": conv, "matrix_floats": matrix}
+
+
+def reassembler(h, first_layer: int = 0, codec: str | None = None) -> epkv.Reassembler:
+    """A reassembler for the stream `h` heads, from `first_layer` on (in another codec than
+    the header's: a chunk forged here in f16)."""
+    shape = state_shape(h)
+    return epkv.Reassembler(
+        h.n_layers, len(h.token_ids), h.n_kv_head, h.head_dim, codec or h.codec,
+        first_layer=first_layer,
+        starts=list(h.layer_starts), recurrent=shape["layers"] if shape else [],
+        state_floats=(shape["conv_floats"], shape["matrix_floats"]) if shape else None)
+
+
 def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
     """One stream, checked as the Rust edge checks it (client.rs check_header, chunk.rs
-    Reassembler, seal.rs verify_layer). Returns (header, {layer: (start, k, v)}, seals, stats)."""
+    Reassembler, seal.rs verify_layer). Returns (header, manifest, {layer: Layer}, seals,
+    stats)."""
     req = pb.FetchRequest(id=cfg["prompt_id"], model_fingerprint=cfg["fingerprint"],
                           accept_codecs=[codec], accept_zstd=zstd)
     stream = stub.Fetch(req, timeout=120)
@@ -99,10 +127,9 @@ def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
         fail(f"{where}: a cloud's values decoded from {h.values_codec!r}, streamed as {h.codec!r}")
     manifest = epkv.Manifest(h.prompt_id, h.model_fingerprint, address, h.n_layers, h.n_kv_head,
                              h.head_dim, 0, h.values_codec or h.codec, h.mapped)
-    re = epkv.Reassembler(h.n_layers, len(h.token_ids), h.n_kv_head, h.head_dim, h.codec,
-                          starts=list(h.layer_starts))
+    re = reassembler(h)
     layers, seals = {}, {}
-    stats = {"chunks": 0, "wire_bytes": 0, "max_positions": 0}
+    stats = {"chunks": 0, "wire_bytes": 0, "max_positions": 0, "states": 0, "state_bytes": 0}
     for msg in stream:
         if msg.WhichOneof("body") != "chunk":
             fail(f"{where}: a second header")
@@ -110,9 +137,15 @@ def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
         stats["chunks"] += 1
         stats["wire_bytes"] += len(c.payload)
         stats["max_positions"] = max(stats["max_positions"], c.end - c.start)
-        if c.compressed != h.compressed:
-            fail(f"{where}: chunk compressed={c.compressed} in a stream of {h.compressed}")
-        want = epkv.chunk_checksum(c.layer, c.start, c.end, c.codec, c.compressed, c.payload)
+        stats["states"] += bool(c.state)
+        stats["state_bytes"] += len(c.state)
+        # A chunk of no positions has an empty payload, never compressed.
+        empty = c.start == c.end
+        if c.compressed != (h.compressed and not empty) or (empty and c.payload):
+            fail(f"{where}: chunk {c.start}..{c.end} compressed={c.compressed} "
+                 f"({len(c.payload)} bytes) in a stream of {h.compressed}")
+        want = epkv.chunk_checksum(c.layer, c.start, c.end, c.codec, c.compressed, c.payload,
+                                   c.state)
         if want != c.checksum:
             fail(f"{where}: layer {c.layer} {c.start}..{c.end}: CRC {c.checksum:08x}, want {want:08x}")
         done = re.push(c)
@@ -121,12 +154,12 @@ def fetch(stub, pb, cfg, codec: str, zstd: bool, key: VerifyKey, listed: dict):
             continue
         if not c.layer_seal:
             fail(f"{where}: layer {c.layer} ends without a seal")
-        l, start, k, v = done
-        # Checked the moment the layer is complete, before anything would attend to it.
-        digest = epkv.layer_digest(start, len(h.token_ids), k, v)
-        if not verifies(key, manifest.statement(l, digest), c.layer_seal):
+        l, layer = done
+        # Checked the moment the layer is complete, before anything would attend to it; a
+        # recurrent layer's seal is of its state.
+        if not verifies(key, manifest.statement(l, layer.digest(len(h.token_ids))), c.layer_seal):
             fail(f"{where}: layer {l}: the seal does not verify")
-        layers[l], seals[l] = (start, k, v), c.layer_seal
+        layers[l], seals[l] = layer, c.layer_seal
     if not re.complete():
         fail(f"{where}: the stream ended after {re.next_layer} of {h.n_layers} layers")
     return h, manifest, layers, seals, stats
@@ -146,20 +179,31 @@ def compare_export(path: str, h, layers, where: str) -> None:
     starts = list(h.layer_starts) or [0] * h.n_layers
     if m["layer_starts"] != starts:
         fail(f"{where}: export layer_starts {m['layer_starts']}, the stream's {starts}")
-    for l, (start, k, v) in layers.items():
-        ek, ev = e.layers[l]
-        if ek.view(np.uint16).tobytes() != k.view(np.uint16).tobytes() or \
-                ev.view(np.uint16).tobytes() != v.view(np.uint16).tobytes():
-            diff = np.flatnonzero(np.concatenate([(ek.view(np.uint16) != k.view(np.uint16)).ravel(),
-                                                  (ev.view(np.uint16) != v.view(np.uint16)).ravel()]))
-            fail(f"{where}: layer {l}: {diff.size} values differ from {path} (first at {diff[0]})")
+    # Version 2 exactly when the stream has states, naming the same layers and sizes.
+    if m.get("state_shape") != state_shape(h):
+        fail(f"{where}: export state_shape {m.get('state_shape')}, the stream's {state_shape(h)}")
+    for l, layer in layers.items():
+        mine = e.layers[l]
+        if mine.same(layer):
+            continue
+        if mine.state != layer.state:
+            a, b = mine.state.floats(), layer.state.floats()
+            diff = np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))
+            fail(f"{where}: layer {l}: {diff.size} state floats differ from {path} "
+                 f"(first at {diff[0]})")
+        diff = np.flatnonzero(np.concatenate([
+            (mine.k.view(np.uint16) != layer.k.view(np.uint16)).ravel(),
+            (mine.v.view(np.uint16) != layer.v.view(np.uint16)).ravel()]))
+        fail(f"{where}: layer {l}: {diff.size} values differ from {path} (first at {diff[0]})")
 
 
 def forgeries(key: VerifyKey, h, manifest, layers, seals, pb) -> int:
     """A correct seal check refuses every one of these; returns how many were refused."""
     n = len(h.token_ids)
-    l = sorted(layers)[len(layers) // 2]
-    start, k, v = layers[l]
+    # A layer holding positions (a hybrid model's states are forged in state_forgeries).
+    kv = [i for i in sorted(layers) if layers[i].state is None]
+    l = kv[len(kv) // 2]
+    start, k, v = layers[l].start, layers[l].k, layers[l].v
     tries = {}
     # One byte of one decoded value (the low byte: one f16 ulp or so).
     k2 = k.copy()
@@ -176,7 +220,7 @@ def forgeries(key: VerifyKey, h, manifest, layers, seals, pb) -> int:
     tries["a payload byte changed, CRC recomputed"] = (l, epkv.layer_digest(start, n, fk, fv),
                                                       seals[l])
     # The true values under another layer's seal, another codec's or another prompt's.
-    other = sorted(layers)[0] if l != sorted(layers)[0] else sorted(layers)[-1]
+    other = next(i for i in sorted(layers) if i != l)
     tries["another layer's seal"] = (l, epkv.layer_digest(start, n, k, v), seals[other])
     refused = 0
     for what, (layer, digest, sig) in tries.items():
@@ -196,6 +240,103 @@ def forgeries(key: VerifyKey, h, manifest, layers, seals, pb) -> int:
     if not verifies(key, manifest.statement(l, epkv.layer_digest(start, n, k, v)), seals[l]):
         fail("the genuine layer does not verify")
     return refused
+
+
+def flip_state(st: epkv.State, i: int) -> epkv.State:
+    """The state with float i's lowest mantissa bit flipped: one ulp, still finite."""
+    data = bytearray(st.data)
+    data[4 * i] ^= 0x01
+    return epkv.State(st.conv_floats, st.matrix_floats, bytes(data))
+
+
+def state_chunk(pb, h, l: int, state: bytes):
+    """Layer l's one chunk carrying `state`, its CRC computed: what a path could forge."""
+    n = len(h.token_ids)
+    c = pb.WireChunk(layer=l, start=n, end=n, codec=h.codec, compressed=False, payload=b"",
+                     state=state)
+    c.checksum = epkv.chunk_checksum(c.layer, c.start, c.end, c.codec, False, c.payload,
+                                     c.state)
+    return c
+
+
+def state_forgeries(key: VerifyKey, h, manifest, layers, seals, pb) -> int:
+    """A hybrid stream's states: every forgery below fails its seal; returns how many."""
+    n = len(h.token_ids)
+    rec = [i for i in sorted(layers) if layers[i].state is not None]
+    l = rec[len(rec) // 2]
+    st = layers[l].state
+    tries = {}
+    # One float of the matrices (of the window, for a short convolution) one ulp off.
+    at = st.conv_floats + st.matrix_floats // 2 if st.matrix_floats else st.conv_floats // 2
+    tries["one state float one ulp off"] = (l, epkv.state_digest(n, flip_state(st, at)))
+    # The same change on the wire, CRC recomputed: the chunk is taken, only the seal tells.
+    c = state_chunk(pb, h, l, flip_state(st, 0).data)
+    _, taken = reassembler(h, first_layer=l).push(c)
+    tries["a state byte changed, CRC recomputed"] = (l, taken.digest(n))
+    # The true state said to be at another position, or split elsewhere into window and
+    # matrices, or in another recurrent layer's place, or digested as KV of no positions.
+    tries["the state at another position"] = (l, epkv.state_digest(n - 1, st))
+    moved = epkv.State(st.conv_floats - 1, st.matrix_floats + 1, st.data)
+    tries["the window and matrices split elsewhere"] = (l, epkv.state_digest(n, moved))
+    if len(rec) > 1:
+        other = next(i for i in rec if i != l)
+        tries["another recurrent layer's state"] = (l, epkv.state_digest(n, layers[other].state))
+    tries["a KV digest of no positions"] = (l, epkv.layer_digest(n, n, layers[l].k, layers[l].v))
+    for what, (layer, digest) in tries.items():
+        if verifies(key, manifest.statement(layer, digest), seals[l]):
+            fail(f"state forgery accepted: {what} (layer {layer})")
+    # A recurrent layer's seal does not stand for another layer's, KV or state.
+    for other in (i for i in sorted(layers) if i != l):
+        if verifies(key, manifest.statement(other, layers[other].digest(n)), seals[l]):
+            fail(f"layer {l}'s seal verifies for layer {other}")
+    if not verifies(key, manifest.statement(l, epkv.state_digest(n, st)), seals[l]):
+        fail(f"the genuine state of layer {l} does not verify")
+    return len(tries) + len(layers) - 1
+
+
+def state_refusals(h, layers, pb) -> int:
+    """Malformed state chunks the reassembler refuses before any seal is checked (chunk.rs
+    push_state); returns how many. The genuine chunk is taken, so each refusal is its
+    change's."""
+    n = len(h.token_ids)
+    l = next(i for i in sorted(layers) if layers[i].state is not None)
+    st = layers[l].state
+    nan = bytearray(st.data)
+    nan[0:4] = np.array([np.nan], "<f4").tobytes()
+    bad = {
+        "a state one float short": state_chunk(pb, h, l, st.data[:-4]),
+        "a state one float long": state_chunk(pb, h, l, st.data + bytes(4)),
+        "a NaN in the state": state_chunk(pb, h, l, bytes(nan)),
+        "no state": state_chunk(pb, h, l, b""),
+    }
+    for what, c in bad.items():
+        if not refused(reassembler(h, first_layer=l), c):
+            fail(f"a malformed state chunk taken: {what}")
+    count = len(bad)
+    # A layer holding positions that carries a state too (its payload in f16, the one codec
+    # encoded here: the state is what is refused).
+    kv = next((i for i in sorted(layers) if layers[i].state is None), None)
+    if kv is not None:
+        layer = layers[kv]
+        e = min(layer.start + epkv.CHUNK_TOKENS, n)
+        c = pb.WireChunk(layer=kv, start=layer.start, end=e, codec="f16", state=st.data,
+                         payload=epkv.encode_f16(layer.k[:, : e - layer.start],
+                                                 layer.v[:, : e - layer.start]))
+        if not refused(reassembler(h, first_layer=kv, codec="f16"), c):
+            fail(f"layer {kv}: a chunk holding positions and a state taken")
+        count += 1
+    got, layer = reassembler(h, first_layer=l).push(state_chunk(pb, h, l, st.data))
+    if got != l or layer.state != st:
+        fail(f"the genuine state chunk of layer {l} is not taken as sent")
+    return count
+
+
+def refused(re: epkv.Reassembler, c) -> bool:
+    try:
+        re.push(c)
+        return False
+    except ProtocolError:
+        return True
 
 
 def check_refusals(stub, pb, cfg) -> list[str]:
@@ -306,25 +447,30 @@ def main() -> int:
         listed = check_list(stub, pb, cfg, key)
         print(f"list: {listed['listed']} prompt(s), signature checked; {cfg['prompt_id']}: "
               f"{listed['tokens']} tokens at {listed['address'][:16]}")
-        seals_checked, compared = 0, []
-        forged = None
+        seals_checked, states_checked, compared = 0, 0, []
+        forged = forged_states = malformed = None
         for codec in codecs:
             got = {}
             for zstd in (False, True):
                 h, manifest, layers, seals, stats = fetch(stub, pb, cfg, codec, zstd, key, listed)
                 got[zstd] = (layers, seals)
                 seals_checked += len(seals)
+                states_checked += stats["states"]
+                states = (f", {stats['states']} states ({stats['state_bytes']} bytes)"
+                          if stats["states"] else "")
                 print(f"{codec:6}{' zstd' if zstd else '     '}: {len(layers)} layers x "
                       f"{h.n_kv_head} heads x {h.head_dim}, {stats['chunks']} chunks (at most "
-                      f"{stats['max_positions']} positions), {stats['wire_bytes']} payload bytes, "
-                      f"compressed={h.compressed}, every CRC and seal checked")
+                      f"{stats['max_positions']} positions), {stats['wire_bytes']} payload bytes"
+                      f"{states}, compressed={h.compressed}, every CRC and seal checked")
                 # Forgeries of the f16 stream (of the first codec's when f16 is not fetched).
                 if forged is None and (codec == "f16" or "f16" not in codecs):
                     forged = forgeries(key, h, manifest, layers, seals, pb)
-            # zstd changes the bytes on the wire, never the values.
-            for l, (s, k, v) in got[False][0].items():
-                s2, k2, v2 = got[True][0][l]
-                if s != s2 or k.tobytes() != k2.tobytes() or v.tobytes() != v2.tobytes():
+                    if stats["states"]:
+                        forged_states = state_forgeries(key, h, manifest, layers, seals, pb)
+                        malformed = state_refusals(h, layers, pb)
+            # zstd changes the bytes on the wire, never the values nor the states.
+            for l, layer in got[False][0].items():
+                if not layer.same(got[True][0][l]):
                     fail(f"{codec}: layer {l} decodes differently with zstd")
             if codec in exports:
                 compare_export(exports[codec], h, got[False][0], codec)
@@ -340,13 +486,18 @@ def main() -> int:
                         "head_dim": h.head_dim, "first_layer": 0,
                         "layer_starts": list(h.layer_starts) or [0] * h.n_layers,
                         "codec": h.values_codec or h.codec, "mapped": False}
-                epkv.write_epkv(os.path.join(a.dump_epkv, f"{codec}.epkv"), meta,
-                                {l: (k, v) for l, (_, k, v) in layers.items()})
+                if state_shape(h):
+                    meta["state_shape"] = state_shape(h)
+                epkv.write_epkv(os.path.join(a.dump_epkv, f"{codec}.epkv"), meta, layers)
         refusals = check_refusals(stub, pb, cfg)
     print(f"codecs {','.join(codecs)} x zstd off/on: {seals_checked} layer seals verified; "
           f"values equal with and without zstd; bit-identical to the Rust edge's export for "
           f"{','.join(compared) or 'no codec'}")
     print(f"forgery refused: {forged} of {forged} forged layers/statements fail their seal")
+    if forged_states is not None:
+        print(f"states: {states_checked} recurrent layers' states sealed and checked; forged "
+              f"states refused: {forged_states} of {forged_states} forged states/statements "
+              f"fail their seal; {malformed} of {malformed} malformed state chunks refused")
     print("statuses: " + "; ".join(refusals))
     print("OK")
     return 0

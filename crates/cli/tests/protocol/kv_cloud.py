@@ -1,18 +1,21 @@
 """A cloud written in Python from the protocol alone: serves one prompt's KV from an EPKV file,
-signed with a given Ed25519 seed, in f16 without zstd. Our Rust edge fetching from it must give
-the single-node answer, and must refuse the stream when `forge_layer` alters a layer after
-signing.
+signed with a given Ed25519 seed, in f16 without zstd; for a hybrid model (an EPKV of version
+2), its recurrent layers' states too, one chunk each, sealed with the state digest. Our Rust
+edge fetching from it must give the single-node answer, and must refuse the stream when
+`forge_layer` alters a layer (its KV, or its state) after signing.
 
     python kv_cloud.py CONFIG.json
 
 CONFIG keys: listen ("127.0.0.1:0" picks a port, printed as a line `PORT <n>`), export (EPKV
 path: whole, exact f16 values), seed_hex (the 32-byte Ed25519 seed, hex), proto_dir, optional
-forge_layer (int) and stubs_dir (where the generated stubs go).
+forge_layer (int) and stubs_dir (where the generated stubs go). A hybrid model's export
+(version 2) names its states' shape, which the header repeats.
 Runs until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -33,7 +36,7 @@ import epkv  # noqa: E402
 class Prompt:
     """The one prompt served: its metadata, values, per-layer digests (of the true values)."""
 
-    def __init__(self, path: str, forge_layer: int | None):
+    def __init__(self, path: str, forge_layer: int | None, pb):
         e = epkv.read_epkv(path)
         self.meta, self.layers = e.meta, e.layers
         m = self.meta
@@ -46,18 +49,42 @@ class Prompt:
         self.address = epkv.content_address(m["fingerprint"], self.token_ids)
         if self.address != m["address"]:
             raise epkv.ProtocolError(f"{path}: address {m['address']} is not its ids' {self.address}")
-        # Digests of what is signed: the values as they are now, before any forgery.
-        self.digests = {l: epkv.layer_digest(self.starts[l], self.n, k, v)
-                        for l, (k, v) in self.layers.items()}
+        self.state_shape = header_state_shape(pb, m)
+        # Digests of what is signed: the values (a recurrent layer's state) as they are now,
+        # before any forgery.
+        self.digests = {l: layer.digest(self.n) for l, layer in self.layers.items()}
         if forge_layer is not None:
-            # One value one f16 ulp up, after the digests were taken: the seal stays that of
-            # the true layer, so a correct edge refuses this one.
-            k, v = self.layers[forge_layer]
-            k = k.copy()
-            bits = k.view(np.uint16).reshape(-1)
-            i = int(np.flatnonzero((bits & 0x7FFF) < 0x7BFF)[0])  # finite, not the largest
-            bits[i] += 1
-            self.layers[forge_layer] = (k, v)
+            self.layers[forge_layer] = forged(self.layers[forge_layer])
+
+
+def forged(layer: epkv.Layer) -> epkv.Layer:
+    """The layer changed as little as a value can be, after its digest was taken: the seal
+    stays that of the true layer, so a correct edge refuses this one."""
+    if layer.state is not None:
+        # One state float's lowest mantissa bit: one ulp, still finite.
+        data = bytearray(layer.state.data)
+        data[4 * (len(data) // 8)] ^= 0x01
+        return dataclasses.replace(layer, state=dataclasses.replace(layer.state, data=bytes(data)))
+    # One value one f16 ulp up.
+    k = layer.k.copy()
+    bits = k.view(np.uint16).reshape(-1)
+    i = int(np.flatnonzero((bits & 0x7FFF) < 0x7BFF)[0])  # finite, not the largest
+    bits[i] += 1
+    return dataclasses.replace(layer, k=k)
+
+
+def header_state_shape(pb, meta: dict):
+    """The header's StateShape, as the export names it (its states must be of that shape's
+    size); None for a model without recurrent layers."""
+    have = meta.get("state_shape")
+    if have is None:
+        return None
+    fields = {f: have[f] for f in ("conv_kernel", "k_heads", "v_heads", "head_dim",
+                                   "conv_channels")}
+    out = pb.StateShape(layers=have["layers"], kind=pb.StateKind.Value(have["kind"]), **fields)
+    if epkv.state_floats(out) != (have["conv_floats"], have["matrix_floats"]):
+        raise epkv.ProtocolError(f"state_shape {have} does not size its own states")
+    return out
 
 
 class CloudKv:
@@ -117,30 +144,42 @@ class CloudKv:
             layer_starts=p.starts if any(p.starts) else [],
             mapped=bool(m["mapped"]),
             # Values decoded from another codec (signed as such) are relayed as f16.
-            values_codec="" if values_codec == "f16" else values_codec))
+            values_codec="" if values_codec == "f16" else values_codec,
+            state_shape=p.state_shape))
         for l in range(first, m["n_layers"]):
-            k, v = p.layers[l]
-            s0 = p.starts[l]
             sig = self.key.sign(manifest.statement(l, p.digests[l])).signature
-            s = s0
-            while True:  # at least one chunk, even for an empty prompt (as stream.rs)
-                e = min(s + epkv.CHUNK_TOKENS, p.n)
-                payload = epkv.encode_f16(k[:, s - s0 : e - s0], v[:, s - s0 : e - s0])
-                last = e >= p.n
-                yield pb.FetchMessage(chunk=pb.WireChunk(
-                    layer=l, start=s, end=e, codec="f16", compressed=False, payload=payload,
-                    checksum=epkv.chunk_checksum(l, s, e, "f16", False, payload),
-                    layer_seal=sig if last else b""))
-                s = e
-                if last:
-                    break
+            for chunk in self.chunks(l, p.layers[l], sig):
+                yield pb.FetchMessage(chunk=chunk)
+
+    def chunks(self, l: int, layer: epkv.Layer, sig: bytes):
+        """Layer l's chunks of CHUNK_TOKENS positions, the seal on the last; a recurrent layer
+        is one chunk at the prompt's end, no positions, its state (never compressed)."""
+        pb, n = self.pb, self.p.n
+        if layer.state is not None:
+            state = layer.state.data
+            yield pb.WireChunk(layer=l, start=n, end=n, codec="f16", compressed=False,
+                               payload=b"", state=state, layer_seal=sig,
+                               checksum=epkv.chunk_checksum(l, n, n, "f16", False, b"", state))
+            return
+        s0 = s = layer.start
+        while True:  # at least one chunk, even for an empty prompt (as stream.rs)
+            e = min(s + epkv.CHUNK_TOKENS, n)
+            payload = epkv.encode_f16(layer.k[:, s - s0 : e - s0], layer.v[:, s - s0 : e - s0])
+            last = e >= n
+            yield pb.WireChunk(
+                layer=l, start=s, end=e, codec="f16", compressed=False, payload=payload,
+                checksum=epkv.chunk_checksum(l, s, e, "f16", False, payload),
+                layer_seal=sig if last else b"")
+            s = e
+            if last:
+                break
 
 
 def main() -> int:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
     pb, pb_grpc = epkv.load_stubs(cfg["proto_dir"], cfg.get("stubs_dir"))
-    prompt = Prompt(cfg["export"], cfg.get("forge_layer"))
+    prompt = Prompt(cfg["export"], cfg.get("forge_layer"), pb)
     key = SigningKey(bytes.fromhex(cfg["seed_hex"].strip()))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                          options=[("grpc.max_send_message_length", 256 << 20)])
