@@ -5,6 +5,8 @@
 # same run. llama.cpp comes from scripts/llama_venv.sh (.venv-bench/). Not part of CI.
 # Usage: bash scripts/bench_families.sh [SHAPE ...]   (default: all three) -> bench-out/engine-synth-*.json
 #        FTYPE=Q5_K_M bash scripts/bench_families.sh qwen3-0.6b   (another llama.cpp file type)
+#        EDGEPROMPT_AVX2=1 LLAMA_PYTHON=<venv>/bin/python bash scripts/bench_families.sh qwen35-0.8b
+#          (the AVX2 kernels against a llama.cpp built without AVX-512: docs/engine.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHAPES=("${@:-qwen3-0.6b llama3.2-1b qwen3moe-a3b}")
@@ -28,6 +30,6 @@ for s in "${SHAPES[@]}"; do
     .venv-bench/bin/python scripts/ref/quantize.py "$dir/$s.gguf" "$q" "$ftype"
   fi
   ./target/release/edgeprompt-bench engine --model "$q" --threads 2 --skip-candle \
-    --llama-python .venv-bench/bin/python
+    --llama-python "${LLAMA_PYTHON:-.venv-bench/bin/python}"
   mv "bench-out/engine-${q//\//_}.json" "bench-out/engine-synth-$s$suffix.json"
 done

@@ -266,6 +266,7 @@ fn engine_section(dir: &Path, md: &mut String) {
             "zen1/",
             "zen3/",
             "xeon-207/",
+            "xeon-207-as-avx2/",
         ]
         .map(|sub| format!("{sub}engine-{m}.json"))
     });
