@@ -81,6 +81,21 @@ fn recurrent_layers(model: &str) -> Vec<usize> {
         .collect()
 }
 
+/// A key for the Python cloud in `dir`: its seed file and its public key.
+fn python_key(dir: &Path) -> (PathBuf, String) {
+    run(bin().current_dir(dir).args(["keygen", "--out", "python"]));
+    let key = std::fs::read_to_string(dir.join("python.pub")).unwrap();
+    (dir.join("python.key"), key.trim().to_string())
+}
+
+/// `model`'s answer on one node: what every split answer must equal.
+fn single_node(model: &str, system: &str) -> String {
+    run(bin()
+        .args(["generate", "--model", model, "--max-tokens", "24"])
+        .args(["--system", system, "--prompt", USER]))
+    .0
+}
+
 fn edge(model: &str, url: &str, key: &str, known: &Path, system: &str) -> (String, String) {
     run(bin()
         .args(["edge", "--model", model, "--cloud", url, "--cloud-key", key])
@@ -170,15 +185,8 @@ fn python_speaks_the_protocol_both_ways() {
     assert!(out.contains("forgery refused"), "{out}");
 
     // Our edge against the Python cloud, which signs with a key of its own.
-    run(bin()
-        .current_dir(dir.path())
-        .args(["keygen", "--out", "python"]));
-    let (seed, key) = (dir.path().join("python.key"), dir.path().join("python.pub"));
-    let key = std::fs::read_to_string(key).unwrap().trim().to_string();
-    let single = run(bin()
-        .args(["generate", "--model", "smollm2", "--max-tokens", "24"])
-        .args(["--system", &system, "--prompt", USER]))
-    .0;
+    let (seed, key) = python_key(dir.path());
+    let single = single_node("smollm2", &system);
     let f16 = dir.path().join("f16.epkv");
     let (py, port) = python_cloud(dir.path(), &f16, &seed, None);
     let py_url = format!("http://127.0.0.1:{port}");
@@ -284,15 +292,8 @@ fn hybrid_both_ways(model: &str) {
     assert!(out.contains("forged states refused"), "{out}");
 
     // Our edge against the Python cloud serving the f16 export, states and all.
-    run(bin()
-        .current_dir(dir.path())
-        .args(["keygen", "--out", "python"]));
-    let (seed, key) = (dir.path().join("python.key"), dir.path().join("python.pub"));
-    let key = std::fs::read_to_string(key).unwrap().trim().to_string();
-    let single = run(bin()
-        .args(["generate", "--model", model, "--max-tokens", "24"])
-        .args(["--system", &system, "--prompt", USER]))
-    .0;
+    let (seed, key) = python_key(dir.path());
+    let single = single_node(model, &system);
     let f16 = dir.path().join("f16.epkv");
     let (py, port) = python_cloud(dir.path(), &f16, &seed, None);
     let py_url = format!("http://127.0.0.1:{port}");

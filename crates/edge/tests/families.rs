@@ -17,8 +17,7 @@ use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::sample::argmax;
-use edgeprompt_engine::{Model, Sequence};
+use edgeprompt_engine::Model;
 
 use crate::common;
 use common::post_json;
@@ -65,20 +64,7 @@ fn synth(name: &str) -> Arc<Model> {
 /// The greedy answer (8 tokens at most) after the cloud prompt and the private text, on one
 /// node, as text.
 fn single_node(m: &Model) -> String {
-    let mut ids = m.tokenizer.encode_prompt(CLOUD).unwrap();
-    ids.extend(m.tokenizer.encode(PRIVATE).unwrap());
-    let mut seq = Sequence::new(m);
-    let mut logits = seq.prefill(m, &ids).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..8 {
-        let id = argmax(&logits);
-        if m.tokenizer.stop_ids.contains(&id) {
-            break;
-        }
-        out.push(id);
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    m.tokenizer.decode(&out).unwrap()
+    common::plain_single_node_text(m, CLOUD, PRIVATE, 8)
 }
 
 async fn edge(m: &Arc<Model>, cloud: &str, split: usize) -> std::net::SocketAddr {

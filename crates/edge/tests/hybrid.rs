@@ -11,8 +11,7 @@ use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::sample::argmax;
-use edgeprompt_engine::{Model, Sequence};
+use edgeprompt_engine::Model;
 
 use crate::common;
 use common::post_json;
@@ -27,24 +26,6 @@ fn cloud_text(m: &Model, n: usize) -> String {
     let ids = m.tokenizer.encode_prompt(&text).unwrap();
     assert_eq!(ids.len(), n, "{text:?} is {} tokens", ids.len());
     text
-}
-
-/// The greedy answer after `cloud` and the private text, on one node: token ids as text.
-fn single_node(m: &Model, cloud: &str) -> String {
-    let mut ids = m.tokenizer.encode_prompt(cloud).unwrap();
-    ids.extend(m.tokenizer.encode(PRIVATE).unwrap());
-    let mut seq = Sequence::new(m);
-    let mut logits = seq.prefill(m, &ids).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..ANSWER {
-        let id = argmax(&logits);
-        if m.tokenizer.stop_ids.contains(&id) {
-            break;
-        }
-        out.push(id);
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    m.tokenizer.decode(&out).unwrap()
 }
 
 /// The edge's answer after cloud prompt `p{n}`, which came from `source` (`cloud`, or `memory`:
@@ -71,7 +52,10 @@ fn hybrid_answers_equal_single_node_at_every_length_alone_and_batched() {
         let m =
             Arc::new(Model::load(common::models_dir().join(format!("synth/{name}.gguf"))).unwrap());
         let texts: Vec<String> = LENGTHS.iter().map(|&n| cloud_text(&m, n)).collect();
-        let want: Vec<String> = texts.iter().map(|t| single_node(&m, t)).collect();
+        let want: Vec<String> = texts
+            .iter()
+            .map(|t| common::plain_single_node_text(&m, t, PRIVATE, ANSWER))
+            .collect();
         rt.block_on(async {
             let specs = LENGTHS
                 .iter()

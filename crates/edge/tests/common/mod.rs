@@ -39,6 +39,15 @@ pub fn model() -> Arc<Model> {
         .clone()
 }
 
+/// `single_node_text` for a plain-text cloud prompt `cloud` and private text `private`.
+pub fn plain_single_node_text(m: &Model, cloud: &str, private: &str, n: usize) -> String {
+    let mut ids = m.tokenizer.encode_prompt(cloud).unwrap();
+    ids.extend(m.tokenizer.encode(private).unwrap());
+    let mut seq = edgeprompt_engine::Sequence::new(m);
+    let logits = seq.prefill(m, &ids).unwrap();
+    greedy_text(m, &mut seq, logits, n)
+}
+
 /// A hybrid model: the synthetic Qwen3.5 (Gated DeltaNet layers, whose prompts are states
 /// beside KV; `scripts/ref/synth.py`), with Qwen2.5's chat template.
 pub fn hybrid() -> Arc<Model> {
