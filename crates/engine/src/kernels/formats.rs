@@ -29,7 +29,7 @@ impl Format {
         self as u8
     }
 
-    /// The format of a tile's `code` (q2_K for none).
+    /// The format of a tile's `code`.
     pub(crate) const fn of_code(c: u8) -> Format {
         match c {
             code::Q4_0 => Format::Q4_0,
@@ -43,7 +43,8 @@ impl Format {
             code::IQ4NL => Format::IQ4NL,
             code::IQ4XS => Format::IQ4XS,
             code::Q3K => Format::Q3K,
-            _ => Format::Q2K,
+            code::Q2K => Format::Q2K,
+            _ => panic!("no format has this code"),
         }
     }
 }
@@ -83,7 +84,12 @@ impl Format {
             Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
                 256
             }
-            _ => QK,
+            Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q8_0
+            | Format::IQ4NL => QK,
         }
     }
 
@@ -347,7 +353,8 @@ pub(crate) fn q4k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
 pub(super) fn k_values(f: Format, blk: &[u8], v: &mut [u8]) {
     let (qs, qh) = match f {
         Format::Q5K => (&blk[48..176], &blk[16..48]),
-        _ => (&blk[16..144], &[0u8; 32][..]),
+        Format::Q4K => (&blk[16..144], &[0u8; 32][..]),
+        other => unreachable!("{other:?} is neither q4_K nor q5_K"),
     };
     for (c, qs) in qs.chunks_exact(32).enumerate() {
         for (l, &x) in qs.iter().enumerate() {

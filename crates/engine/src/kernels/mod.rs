@@ -401,13 +401,18 @@ fn delta_step_at(level: Level, m: &mut [f32], s: &delta::Step, o: &mut [f32]) {
         s.q.len() == s.k.len() && s.v.len() == m.len() / d && o.len() == m.len() / d,
         "delta step shapes"
     );
-    let mut done = 0;
+    // Rows the SIMD path did (four at a time); the portable step does the rest.
     #[cfg(target_arch = "x86_64")]
-    if level.avx2() {
-        // SAFETY: AVX2 detected (a level is at most the detected one).
-        done = unsafe { x86::delta::step_avx2(m, s, o) };
-    }
-    let _ = level;
+    // SAFETY: AVX2 detected (a level is at most the detected one).
+    let done = match level.avx2() {
+        true => unsafe { x86::delta::step_avx2(m, s, o) },
+        false => 0,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = level;
+        0
+    };
     delta::step_rows(m, s, o, done);
 }
 

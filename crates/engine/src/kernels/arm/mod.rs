@@ -28,7 +28,10 @@ pub(crate) fn run_groups(
     let tile: gemm::TileFn = match level {
         Level::I8mm => gemm::tile_i8mm,
         Level::Dotprod => gemm::tile_dotprod,
-        _ => gemm::tile_neon,
+        Level::Neon => gemm::tile_neon,
+        Level::Portable | Level::Avx2 | Level::Avx512Vnni | Level::Avx512 => {
+            unreachable!("{level:?} runs no Arm tile")
+        }
     };
     for c0 in (0..m).step_by(ACT_CHUNK) {
         let c1 = (c0 + ACT_CHUNK).min(m);

@@ -56,7 +56,8 @@ pub(crate) const fn plane_chunks(f: u8) -> usize {
         Q2K => 2,
         Q5_0 | Q5_1 | Q5K => 5,
         Q6K => 6,
-        _ => 4,
+        Q4_0 | Q4_1 | Q8_0 | Q3K | Q4K | IQ4NL | IQ4XS => 4,
+        _ => panic!("no format has this code"),
     }
 }
 
@@ -117,15 +118,18 @@ pub(crate) unsafe fn unpack_group(
     out: &mut [Line],
 ) {
     assert!(unpacks(f) && out.len() >= 4 * nb);
-    match f.code() {
-        Q5_0 => unpack::<Q5_0>(group, nb, prefetch, out),
-        Q5_1 => unpack::<Q5_1>(group, nb, prefetch, out),
-        IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
-        Q3K => unpack::<Q3K>(group, nb, prefetch, out),
-        Q2K => unpack::<Q2K>(group, nb, prefetch, out),
-        Q4K => unpack::<Q4K>(group, nb, prefetch, out),
-        Q5K => unpack::<Q5K>(group, nb, prefetch, out),
-        _ => unpack::<Q6K>(group, nb, prefetch, out),
+    match f {
+        Format::Q5_0 => unpack::<Q5_0>(group, nb, prefetch, out),
+        Format::Q5_1 => unpack::<Q5_1>(group, nb, prefetch, out),
+        Format::IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
+        Format::Q3K => unpack::<Q3K>(group, nb, prefetch, out),
+        Format::Q2K => unpack::<Q2K>(group, nb, prefetch, out),
+        Format::Q4K => unpack::<Q4K>(group, nb, prefetch, out),
+        Format::Q5K => unpack::<Q5K>(group, nb, prefetch, out),
+        Format::Q6K => unpack::<Q6K>(group, nb, prefetch, out),
+        Format::Q4_0 | Format::Q4_1 | Format::Q8_0 | Format::IQ4NL => {
+            unreachable!("{f:?} is read packed, not unpacked")
+        }
     }
 }
 
@@ -186,13 +190,16 @@ unsafe fn pair<D: Dots>(t: &Tile) {
         "two-group tiles take one row of a 32-block format"
     );
     let none = std::ptr::null();
-    match t.f.code() {
-        Q4_0 => tile_n::<D, Q4_0, 1, 2>(t, none),
-        Q4_1 => tile_n::<D, Q4_1, 1, 2>(t, none),
-        Q5_0 => tile_n::<D, Q5_0, 1, 2>(t, none),
-        Q5_1 => tile_n::<D, Q5_1, 1, 2>(t, none),
-        IQ4NL => tile_n::<D, IQ4NL, 1, 2>(t, none),
-        _ => tile_n::<D, Q8_0, 1, 2>(t, none),
+    match t.f {
+        Format::Q4_0 => tile_n::<D, Q4_0, 1, 2>(t, none),
+        Format::Q4_1 => tile_n::<D, Q4_1, 1, 2>(t, none),
+        Format::Q5_0 => tile_n::<D, Q5_0, 1, 2>(t, none),
+        Format::Q5_1 => tile_n::<D, Q5_1, 1, 2>(t, none),
+        Format::IQ4NL => tile_n::<D, IQ4NL, 1, 2>(t, none),
+        Format::Q8_0 => tile_n::<D, Q8_0, 1, 2>(t, none),
+        Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
+            unreachable!("{:?} takes no two-group tile", t.f)
+        }
     }
 }
 
@@ -206,23 +213,24 @@ unsafe fn tile<D: Dots>(t: &Tile, planes: *const u8) {
                 1 => $kernel::<D, $c, 1 $(, $p)?>(t, planes),
                 2 => $kernel::<D, $c, 2 $(, $p)?>(t, planes),
                 4 => $kernel::<D, $c, 4 $(, $p)?>(t, planes),
-                _ => $kernel::<D, $c, 8 $(, $p)?>(t, planes),
+                8 => $kernel::<D, $c, 8 $(, $p)?>(t, planes),
+                _ => unreachable!("a tile of {mt} rows"),
             }
         };
     }
-    match f.code() {
-        Q4_0 => go!(tile_n, Q4_0, 1),
-        Q4_1 => go!(tile_n, Q4_1, 1),
-        Q5_0 => go!(tile_n, Q5_0, 1),
-        Q5_1 => go!(tile_n, Q5_1, 1),
-        Q8_0 => go!(tile_n, Q8_0, 1),
-        Q4K => go!(tile_k, Q4K),
-        IQ4NL => go!(tile_n, IQ4NL, 1),
-        Q5K => go!(tile_k, Q5K),
-        IQ4XS => go!(tile_k, IQ4XS),
-        Q3K => go!(tile_k, Q3K),
-        Q2K => go!(tile_k, Q2K),
-        _ => go!(tile_k, Q6K),
+    match f {
+        Format::Q4_0 => go!(tile_n, Q4_0, 1),
+        Format::Q4_1 => go!(tile_n, Q4_1, 1),
+        Format::Q5_0 => go!(tile_n, Q5_0, 1),
+        Format::Q5_1 => go!(tile_n, Q5_1, 1),
+        Format::Q8_0 => go!(tile_n, Q8_0, 1),
+        Format::Q4K => go!(tile_k, Q4K),
+        Format::IQ4NL => go!(tile_n, IQ4NL, 1),
+        Format::Q5K => go!(tile_k, Q5K),
+        Format::IQ4XS => go!(tile_k, IQ4XS),
+        Format::Q3K => go!(tile_k, Q3K),
+        Format::Q2K => go!(tile_k, Q2K),
+        Format::Q6K => go!(tile_k, Q6K),
     }
 }
 
@@ -628,7 +636,10 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
                     Q4_1 => D::q4(v, a),
                     Q5_1 => D::q5(v, a),
                     Q5_0 => _mm256_sub_epi32(D::q5(v, a), _mm256_set1_epi32(16 * bsum)),
-                    _ => _mm256_sub_epi32(D::q8(v, q, a), _mm256_set1_epi32(D::Q8_BIAS * bsum)),
+                    Q8_0 | IQ4NL => {
+                        _mm256_sub_epi32(D::q8(v, q, a), _mm256_set1_epi32(D::Q8_BIAS * bsum))
+                    }
+                    _ => unreachable!("not a 32-block format"),
                 };
                 let scale = _mm256_mul_ps(wd[p], da);
                 let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));

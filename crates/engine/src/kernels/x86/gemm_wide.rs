@@ -64,13 +64,21 @@ pub(crate) unsafe fn unpack_pair(
     out: &mut [Line],
 ) {
     assert!(f.is_k() && out.len() >= 8 * nb);
-    match f.code() {
-        IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
-        Q3K => unpack::<Q3K>(group, nb, prefetch, out),
-        Q2K => unpack::<Q2K>(group, nb, prefetch, out),
-        Q4K => unpack::<Q4K>(group, nb, prefetch, out),
-        Q5K => unpack::<Q5K>(group, nb, prefetch, out),
-        _ => unpack::<Q6K>(group, nb, prefetch, out),
+    match f {
+        Format::IQ4XS => unpack::<IQ4XS>(group, nb, prefetch, out),
+        Format::Q3K => unpack::<Q3K>(group, nb, prefetch, out),
+        Format::Q2K => unpack::<Q2K>(group, nb, prefetch, out),
+        Format::Q4K => unpack::<Q4K>(group, nb, prefetch, out),
+        Format::Q5K => unpack::<Q5K>(group, nb, prefetch, out),
+        Format::Q6K => unpack::<Q6K>(group, nb, prefetch, out),
+        Format::Q4_0
+        | Format::Q4_1
+        | Format::Q5_0
+        | Format::Q5_1
+        | Format::Q8_0
+        | Format::IQ4NL => {
+            unreachable!("{f:?} is not a K format")
+        }
     }
 }
 
@@ -122,7 +130,8 @@ unsafe fn tile<const P: usize>(t: &Tile, planes: *const u8) {
                 1 => $kernel::<$c, 1, $p>(t, planes),
                 2 => $kernel::<$c, 2, $p>(t, planes),
                 4 => $kernel::<$c, 4, $p>(t, planes),
-                _ => $kernel::<$c, 8, $p>(t, planes),
+                8 => $kernel::<$c, 8, $p>(t, planes),
+                _ => unreachable!("a tile of {mt} rows"),
             }
         };
         // The 32-block tiles and q6_K's also take sixteen rows (`run_groups`).
@@ -141,20 +150,20 @@ unsafe fn tile<const P: usize>(t: &Tile, planes: *const u8) {
         mt <= 8 || super::sixteen_rows(f),
         "{f:?} takes up to eight rows"
     );
-    match f.code() {
-        Q4_0 => go!(tile_n, Q4_0, P, 16),
-        Q4_1 => go!(tile_n, Q4_1, P, 16),
-        Q5_0 => go!(tile_n, Q5_0, P, 16),
-        Q5_1 => go!(tile_n, Q5_1, P, 16),
-        Q8_0 => go!(tile_n, Q8_0, P, 16),
-        IQ4NL => go!(tile_n, IQ4NL, P, 16),
-        IQ4XS => go!(tile_k, IQ4XS, 1),
-        Q3K => go!(tile_k, Q3K, 1, 16),
-        Q2K => go!(tile_k, Q2K, 1),
-        Q4K => go!(tile_k, Q4K, 1),
-        Q5K => go!(tile_k, Q5K, 1),
+    match f {
+        Format::Q4_0 => go!(tile_n, Q4_0, P, 16),
+        Format::Q4_1 => go!(tile_n, Q4_1, P, 16),
+        Format::Q5_0 => go!(tile_n, Q5_0, P, 16),
+        Format::Q5_1 => go!(tile_n, Q5_1, P, 16),
+        Format::Q8_0 => go!(tile_n, Q8_0, P, 16),
+        Format::IQ4NL => go!(tile_n, IQ4NL, P, 16),
+        Format::IQ4XS => go!(tile_k, IQ4XS, 1),
+        Format::Q3K => go!(tile_k, Q3K, 1, 16),
+        Format::Q2K => go!(tile_k, Q2K, 1),
+        Format::Q4K => go!(tile_k, Q4K, 1),
+        Format::Q5K => go!(tile_k, Q5K, 1),
         // Sixteen rows: 1115-1141 -> 1156-1161 GOP/s on 512 rows of q6_K (q4_K: 1420 -> 1270).
-        _ => go!(tile_k, Q6K, 1, 16),
+        Format::Q6K => go!(tile_k, Q6K, 1, 16),
     }
 }
 
@@ -342,7 +351,8 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(t: &Tile, _planes
         Q4_0 => 8,
         Q5_0 => 16,
         Q8_0 | IQ4NL => 128,
-        _ => 0,
+        Q4_1 | Q5_1 => 0,
+        _ => unreachable!("not a 32-block format"),
     };
     for b in 0..nb {
         let h: [(*const u8, *const u8); P] =
