@@ -1340,12 +1340,18 @@ fn a_list_forged_on_the_path_names_no_private_prompt() {
     });
 }
 
-/// A hybrid model's states (Qwen3.5's recurrent layers) under every attack on them: refused,
-/// and the system message computed here, bit for bit the single-node prefix; the honest signed
-/// stream is taken with its states.
+/// Hybrid models' states (Qwen3.5's Gated DeltaNet layers, LFM2's short convolutions) under
+/// every attack on them: refused, and the system message computed here, bit for bit the
+/// single-node prefix; the honest signed stream is taken with its states.
 #[test]
 fn every_hostile_state_ends_in_an_error_or_the_exact_fallback() {
-    let path = common::models_dir().join("synth/qwen35.gguf");
+    for name in ["qwen35", "lfm2"] {
+        hostile_states(name);
+    }
+}
+
+fn hostile_states(name: &str) {
+    let path = common::models_dir().join(format!("synth/{name}.gguf"));
     assert!(
         path.exists(),
         "{}: run scripts/ref/synth.py",
@@ -1367,12 +1373,19 @@ fn every_hostile_state_ends_in_an_error_or_the_exact_fallback() {
         for a in STATE_ATTACKS {
             *attack.lock().unwrap() = a;
             let r = edge(&m, &url, trust).for_system(&ids).await.unwrap();
-            assert_eq!(r.source, Source::Local, "{a:?}: the attack is not used");
-            assert!(same(&r.prefix, &g.support), "{a:?}: the fallback is exact");
+            assert_eq!(
+                r.source,
+                Source::Local,
+                "{name} {a:?}: the attack is not used"
+            );
+            assert!(
+                same(&r.prefix, &g.support),
+                "{name} {a:?}: the fallback is exact"
+            );
             let err = fetch_error(&m, &url, trust).await;
             rows.push(format!("{a:?}: {err}"));
         }
-        println!("state attack outcomes (direct fetch errors):");
+        println!("{name}: state attack outcomes (direct fetch errors):");
         for r in &rows {
             println!("  {r}");
         }
