@@ -2,7 +2,9 @@
 //! width: for Qwen3.5 (Gated DeltaNet) and LFM2 (short convolutions), a signing cloud node holds
 //! cloud prompts of 1, 2, 3, 4, 5, 63, 64, 65 and 1000 tokens; an edge server answers a
 //! completion after each, one request at a time and all at once (batched), and every answer is
-//! the single-node answer on the concatenated ids, token for token.
+//! the single-node answer on the concatenated ids, token for token, each token's log-probability
+//! bit for bit (random weights answer in few distinct tokens; the log-probabilities tell apart
+//! any difference in the logits).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +13,8 @@ use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::Model;
+use edgeprompt_engine::sample::argmax;
+use edgeprompt_engine::{logprobs, Model, Sequence};
 
 use crate::common;
 use common::post_json;
@@ -28,12 +31,34 @@ fn cloud_text(m: &Model, n: usize) -> String {
     text
 }
 
+/// An answer: its text and each token's log-probability.
+type Answer = (String, Vec<f32>);
+
+/// The single node's answer after `cloud` and the private text.
+fn single_node(m: &Model, cloud: &str) -> Answer {
+    let text = common::plain_single_node_text(m, cloud, PRIVATE, ANSWER);
+    let mut ids = m.tokenizer.encode_prompt(cloud).unwrap();
+    ids.extend(m.tokenizer.encode(PRIVATE).unwrap());
+    let mut seq = Sequence::new(m);
+    let mut logits = seq.prefill(m, &ids).unwrap();
+    let mut lps = Vec::new();
+    for _ in 0..ANSWER {
+        let id = argmax(&logits);
+        if m.tokenizer.stop_ids.contains(&id) {
+            break;
+        }
+        lps.push(logprobs(&logits, id, 0).logprob);
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    (text, lps)
+}
+
 /// The edge's answer after cloud prompt `p{n}`, which came from `source` (`cloud`, or `memory`:
 /// the states and KV the cloud sent, kept).
-async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> String {
+async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> Answer {
     let body = serde_json::json!({
         "model": "synth", "cloud_prompt": format!("p{n}"), "prompt": PRIVATE,
-        "max_tokens": ANSWER, "temperature": 0,
+        "max_tokens": ANSWER, "temperature": 0, "logprobs": 0,
     })
     .to_string();
     let (status, v) =
@@ -42,7 +67,13 @@ async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> Stri
             .unwrap();
     assert_eq!(status, 200, "{n} tokens: {v}");
     assert_eq!(v["edgeprompt"]["cloud_prompt"]["source"], source, "{n}");
-    v["choices"][0]["text"].as_str().unwrap().to_string()
+    let lps = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{n} tokens: no log-probabilities: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    (v["choices"][0]["text"].as_str().unwrap().to_string(), lps)
 }
 
 #[test]
@@ -52,10 +83,12 @@ fn hybrid_answers_equal_single_node_at_every_length_alone_and_batched() {
         let m =
             Arc::new(Model::load(common::models_dir().join(format!("synth/{name}.gguf"))).unwrap());
         let texts: Vec<String> = LENGTHS.iter().map(|&n| cloud_text(&m, n)).collect();
-        let want: Vec<String> = texts
-            .iter()
-            .map(|t| common::plain_single_node_text(&m, t, PRIVATE, ANSWER))
-            .collect();
+        let want: Vec<Answer> = texts.iter().map(|t| single_node(&m, t)).collect();
+        let tokens: usize = want.iter().map(|w| w.1.len()).sum();
+        assert!(
+            tokens >= LENGTHS.len(),
+            "{name}: {tokens} answer tokens to compare"
+        );
         rt.block_on(async {
             let specs = LENGTHS
                 .iter()
