@@ -62,9 +62,9 @@ fn synth(name: &str) -> Arc<Model> {
 }
 
 /// The greedy answer (8 tokens at most) after the cloud prompt and the private text, on one
-/// node, as text.
-fn single_node(m: &Model) -> String {
-    common::plain_single_node_text(m, CLOUD, PRIVATE, 8)
+/// node: its text and its tokens' log-probabilities.
+fn single_node(m: &Model) -> (String, Vec<f32>) {
+    common::plain_single_node(m, CLOUD, PRIVATE, 8)
 }
 
 async fn edge(m: &Arc<Model>, cloud: &str, split: usize) -> std::net::SocketAddr {
@@ -96,7 +96,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     for name in FAMILIES {
         let m = synth(name);
-        let want = single_node(&m);
+        let (want, want_lps) = single_node(&m);
         assert!(!want.is_empty(), "{name}: an answer to compare");
         let n = m.cfg.n_layer;
         rt.block_on(async {
@@ -111,7 +111,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 let addr = edge(&m, &cloud, split).await;
                 let body = serde_json::json!({
                     "model": "synth", "cloud_prompt": "doc", "prompt": PRIVATE,
-                    "max_tokens": 8, "temperature": 0,
+                    "max_tokens": 8, "temperature": 0, "logprobs": 0,
                 })
                 .to_string();
                 let (status, v) =
@@ -122,6 +122,9 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 assert_eq!(v["edgeprompt"]["cloud_prompt"]["source"], "cloud", "{name}");
                 let got = v["choices"][0]["text"].as_str().unwrap();
                 assert_eq!(got, want, "{name}: split at layer {split} of {n}");
+                // Bit for bit: random weights answer in few distinct tokens.
+                let (_, lps) = common::completion_answer(&v);
+                assert_eq!(lps, want_lps, "{name}: log-probabilities, split at {split}");
             }
             if name.starts_with("qwen35") || name == "lfm2" {
                 let p = Prefixes::new(

@@ -13,8 +13,7 @@ use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::http::access::ApiKeys;
 use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::scheduler::SchedulerConfig;
-use edgeprompt_engine::sample::argmax;
-use edgeprompt_engine::{logprobs, Model, Sequence};
+use edgeprompt_engine::Model;
 
 use crate::common;
 use common::post_json;
@@ -34,25 +33,6 @@ fn cloud_text(m: &Model, n: usize) -> String {
 /// An answer: its text and each token's log-probability.
 type Answer = (String, Vec<f32>);
 
-/// The single node's answer after `cloud` and the private text.
-fn single_node(m: &Model, cloud: &str) -> Answer {
-    let text = common::plain_single_node_text(m, cloud, PRIVATE, ANSWER);
-    let mut ids = m.tokenizer.encode_prompt(cloud).unwrap();
-    ids.extend(m.tokenizer.encode(PRIVATE).unwrap());
-    let mut seq = Sequence::new(m);
-    let mut logits = seq.prefill(m, &ids).unwrap();
-    let mut lps = Vec::new();
-    for _ in 0..ANSWER {
-        let id = argmax(&logits);
-        if m.tokenizer.stop_ids.contains(&id) {
-            break;
-        }
-        lps.push(logprobs(&logits, id, 0).logprob);
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    (text, lps)
-}
-
 /// The edge's answer after cloud prompt `p{n}`, which came from `source` (`cloud`, or `memory`:
 /// the states and KV the cloud sent, kept).
 async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> Answer {
@@ -67,13 +47,7 @@ async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> Answ
             .unwrap();
     assert_eq!(status, 200, "{n} tokens: {v}");
     assert_eq!(v["edgeprompt"]["cloud_prompt"]["source"], source, "{n}");
-    let lps = v["choices"][0]["logprobs"]["token_logprobs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{n} tokens: no log-probabilities: {v}"))
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    (v["choices"][0]["text"].as_str().unwrap().to_string(), lps)
+    common::completion_answer(&v)
 }
 
 #[test]
@@ -83,7 +57,10 @@ fn hybrid_answers_equal_single_node_at_every_length_alone_and_batched() {
         let m =
             Arc::new(Model::load(common::models_dir().join(format!("synth/{name}.gguf"))).unwrap());
         let texts: Vec<String> = LENGTHS.iter().map(|&n| cloud_text(&m, n)).collect();
-        let want: Vec<Answer> = texts.iter().map(|t| single_node(&m, t)).collect();
+        let want: Vec<Answer> = texts
+            .iter()
+            .map(|t| common::plain_single_node(&m, t, PRIVATE, ANSWER))
+            .collect();
         let tokens: usize = want.iter().map(|w| w.1.len()).sum();
         assert!(
             tokens >= LENGTHS.len(),

@@ -39,13 +39,37 @@ pub fn model() -> Arc<Model> {
         .clone()
 }
 
-/// `single_node_text` for a plain-text cloud prompt `cloud` and private text `private`.
-pub fn plain_single_node_text(m: &Model, cloud: &str, private: &str, n: usize) -> String {
+/// `single_node_text` for a plain-text cloud prompt `cloud` and private text `private`, and each
+/// answer token's log-probability (what a completion with `logprobs: 0` lists).
+pub fn plain_single_node(m: &Model, cloud: &str, private: &str, n: usize) -> (String, Vec<f32>) {
     let mut ids = m.tokenizer.encode_prompt(cloud).unwrap();
     ids.extend(m.tokenizer.encode(private).unwrap());
     let mut seq = edgeprompt_engine::Sequence::new(m);
     let logits = seq.prefill(m, &ids).unwrap();
-    greedy_text(m, &mut seq, logits, n)
+    let text = greedy_text(m, &mut seq, logits, n);
+    let mut seq = edgeprompt_engine::Sequence::new(m);
+    let mut logits = seq.prefill(m, &ids).unwrap();
+    let mut lps = Vec::new();
+    for _ in 0..n {
+        let id = edgeprompt_engine::sample::argmax(&logits);
+        if m.tokenizer.stop_ids.contains(&id) {
+            break;
+        }
+        lps.push(edgeprompt_engine::logprobs(&logits, id, 0).logprob);
+        logits = seq.prefill(m, &[id]).unwrap();
+    }
+    (text, lps)
+}
+
+/// A completion's text and its tokens' log-probabilities (asked with `logprobs: 0`).
+pub fn completion_answer(v: &serde_json::Value) -> (String, Vec<f32>) {
+    let lps = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no log-probabilities: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    (v["choices"][0]["text"].as_str().unwrap().to_string(), lps)
 }
 
 /// A hybrid model: the synthetic Qwen3.5 (Gated DeltaNet layers, whose prompts are states
