@@ -68,6 +68,13 @@ ARCHS = {
         )
         for pre in ("default", "llama3", "smaug-bpe", "llama4")
     },
+    # A file that does not say whether prompts start with BOS: llama.cpp's default for the
+    # pre-tokenizer (the Llama 3 family's: yes).
+    "tok_lfm2_bos": dict(
+        arch="llama", tok="smollm2", pre="lfm2", n_embd=64, n_layer=1, n_head=2, n_kv=1,
+        head_dim=32, n_ff=128, tied=True, tokenizer_only=True,
+        drop=("tokenizer.ggml.add_bos_token",),
+    ),
     # A hybrid: six Gated DeltaNet layers and two gated attention layers (every fourth), value
     # heads twice the key heads, partial RoPE in interleaved sections, and one MTP block after
     # the trunk (which llama.cpp and the engine both leave unread).
@@ -174,8 +181,10 @@ def tokenizer_fields(src: Path):
     return out
 
 
-def write_tokenizer(w: gguf.GGUFWriter, fields, pre):
+def write_tokenizer(w: gguf.GGUFWriter, fields, pre, drop=()):
     for key, val, t, sub in fields:
+        if key in drop:
+            continue
         if key == "tokenizer.ggml.pre" and pre is not None:
             val = pre
         if t == gguf.GGUFValueType.ARRAY:
@@ -317,7 +326,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_expert_feed_forward_length(s["n_ff_exp"])
     if "shared_ff" in s:
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["shared_ff"])
-    write_tokenizer(w, fields, s.get("pre"))
+    write_tokenizer(w, fields, s.get("pre"), s.get("drop", ()))
 
     g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
     fmt = s.get("fmt", "Q8_0")

@@ -42,7 +42,10 @@ def reference(name: str, path: Path) -> dict:
     vocab = llm.n_vocab()
     toks = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)} for t in COMMON]
     if synth.ARCHS[name].get("tokenizer_only"):
-        return {"vocab": vocab, "logits": [], "tokenizer": toks}
+        # A prompt as llama.cpp starts one: BOS or not, as the file (or its default) says.
+        text = PROMPTS[0]
+        prompt = {"text": text, "ids": llm.tokenize(text.encode(), add_bos=True, special=False)}
+        return {"vocab": vocab, "logits": [], "tokenizer": toks, "prompt": prompt}
     rows, records = [], []
     for pi, text in enumerate(PROMPTS):
         ids = llm.tokenize(text.encode(), add_bos=True, special=False)

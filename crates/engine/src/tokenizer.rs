@@ -66,7 +66,8 @@ pub struct Tokenizer {
     /// Tokens that end generation: EOS, EOT and the chat end-of-turn markers.
     pub stop_ids: Vec<u32>,
     pub pre: String,
-    /// Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token`).
+    /// Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token`, else llama.cpp's
+    /// default for the tokenizer).
     pub add_bos: bool,
     /// GGUF token types, by id.
     types: Vec<i32>,
@@ -139,10 +140,12 @@ impl Tokenizer {
                 }
             }
         }
-        let add_bos = matches!(
-            content.metadata.get("tokenizer.ggml.add_bos_token"),
-            Some(Value::Bool(true))
-        );
+        // The file's word, else llama.cpp's default: SentencePiece and the Llama 3 family of
+        // pre-tokenizers start with BOS.
+        let add_bos = match content.metadata.get("tokenizer.ggml.add_bos_token") {
+            Some(Value::Bool(b)) => *b,
+            _ => model == "llama" || matches!(pre.as_str(), "llama3" | "llama-bpe" | "lfm2"),
+        };
         Ok(Self {
             inner,
             bos_id,

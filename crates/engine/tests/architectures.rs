@@ -44,8 +44,15 @@ const FORMATS: [&str; 8] = [
     "fmt_iq4_xs",
 ];
 
-/// Tokenizer-only files: the pre-tokenizer names the engine accepts beyond the families'.
-const TOKENIZERS: [&str; 4] = ["tok_default", "tok_llama3", "tok_smaug_bpe", "tok_llama4"];
+/// Tokenizer-only files: the pre-tokenizer names the engine accepts beyond the families', and a
+/// file that does not say whether a prompt starts with BOS (llama.cpp's default then).
+const TOKENIZERS: [&str; 5] = [
+    "tok_default",
+    "tok_llama3",
+    "tok_smaug_bpe",
+    "tok_llama4",
+    "tok_lfm2_bos",
+];
 
 fn synth(name: &str) -> PathBuf {
     let dir = std::env::var_os("EDGEPROMPT_MODELS")
@@ -165,6 +172,21 @@ fn check(name: &str) -> Seen {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
         assert_eq!(m.tokenizer.encode(text).unwrap(), want, "{name}: {text:?}");
+    }
+    // A prompt as llama.cpp starts one (tokenizer-only files): with BOS exactly when it adds one.
+    if let Some(p) = fixture.get("prompt") {
+        let want: Vec<u32> = p["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let text = p["text"].as_str().unwrap();
+        assert_eq!(
+            m.tokenizer.encode_prompt(text).unwrap(),
+            want,
+            "{name}: prompt"
+        );
     }
     Seen {
         positions: records.len(),
