@@ -46,19 +46,7 @@ pub fn plain_single_node(m: &Model, cloud: &str, private: &str, n: usize) -> (St
     ids.extend(m.tokenizer.encode(private).unwrap());
     let mut seq = edgeprompt_engine::Sequence::new(m);
     let logits = seq.prefill(m, &ids).unwrap();
-    let text = greedy_text(m, &mut seq, logits, n);
-    let mut seq = edgeprompt_engine::Sequence::new(m);
-    let mut logits = seq.prefill(m, &ids).unwrap();
-    let mut lps = Vec::new();
-    for _ in 0..n {
-        let id = edgeprompt_engine::sample::argmax(&logits);
-        if m.tokenizer.stop_ids.contains(&id) {
-            break;
-        }
-        lps.push(edgeprompt_engine::logprobs(&logits, id, 0).logprob);
-        logits = seq.prefill(m, &[id]).unwrap();
-    }
-    (text, lps)
+    greedy_answer(m, &mut seq, logits, n)
 }
 
 /// A completion's text and its tokens' log-probabilities (asked with `logprobs: 0`).
@@ -118,20 +106,35 @@ pub fn single_node_text(m: &Model, system: &str, user: &str, n: usize) -> String
 pub fn greedy_text(
     m: &Model,
     seq: &mut edgeprompt_engine::Sequence,
-    mut logits: Vec<f32>,
+    logits: Vec<f32>,
     n: usize,
 ) -> String {
+    greedy_answer(m, seq, logits, n).0
+}
+
+/// `greedy_text`, and each answer token's log-probability.
+pub fn greedy_answer(
+    m: &Model,
+    seq: &mut edgeprompt_engine::Sequence,
+    mut logits: Vec<f32>,
+    n: usize,
+) -> (String, Vec<f32>) {
     let mut text = edgeprompt_engine::TextStream::new(&[]);
+    let mut lps = Vec::new();
     for _ in 0..n {
         let id = edgeprompt_engine::sample::argmax(&logits);
         let (_, stopped) = text.push(&m.tokenizer, id).unwrap();
-        if stopped || text.ids().len() == n {
+        if stopped {
+            break;
+        }
+        lps.push(edgeprompt_engine::logprobs(&logits, id, 0).logprob);
+        if text.ids().len() == n {
             break;
         }
         logits = seq.prefill(m, &[id]).unwrap();
     }
     text.finish();
-    text.text().to_string()
+    (text.text().to_string(), lps)
 }
 
 /// The cloud prompts the tests' clouds serve: `support` and `coding`.
