@@ -111,6 +111,20 @@ ARCHS = {
         head_dim=64, n_ff=512, tied=True, shortconv=3, attn_layers=[2, 5], rope_base=1000000.0,
         qk_norm=True,
     ),
+    # Gemma 4's edge layout in nine layers: sliding (head size 64, window 16, RoPE base 10k)
+    # and global (head size 128, proportional RoPE on a quarter of its pairs) as S S G, the last
+    # three reading the KV of layers 4 (sliding) and 5 (global) and twice as wide in the FFN;
+    # per-layer embeddings of 32 values (table in Q8_0); the global layers without a V
+    # projection (K serves); a per-layer output scale; logits soft-capped. Scores are not
+    # scaled (Gemma 4 leaves that to its Q norm): the Q norm's weights here are a tenth, so
+    # scores are a few units as a trained model's. At ten times that this random model is
+    # chaotic: rounding our own Q to f16 moved our logits to cosine 0.965 of themselves, and
+    # llama.cpp's to 0.970 of ours; at a tenth the two agree at 0.9995.
+    "gemma4": dict(
+        arch="gemma4", tok="smollm2", n_embd=256, n_layer=9, n_head=4, n_kv=2, head_dim=128,
+        head_dim_swa=64, n_ff=512, window=16, pattern=[True, True, False] * 3, shared_kv=3,
+        ple=32, final_softcap=30.0, tied=True, rope_base=1000000.0, gemma4=True, qn=0.1,
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,
@@ -287,7 +301,20 @@ def write(name: str, spec: dict, out: Path) -> Path:
     w.add_context_length(s.get("context", 8192))
     w.add_embedding_length(d)
     w.add_block_count(nl + s.get("mtp", 0))
-    w.add_feed_forward_length(ff)
+    if s.get("gemma4"):
+        # The shared-KV layers' FFN twice as wide (E2B's `use_double_wide_mlp`).
+        w.add_feed_forward_length([ff if l < nl - s["shared_kv"] else 2 * ff for l in range(nl)])
+        w.add_key_length_swa(s["head_dim_swa"])
+        w.add_value_length_swa(s["head_dim_swa"])
+        w.add_rope_dimension_count(hd)
+        w.add_rope_dimension_count_swa(s["head_dim_swa"])
+        w.add_rope_freq_base_swa(10000.0)
+        w.add_sliding_window_pattern(s["pattern"])
+        w.add_shared_kv_layers(s["shared_kv"])
+        w.add_embedding_length_per_layer_input(s["ple"])
+        w.add_final_logit_softcapping(s["final_softcap"])
+    else:
+        w.add_feed_forward_length(ff)
     w.add_head_count(nh)
     if "shortconv" in s:
         w.add_head_count_kv([nkv if l in s["attn_layers"] else 0 for l in range(nl)])
@@ -331,7 +358,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
     g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
     fmt = s.get("fmt", "Q8_0")
     # Embeddings of unit rows (Gemma scales them by sqrt(width) itself).
-    embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") else 1.0
+    embd_scale = 1.0 / np.sqrt(d) if s.get("gemma") or s.get("gemma4") else 1.0
     add_matrix(w, "token_embd.weight", g.matrix(vocab, d, embd_scale), fmt, g.rng)
     w.add_tensor("token_embd_norm.weight" if "shortconv" in s else "output_norm.weight", g.norm(d))
     if not s.get("tied"):
@@ -349,6 +376,9 @@ def write(name: str, spec: dict, out: Path) -> Path:
     fmt = s.get("layer_fmt", fmt)
     if "ssm" in s:
         write_hybrid(w, g, s, fmt)
+        nl = 0
+    if s.get("gemma4"):
+        write_gemma4(w, g, s, fmt, vocab)
         nl = 0
     for l in range(nl):
         p = f"blk.{l}"
@@ -462,6 +492,49 @@ def write_hybrid(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str):
         add_matrix(w, f"{p}.nextn.eh_proj.weight", g.matrix(d, 2 * d), fmt, g.rng)
         w.add_tensor(f"{p}.nextn.enorm.weight", g.norm(d))
         w.add_tensor(f"{p}.nextn.hnorm.weight", g.norm(d))
+
+
+def write_gemma4(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str, vocab: int):
+    """Gemma 4's layers (llama.cpp's names): per-kind head sizes, Q/K norms, V optional (the
+    global layers here have none), no K or V on the shared-KV layers, norms after attention
+    and FFN, the per-layer embedding's gate, projection and norm, the output scale; and the
+    model's per-layer table, its projection of the embedding and that projection's norm, and
+    the global layers' proportional-RoPE divisors."""
+    d, hd, nh, nkv, ff, nl = (s[k] for k in ("n_embd", "head_dim", "n_head", "n_kv", "n_ff", "n_layer"))
+    ple, owners = s["ple"], nl - s["shared_kv"]
+    rot = hd // 2 if s.get("rot_all") else hd // 8  # a quarter of the global heads' pairs rotate
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * rot + [1e30] * (hd // 2 - rot), dtype=np.float32))
+    if ple:
+        add_matrix(w, "per_layer_token_embd.weight", g.matrix(vocab, nl * ple, 1.0), fmt, g.rng)
+        add_matrix(w, "per_layer_model_proj.weight", g.matrix(nl * ple, d), fmt, g.rng)
+        w.add_tensor("per_layer_proj_norm.weight", g.norm(ple))
+    for l in range(nl):
+        p = f"blk.{l}"
+        sliding = s["pattern"][l]
+        h = s["head_dim_swa"] if sliding else hd
+        f = ff if l < owners else 2 * ff
+        w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
+        add_matrix(w, f"{p}.attn_q.weight", g.matrix(nh * h, d), fmt, g.rng)
+        w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(h) * s.get("qn", 1.0))
+        if l < owners:
+            add_matrix(w, f"{p}.attn_k.weight", g.matrix(nkv * h, d), fmt, g.rng)
+            w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(h))
+            if sliding or s.get("v_all"):
+                add_matrix(w, f"{p}.attn_v.weight", g.matrix(nkv * h, d), fmt, g.rng)
+        add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, nh * h), fmt, g.rng)
+        w.add_tensor(f"{p}.post_attention_norm.weight", g.norm(d))
+        w.add_tensor(f"{p}.ffn_norm.weight", g.norm(d))
+        add_matrix(w, f"{p}.ffn_gate.weight", g.matrix(f, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_up.weight", g.matrix(f, d), fmt, g.rng)
+        add_matrix(w, f"{p}.ffn_down.weight", g.matrix(d, f), fmt, g.rng)
+        w.add_tensor(f"{p}.post_ffw_norm.weight", g.norm(d))
+        if ple:
+            add_matrix(w, f"{p}.inp_gate.weight", g.matrix(ple, d), fmt, g.rng)
+            add_matrix(w, f"{p}.proj.weight", g.matrix(d, ple), fmt, g.rng)
+            w.add_tensor(f"{p}.post_norm.weight", g.norm(d))
+        if not s.get("no_scale"):
+            v = s.get("scale_value", 0.8 + 0.2 * g.rng.random())
+            w.add_tensor(f"{p}.layer_output_scale.weight", np.array([v], dtype=np.float32))
 
 
 def sha256(path: Path) -> str:

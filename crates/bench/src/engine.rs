@@ -320,17 +320,22 @@ pub(crate) fn llama_prefill_secs(
 /// f16 K and V bytes one of `steps` decode steps after `ctx` tokens reads, on average: every
 /// layer's keys up to the step's position, or its window.
 fn decode_kv_bytes(cfg: &edgeprompt_engine::ModelConfig, ctx: usize, steps: usize) -> usize {
-    let per_key = cfg.kv_bytes_per_token() / cfg.n_layer.max(1);
     let steps = steps.max(1);
-    let keys: usize = (0..cfg.n_layer)
+    // Every attention layer reads the keys it sees, of its own KV or the layer's it shares.
+    let bytes: usize = (0..cfg.n_layer)
+        .filter(|&l| !cfg.is_recurrent(l))
         .map(|l| {
-            (1..=steps)
+            let per_key = 2 * 2 * cfg.n_kv_head * cfg.head_dim_of(l);
+            let keys: usize = (1..=steps)
                 // Step `i`'s token sits at position `ctx + i - 1`.
-                .map(|i| ctx + i - cfg.visible_from(l, ctx + i - 1))
-                .sum::<usize>()
+                .map(|i| {
+                    ctx + i - edgeprompt_engine::config::window_start(cfg.window_of(l), ctx + i - 1)
+                })
+                .sum();
+            per_key * keys
         })
         .sum();
-    per_key * keys / steps
+    bytes / steps
 }
 
 /// The context decode is timed after.
@@ -544,7 +549,10 @@ mod tests {
             n_head: 2,
             n_kv_head: 1,
             head_dim: 16,
+            head_dim_local: 16,
+            rope_dims_local: 16,
             n_ff: 128,
+            ffn_widths: vec![128; sliding.len()],
             vocab_size: 10,
             context_length: 4096,
             rope_base: 1e6,
@@ -552,6 +560,7 @@ mod tests {
             rms_eps: 1e-6,
             window,
             recurrent: vec![false; sliding.len()],
+            kv_source: (0..sliding.len()).collect(),
             sliding,
             rope_base_local: 1e4,
             features: edgeprompt_engine::config::Features::plain(16),

@@ -321,11 +321,18 @@ impl PrefixKv {
         for (i, l) in self.layers.iter().enumerate() {
             let from = cfg.visible_from(i, self.n_tokens());
             if l.n_kv_head != cfg.n_kv_head
-                || l.head_dim != cfg.head_dim
+                || l.head_dim != cfg.head_dim_of(i)
                 || l.end() != self.n_tokens()
                 || l.start() > from
             {
-                return Err(misfit(&format!("layer {i}"), l, cfg, from, self.n_tokens()));
+                return Err(misfit(
+                    &format!("layer {i}"),
+                    l,
+                    cfg,
+                    i,
+                    from,
+                    self.n_tokens(),
+                ));
             }
             check_state(cfg, i, l, self.n_tokens())?;
         }
@@ -430,13 +437,13 @@ impl ContinuedKv {
         let (from, to) = (self.prefix_len(), self.n_tokens());
         for (i, l) in self.layers.iter().enumerate() {
             // A recurrent layer keeps no rows: its state is at the end.
-            let first = if cfg.is_recurrent(i) { to } else { from };
+            let first = if cfg.owns_kv(i) { from } else { to };
             if l.n_kv_head != cfg.n_kv_head
-                || l.head_dim != cfg.head_dim
+                || l.head_dim != cfg.head_dim_of(i)
                 || l.start() != first
                 || l.end() != to
             {
-                return Err(misfit(&format!("kept layer {i}"), l, cfg, first, to));
+                return Err(misfit(&format!("kept layer {i}"), l, cfg, i, first, to));
             }
             check_state(cfg, i, l, to)?;
         }
@@ -469,7 +476,14 @@ fn check_state(cfg: &ModelConfig, i: usize, l: &LayerKv, end: usize) -> Result<(
 }
 
 /// `what` (a layer) does not have the shape and positions `from..to` that `cfg` expects.
-fn misfit(what: &str, l: &LayerKv, cfg: &ModelConfig, from: usize, to: usize) -> EngineError {
+fn misfit(
+    what: &str,
+    l: &LayerKv,
+    cfg: &ModelConfig,
+    layer: usize,
+    from: usize,
+    to: usize,
+) -> EngineError {
     EngineError::KvMismatch(format!(
         "{what}: {} heads x {} dims x positions {}..{}, expected {} x {} x {from}..{to}",
         l.n_kv_head,
@@ -477,7 +491,7 @@ fn misfit(what: &str, l: &LayerKv, cfg: &ModelConfig, from: usize, to: usize) ->
         l.start(),
         l.end(),
         cfg.n_kv_head,
-        cfg.head_dim,
+        cfg.head_dim_of(layer),
     ))
 }
 

@@ -18,6 +18,7 @@ pub mod machine;
 pub mod model;
 mod moe;
 mod par;
+mod ple;
 mod pool;
 pub mod recurrent;
 pub mod rope;

@@ -90,6 +90,19 @@ pub struct LayerInput<'a> {
     pub kept: Option<LayerSpan<'a>>,
     pub private: &'a mut LayerKv,
     pub rows: usize,
+    /// Rows of `private` after these ones: on a layer reading another's KV (Gemma 4's last
+    /// layers), which holds the whole pass's rows before this one runs, those of the pieces
+    /// after this one (`forward_layer` sets it; 0 elsewhere).
+    pub after: usize,
+}
+
+/// What every layer of a pass may read besides its hidden rows: the pass's token ids and
+/// their scaled embeddings (Gemma 4's per-layer inputs are made from them, layer by layer;
+/// other families pass them empty).
+#[derive(Clone, Copy)]
+pub struct PassTokens<'a> {
+    pub ids: &'a [u32],
+    pub embedded: &'a [f32],
 }
 
 impl LayerInput<'_> {
@@ -161,22 +174,30 @@ impl Model {
         let positions = cfg
             .context_length
             .min(MAX_POSITIONS)
-            .min(ROPE_TABLE_ENTRIES / (cfg.head_dim / 2));
+            .min(ROPE_TABLE_ENTRIES / (cfg.head_dim.max(cfg.head_dim_local) / 2));
         let f = &cfg.features;
-        let factors = weights.rope_factors.as_deref();
-        let rope_at = |base| {
+        let rope = Rope::partial(
+            cfg.head_dim,
+            f.rope_dims,
+            cfg.rope_base,
+            cfg.rope_style,
+            positions,
+            weights.rope_factors.as_deref(),
+            f.rope_attn_factor,
+        );
+        // The sliding layers' own base and head size; the divisors are the global layers'
+        // (Gemma 4's proportional RoPE; no family with a window has others).
+        let rope_local = cfg.window.map(|_| {
             Rope::partial(
-                cfg.head_dim,
-                f.rope_dims,
-                base,
+                cfg.head_dim_local,
+                cfg.rope_dims_local,
+                cfg.rope_base_local,
                 cfg.rope_style,
                 positions,
-                factors,
+                None,
                 f.rope_attn_factor,
             )
-        };
-        let rope = rope_at(cfg.rope_base);
-        let rope_local = cfg.window.map(|_| rope_at(cfg.rope_base_local));
+        });
         let info = ModelInfo {
             path: path.to_path_buf(),
             file_bytes,
@@ -218,8 +239,9 @@ impl Model {
         self.rope.max_positions()
     }
 
-    pub fn new_layer_kv(&self) -> LayerKv {
-        LayerKv::new(self.cfg.n_kv_head, self.cfg.head_dim)
+    /// Layer `l`'s KV, empty.
+    pub fn new_layer_kv(&self, l: usize) -> LayerKv {
+        LayerKv::new(self.cfg.n_kv_head, self.cfg.head_dim_of(l))
     }
 
     /// Keys of `kv` (tokens at positions `pos0..`) as token-major rows with RoPE undone
@@ -265,7 +287,7 @@ impl Model {
             q = rms_norm(&q, n, c.rms_eps);
         }
         if let Some(r) = self.rope(l) {
-            r.apply_rows(&mut q, c.q_dim(), pos0);
+            r.apply_rows(&mut q, c.q_dim_of(l), pos0);
         }
         Ok(q)
     }
@@ -279,6 +301,11 @@ impl Model {
     /// Bytes of weight matrices held in memory (repacked, the embedding once).
     pub fn weight_bytes(&self) -> usize {
         self.weights.resident_bytes()
+    }
+
+    /// Whether a pass must keep its embeddings for the layers (`PassTokens`).
+    pub fn layers_read_embeddings(&self) -> bool {
+        self.weights.per_layer.is_some()
     }
 
     /// Hidden states for `ids` (`[ids.len(), n_embd]`).
@@ -303,6 +330,7 @@ impl Model {
         &self,
         l: usize,
         x: &mut [f32],
+        tokens: PassTokens,
         parts: &mut [LayerInput],
         scratch: &mut Scratch,
     ) -> Result<()> {
@@ -314,9 +342,20 @@ impl Model {
                 x.len()
             )));
         }
+        let reads = self.layers_read_embeddings();
+        if reads && (tokens.ids.len() != rows || tokens.embedded.len() != rows * d) {
+            return Err(EngineError::Input(format!(
+                "layer input has {} ids and {} embedded floats for {rows} rows",
+                tokens.ids.len(),
+                tokens.embedded.len()
+            )));
+        }
+        // A layer reading another's KV finds this pass's rows already there.
+        let shared = !self.cfg.owns_kv(l) && !self.cfg.is_recurrent(l);
         // Checked for whole parts, before any piece: a refused call writes no KV.
         for part in parts.iter() {
-            let end = part.before() + part.private.len() + part.rows;
+            let new = if shared { 0 } else { part.rows };
+            let end = part.before() + part.private.len() + new;
             if end > self.max_positions() {
                 return Err(EngineError::Input(format!(
                     "context of {end} tokens exceeds the model's {}",
@@ -325,7 +364,7 @@ impl Model {
             }
         }
         if rows <= LAYER_ROWS {
-            return self.layer_rows(l, x, parts, scratch);
+            return self.layer_rows(l, x, tokens, parts, scratch);
         }
         // The cut, planned first: each piece as (part, rows of it) for consecutive parts
         // (a part without rows too, so that the parts of a piece are a run).
@@ -349,6 +388,8 @@ impl Model {
             }
         }
         let mut row = 0;
+        // Per part, its rows the pieces so far ran.
+        let mut done = vec![0; parts.len()];
         for cut in &pieces {
             let n: usize = cut.iter().map(|c| c.1).sum();
             if n == 0 {
@@ -358,14 +399,35 @@ impl Model {
             let mut piece: Vec<LayerInput> = parts[first..first + cut.len()]
                 .iter_mut()
                 .zip(cut)
-                .map(|(p, &(_, rows))| LayerInput {
-                    prefix: p.prefix,
-                    kept: p.kept,
-                    private: &mut *p.private,
-                    rows,
+                .map(|(p, &(i, rows))| {
+                    done[i] += rows;
+                    LayerInput {
+                        prefix: p.prefix,
+                        kept: p.kept,
+                        private: &mut *p.private,
+                        rows,
+                        after: if shared {
+                            p.after + p.rows - done[i]
+                        } else {
+                            0
+                        },
+                    }
                 })
                 .collect();
-            self.layer_rows(l, &mut x[row * d..(row + n) * d], &mut piece, scratch)?;
+            let piece_tokens = match reads {
+                true => PassTokens {
+                    ids: &tokens.ids[row..row + n],
+                    embedded: &tokens.embedded[row * d..(row + n) * d],
+                },
+                false => tokens,
+            };
+            self.layer_rows(
+                l,
+                &mut x[row * d..(row + n) * d],
+                piece_tokens,
+                &mut piece,
+                scratch,
+            )?;
             row += n;
         }
         Ok(())
@@ -376,6 +438,7 @@ impl Model {
         &self,
         l: usize,
         x: &mut [f32],
+        tokens: PassTokens,
         parts: &mut [LayerInput],
         scratch: &mut Scratch,
     ) -> Result<()> {
@@ -410,7 +473,7 @@ impl Model {
             } => {
                 Linear::forward_many_into(&[gate, up], h, rows, gate_up)?;
                 let [g, u] = gate_up;
-                gated_par(g, u, c.n_ff, f.gelu);
+                gated_par(g, u, c.n_ff_of(l), f.gelu);
                 Linear::forward_many_into(&[w_down], g, rows, std::slice::from_mut(down))?;
             }
             Ffn::Experts(experts) => crate::moe::forward(experts, h, rows, f.gelu, down)?,
@@ -420,6 +483,13 @@ impl Model {
         }
         scale_in_place(down, f.residual_scale);
         add_in_place(x, down, c.n_embd);
+        if let (Some(ple), Some(lp)) = (&self.weights.per_layer, &w.per_layer) {
+            let input = ple.input(l, tokens.ids, tokens.embedded, c.rms_eps)?;
+            lp.add(x, &input, rows, c.rms_eps)?;
+        }
+        if let Some(s) = w.out_scale {
+            x.iter_mut().for_each(|a| *a *= s);
+        }
         Ok(())
     }
 
@@ -434,18 +504,39 @@ impl Model {
         scratch: &mut Scratch,
     ) -> Result<()> {
         let c = &self.cfg;
-        let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.q_dim());
+        let hd = c.head_dim_of(l);
+        let (kvw, qw) = (c.n_kv_head * hd, c.n_head * hd);
         let Scratch {
             h, qkv, attn, o, ..
         } = scratch;
-        match &w.gate {
-            Some(g) => Linear::forward_many_into(&[&w.wq, &w.wk, &w.wv, g], h, rows, qkv)?,
-            None => Linear::forward_many_into(&[&w.wq, &w.wk, &w.wv], h, rows, &mut qkv[..3])?,
+        // The projections this layer has: Q always; K and V unless it reads another layer's
+        // KV (V may be K's rows); Qwen3.5's gate.
+        let mats: Vec<&Linear> = std::iter::once(&w.wq)
+            .chain(&w.wk)
+            .chain(&w.wv)
+            .chain(&w.gate)
+            .collect();
+        // (The gate comes fourth: only layers with K and V have one, `weights.rs`.)
+        if w.gate.is_some() && mats.len() != 4 {
+            return Err(EngineError::Input(
+                "a gated attention layer without K or V".into(),
+            ));
         }
+        let n = mats.len();
+        Linear::forward_many_into(&mats, h, rows, &mut qkv[..n])?;
         let [q, k, v, gate] = qkv;
-        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+        if w.wk.is_some() && w.wv.is_none() {
+            v.clear();
+            v.extend_from_slice(k);
+        }
+        if let Some(qn) = &w.q_norm {
             rms_norm_in_place(q, qn, c.rms_eps);
+        }
+        if let Some(kn) = &w.k_norm {
             rms_norm_in_place(k, kn, c.rms_eps);
+        }
+        if let Some(vn) = &w.v_norm {
+            rms_norm_in_place(v, vn, c.rms_eps);
         }
         // Each sequence's rows rotated and appended to its own cache; a batch's sequences
         // are cut over the pool.
@@ -457,21 +548,29 @@ impl Model {
             &'r [f32],
         );
         let mut jobs: Vec<Rows> = Vec::with_capacity(parts.len());
+        // A layer reading another's KV computes none: its rows are in that layer's already.
+        let owns = w.wk.is_some();
+        let kvw_new = if owns { kvw } else { 0 };
         let (mut qr, mut kr, mut vr) = (&mut q[..], &mut k[..], &v[..]);
         for part in parts.iter_mut() {
             let (qa, qb) = std::mem::take(&mut qr).split_at_mut(part.rows * qw);
-            let (ka, kb) = std::mem::take(&mut kr).split_at_mut(part.rows * kvw);
-            let (va, vb) = vr.split_at(part.rows * kvw);
+            let (ka, kb) = std::mem::take(&mut kr).split_at_mut(part.rows * kvw_new);
+            let (va, vb) = vr.split_at(part.rows * kvw_new);
             (qr, kr, vr) = (qb, kb, vb);
             jobs.push((part, qa, ka, va));
         }
         crate::par::each(&mut jobs, 4, &|_, (part, q, k, v)| {
-            let pos0 = part.before() + part.private.len();
+            let held = if owns { 0 } else { part.after + part.rows };
+            let pos0 = part.before() + part.private.len() - held;
             if let Some(rope) = rope {
                 rope.apply_rows(q, qw, pos0);
-                rope.apply_rows(k, kvw, pos0);
+                if owns {
+                    rope.apply_rows(k, kvw, pos0);
+                }
             }
-            part.private.append(k, v, part.rows);
+            if owns {
+                part.private.append(k, v, part.rows);
+            }
         });
         drop(jobs);
         let views: Vec<KeptView> = parts
@@ -481,6 +580,7 @@ impl Model {
                     prefix: p.prefix,
                     private: p.private,
                     rows: p.rows,
+                    after: if owns { 0 } else { p.after },
                 },
                 kept: p.kept,
             })
@@ -678,15 +778,23 @@ impl Model {
             }
         }
         let mut x = self.embed(&ids)?;
+        let embedded = match self.layers_read_embeddings() {
+            true => x.clone(),
+            false => Vec::new(),
+        };
+        let tokens = PassTokens {
+            ids: &ids,
+            embedded: &embedded,
+        };
         // This thread's scratch from its last pass: a batched decode step would otherwise
         // zero and fault in fresh buffers every step. A long prefill's (tens of MB) is let go.
         let mut scratch = SCRATCH.with(|c| c.take());
         for l in 0..self.cfg.n_layer {
             let mut parts: Vec<LayerInput> = batch
                 .iter_mut()
-                .map(|(seq, t)| seq.layer_input(l, t.len()))
+                .map(|(seq, t)| seq.layer_input(self, l, t.len()))
                 .collect();
-            self.forward_layer(l, &mut x, &mut parts, &mut scratch)?;
+            self.forward_layer(l, &mut x, tokens, &mut parts, &mut scratch)?;
         }
         if scratch.floats() <= KEEP_SCRATCH_FLOATS {
             SCRATCH.with(|c| c.set(scratch));
@@ -830,7 +938,7 @@ fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 }
 
 /// Each row of `w.len()` values of `x` scaled to unit RMS, times `w`.
-fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     crate::par::rows2(x, &[], w.len(), &|x, _| {
         let inv = inv_rms_rows(x, w.len(), eps);
         for (row, &inv) in x.chunks_exact_mut(w.len()).zip(&inv) {

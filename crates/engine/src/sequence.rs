@@ -28,7 +28,7 @@ impl Sequence {
             kept: None,
             kept_len: 0,
             kv: (0..model.cfg.n_layer)
-                .map(|_| model.new_layer_kv())
+                .map(|l| model.new_layer_kv(l))
                 .collect(),
             tokens: Vec::new(),
         }
@@ -113,12 +113,16 @@ impl Sequence {
         &self.kv[l]
     }
 
-    pub(crate) fn layer_input(&mut self, l: usize, rows: usize) -> LayerInput<'_> {
+    /// Layer `l`'s share of a pass of `rows` new rows: the KV it attends with (its own, or
+    /// for a layer that reads another's, that layer's).
+    pub(crate) fn layer_input(&mut self, model: &Model, l: usize, rows: usize) -> LayerInput<'_> {
+        let l = model.cfg.kv_source_of(l);
         LayerInput {
             prefix: self.prefix.as_ref().map(|p| &*p.layers[l]),
             kept: self.kept.as_ref().map(|k| k.layers[l].first(self.kept_len)),
             private: &mut self.kv[l],
             rows,
+            after: 0,
         }
     }
 
@@ -163,7 +167,7 @@ impl Sequence {
             .iter()
             .zip(&self.kv)
             .enumerate()
-            .map(|(l, (a, b))| match model.cfg.is_recurrent(l) {
+            .map(|(l, (a, b))| match !model.cfg.owns_kv(l) {
                 true => Ok(Arc::new(settled(b, a.state.as_ref(), end))),
                 false => a.joined(b).map(Arc::new),
             })
@@ -196,7 +200,7 @@ impl Sequence {
                 .iter()
                 .zip(&self.kv)
                 .enumerate()
-                .map(|(l, (a, b))| match model.cfg.is_recurrent(l) {
+                .map(|(l, (a, b))| match !model.cfg.owns_kv(l) {
                     true => Ok(Arc::new(settled(b, earlier(l), end))),
                     false => a.first(self.kept_len).joined(b).map(Arc::new),
                 })
@@ -205,7 +209,7 @@ impl Sequence {
                 .kv
                 .iter()
                 .enumerate()
-                .map(|(l, b)| match model.cfg.is_recurrent(l) {
+                .map(|(l, b)| match !model.cfg.owns_kv(l) {
                     true => Arc::new(settled(b, earlier(l), end)),
                     false => Arc::new(b.clone().starting_at(from)),
                 })
@@ -240,7 +244,7 @@ impl Sequence {
                 .kv
                 .iter()
                 .enumerate()
-                .map(|(l, b)| match model.cfg.is_recurrent(l) {
+                .map(|(l, b)| match !model.cfg.owns_kv(l) {
                     true => Arc::new(settled(b, None, end)),
                     false => Arc::new(b.clone()),
                 })
@@ -268,6 +272,11 @@ fn settled(
 pub struct PrefillPass {
     ids: Vec<u32>,
     x: Vec<f32>,
+    /// The scaled embeddings, kept for a model whose layers read them (Gemma 4's PLE).
+    embedded: Vec<f32>,
+    /// The prefix KV of the layers later layers read instead of their own (Gemma 4), kept
+    /// from their turn (`run_layer` lends each layer's only for its call).
+    sources: Vec<Option<LayerKv>>,
     kv: Vec<LayerKv>,
     next_layer: usize,
     prefix_len: usize,
@@ -280,11 +289,17 @@ impl PrefillPass {
         if ids.is_empty() {
             return Err(crate::EngineError::Input("no tokens to run".into()));
         }
+        let x = model.embed(ids)?;
         Ok(Self {
             ids: ids.to_vec(),
-            x: model.embed(ids)?,
+            embedded: match model.layers_read_embeddings() {
+                true => x.clone(),
+                false => Vec::new(),
+            },
+            x,
+            sources: vec![None; model.cfg.n_layer],
             kv: (0..model.cfg.n_layer)
-                .map(|_| model.new_layer_kv())
+                .map(|l| model.new_layer_kv(l))
                 .collect(),
             next_layer: 0,
             prefix_len,
@@ -296,7 +311,8 @@ impl PrefillPass {
         self.next_layer
     }
 
-    /// Run the next layer with that layer's prefix KV (`None` for a pass without prefix).
+    /// Run the next layer with that layer's prefix KV (`None` for a pass without prefix; a
+    /// layer that reads an earlier one's KV holds none of its own and reads that one's).
     pub fn run_layer(&mut self, model: &Model, prefix: Option<&LayerKv>) -> Result<()> {
         let l = self.next_layer;
         if l >= model.cfg.n_layer {
@@ -311,25 +327,43 @@ impl PrefillPass {
             p.end() == self.prefix_len
                 && p.start() <= model.cfg.visible_from(l, self.prefix_len)
                 && p.n_kv_head == model.cfg.n_kv_head
-                && p.head_dim == model.cfg.head_dim
+                && p.head_dim == model.cfg.head_dim_of(l)
                 && state
         };
         if !prefix.map_or(self.prefix_len == 0, fits) {
             let (n, h, d) = prefix.map_or((0, 0, 0), |p| (p.end(), p.n_kv_head, p.head_dim));
             return Err(crate::EngineError::KvMismatch(format!(
                 "layer {l}: prefix of {n} tokens x {h} heads x {d}, expected {} x {} x {}",
-                self.prefix_len, model.cfg.n_kv_head, model.cfg.head_dim
+                self.prefix_len,
+                model.cfg.n_kv_head,
+                model.cfg.head_dim_of(l)
             )));
         }
+        let src = model.cfg.kv_source_of(l);
+        // Kept while a later layer still reads it.
+        let read_later = (l + 1..model.cfg.n_layer).any(|m| model.cfg.kv_source_of(m) == l);
+        if read_later {
+            self.sources[l] = prefix.cloned();
+        }
+        let prefix = match src == l {
+            true => prefix,
+            false => self.sources[src].as_ref(),
+        };
         let mut parts = [LayerInput {
             prefix,
             kept: None,
-            private: &mut self.kv[l],
+            private: &mut self.kv[src],
             rows: self.ids.len(),
+            after: 0,
         }];
-        model.forward_layer(l, &mut self.x, &mut parts, &mut self.scratch)?;
-        // A recurrent layer as a prefix holds it: its state where the pass ends.
-        if model.cfg.is_recurrent(l) {
+        let tokens = crate::model::PassTokens {
+            ids: &self.ids,
+            embedded: &self.embedded,
+        };
+        model.forward_layer(l, &mut self.x, tokens, &mut parts, &mut self.scratch)?;
+        // A recurrent layer as a prefix holds it: its state where the pass ends (a layer
+        // reading another's KV: nothing, from there).
+        if !model.cfg.owns_kv(l) {
             let end = self.prefix_len + self.ids.len();
             self.kv[l] = settled(&self.kv[l], None, end);
         }
@@ -361,7 +395,7 @@ impl PrefillPass {
             .kv
             .into_iter()
             .enumerate()
-            .map(|(l, b)| match model.cfg.is_recurrent(l) {
+            .map(|(l, b)| match !model.cfg.owns_kv(l) {
                 true => Arc::new(settled(&b, None, end)),
                 false => Arc::new(b),
             })

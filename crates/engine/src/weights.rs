@@ -154,6 +154,11 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
+    /// Bytes of its weight as held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight.bytes()
+    }
+
     /// `rows` input rows of `in_dim` floats -> `rows` output rows of `out_dim`.
     /// Each output row depends only on its input row, so a token's result does not depend on
     /// which other tokens share the call.
@@ -225,6 +230,10 @@ pub(crate) struct LayerWeights {
     /// Norms of the attention and FFN outputs (Gemma).
     pub post_attn_norm: Option<Vec<f32>>,
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// The per-layer embedding's weights (Gemma 4).
+    pub per_layer: Option<crate::ple::LayerPle>,
+    /// The layer's output times this (Gemma 4).
+    pub out_scale: Option<f32>,
 }
 
 /// What mixes a layer's positions: attention over KV, a Gated DeltaNet's recurrence, or a
@@ -237,8 +246,12 @@ pub(crate) enum Mixer {
 
 pub(crate) struct Attention {
     pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    /// None on a layer that attends with another's KV (Gemma 4's last layers).
+    pub wk: Option<Linear>,
+    /// None where K's rows serve as V (Gemma 4).
+    pub wv: Option<Linear>,
+    /// V rows normed (RMS) with this weight: ones (Gemma 4 norms V without one).
+    pub v_norm: Option<Vec<f32>>,
     pub wo: Linear,
     /// Per-head norms of Q and K (Qwen3, Gemma 3, Qwen3.5).
     pub q_norm: Option<Vec<f32>>,
@@ -273,8 +286,9 @@ impl Mixer {
     /// Every matrix it holds, in the order a token runs them.
     fn matrices(&self) -> Vec<&Linear> {
         match self {
-            Mixer::Attention(a) => [&a.wq, &a.wk, &a.wv]
-                .into_iter()
+            Mixer::Attention(a) => std::iter::once(&a.wq)
+                .chain(&a.wk)
+                .chain(&a.wv)
                 .chain(&a.gate)
                 .chain([&a.wo])
                 .collect(),
@@ -338,6 +352,8 @@ pub(crate) struct Weights {
     /// Per-frequency RoPE divisors (Llama 3's `rope_freqs`, Phi's short LongRoPE factors).
     pub rope_factors: Option<Vec<f32>>,
     pub token_embd: Arc<Matrix>,
+    /// Gemma 4's per-layer embeddings.
+    pub per_layer: Option<crate::ple::PerLayer>,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
     pub output: Linear,
@@ -532,11 +548,11 @@ impl Loader<'_> {
 
     /// An attention layer's weights: Q, K and V (fused in one matrix for Phi), the output,
     /// Q/K norms, and Qwen3.5's output gate (each head's Q rows followed by its gate's).
-    fn attention(&mut self, p: &str, cfg: &ModelConfig) -> Result<Attention> {
+    fn attention(&mut self, p: &str, cfg: &ModelConfig, l: usize) -> Result<Attention> {
         let f = &cfg.features;
         let d = cfg.n_embd;
-        let kv = cfg.n_kv_head * cfg.head_dim;
-        let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
+        let hd = cfg.head_dim_of(l);
+        let (qd, kv) = (cfg.n_head * hd, cfg.n_kv_head * hd);
         let (wq, gate) = if f.attn_gate {
             let name = format!("{p}.attn_q.weight");
             let half = |off: usize| -> Vec<(usize, usize)> {
@@ -568,26 +584,35 @@ impl Loader<'_> {
                 None,
             )
         };
-        let (wk, wv) = if f.fused {
+        let owns = cfg.owns_kv(l);
+        let (wk, wv) = if !owns {
+            (None, None)
+        } else if f.fused {
             let qkv = format!("{p}.attn_qkv.weight");
             (
-                self.linear_rows(&qkv, 0, qd, kv, d)?,
-                self.linear_rows(&qkv, 0, qd + kv, kv, d)?,
+                Some(self.linear_rows(&qkv, 0, qd, kv, d)?),
+                Some(self.linear_rows(&qkv, 0, qd + kv, kv, d)?),
             )
         } else {
+            let v = format!("{p}.attn_v");
+            // Gemma 4 may have no V projection: K's rows serve as V.
+            let wv = match f.v_norm && !self.has(&format!("{v}.weight")) {
+                true => None,
+                false => Some(self.linear(&v, f.qkv_bias, d, kv)?),
+            };
             (
-                self.linear(&format!("{p}.attn_k"), f.qkv_bias, d, kv)?,
-                self.linear(&format!("{p}.attn_v"), f.qkv_bias, d, kv)?,
+                Some(self.linear(&format!("{p}.attn_k"), f.qkv_bias, d, kv)?),
+                wv,
             )
         };
-        let mut norm = |name: &str| -> Result<Option<Vec<f32>>> {
-            f.qk_norm
-                .then(|| self.vector(&format!("{p}.{name}.weight"), hd))
+        let mut norm = |name: &str, on: bool| -> Result<Option<Vec<f32>>> {
+            on.then(|| self.vector(&format!("{p}.{name}.weight"), hd))
                 .transpose()
         };
         Ok(Attention {
-            q_norm: norm("attn_q_norm")?,
-            k_norm: norm("attn_k_norm")?,
+            q_norm: norm("attn_q_norm", f.qk_norm)?,
+            k_norm: norm("attn_k_norm", f.qk_norm && owns)?,
+            v_norm: (f.v_norm && owns).then(|| vec![1.0; hd]),
             wq,
             wk,
             wv,
@@ -759,24 +784,39 @@ impl Weights {
                         "layer {l} is recurrent in a family without recurrent layers"
                     )))
                 }
-                (false, _) => Mixer::Attention(ld.attention(&p, cfg)?),
+                (false, _) => Mixer::Attention(ld.attention(&p, cfg, l)?),
             };
+            let n_ff = cfg.n_ff_of(l);
             let ffn = match &f.moe {
                 Some(moe) => Ffn::Experts(ld.experts(&p, moe, d)?),
                 // Phi's gate and up in one matrix: gate the first half of its rows.
                 None if f.fused => {
                     let up = format!("{p}.ffn_up.weight");
                     Ffn::Dense {
-                        gate: ld.linear_rows(&up, 0, 0, cfg.n_ff, d)?,
-                        up: ld.linear_rows(&up, 0, cfg.n_ff, cfg.n_ff, d)?,
-                        down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                        gate: ld.linear_rows(&up, 0, 0, n_ff, d)?,
+                        up: ld.linear_rows(&up, 0, n_ff, n_ff, d)?,
+                        down: ld.linear(&format!("{p}.ffn_down"), false, n_ff, d)?,
                     }
                 }
                 None => Ffn::Dense {
-                    gate: ld.linear(&format!("{p}.ffn_gate"), false, d, cfg.n_ff)?,
-                    up: ld.linear(&format!("{p}.ffn_up"), false, d, cfg.n_ff)?,
-                    down: ld.linear(&format!("{p}.ffn_down"), false, cfg.n_ff, d)?,
+                    gate: ld.linear(&format!("{p}.ffn_gate"), false, d, n_ff)?,
+                    up: ld.linear(&format!("{p}.ffn_up"), false, d, n_ff)?,
+                    down: ld.linear(&format!("{p}.ffn_down"), false, n_ff, d)?,
                 },
+            };
+            let ple = f.per_layer_embd;
+            let per_layer = match ple {
+                0 => None,
+                _ => Some(crate::ple::LayerPle {
+                    gate: ld.linear(&format!("{p}.inp_gate"), false, d, ple)?,
+                    proj: ld.linear(&format!("{p}.proj"), false, ple, d)?,
+                    post_norm: ld.vector(&format!("{p}.post_norm.weight"), d)?,
+                }),
+            };
+            let scale = format!("{p}.layer_output_scale.weight");
+            let out_scale = match ld.has(&scale) {
+                true => Some(ld.vector(&scale, 1)?[0]),
+                false => None,
             };
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), d)?,
@@ -785,8 +825,30 @@ impl Weights {
                 ffn,
                 post_attn_norm,
                 post_ffn_norm,
+                per_layer,
+                out_scale,
             });
         }
+        let per_layer = match f.per_layer_embd {
+            0 => None,
+            ple => {
+                let name = "per_layer_model_proj.weight";
+                let proj = (0..cfg.n_layer)
+                    .map(|l| ld.linear_rows(name, 0, l * ple, ple, d))
+                    .collect::<Result<Vec<_>>>()?;
+                Some(crate::ple::PerLayer {
+                    table: crate::ple::Table::map(
+                        content,
+                        ld.reader.get_ref(),
+                        "per_layer_token_embd.weight",
+                        cfg.n_layer,
+                        ple,
+                    )?,
+                    proj,
+                    proj_norm: ld.vector("per_layer_proj_norm.weight", ple)?,
+                })
+            }
+        };
         // Llama 3's divisors, or Phi's short LongRoPE factors (contexts here stay within the
         // original length, where llama.cpp takes the short ones too).
         let half = f.rope_dims / 2;
@@ -822,6 +884,7 @@ impl Weights {
         Ok(Self {
             rope_factors,
             token_embd,
+            per_layer,
             layers,
             output_norm,
             output,
@@ -836,6 +899,9 @@ impl Weights {
     pub fn traffic(&self) -> (usize, usize) {
         let size = |l: &Linear| l.weight.bytes();
         let mut bytes = size(&self.output);
+        for l in self.per_layer.iter().flat_map(|p| &p.proj) {
+            bytes += size(l);
+        }
         let mut macs = 0;
         for w in &self.layers {
             let mut run = |l: &Linear, times: usize| {
@@ -843,6 +909,9 @@ impl Weights {
                 macs += l.in_dim * l.out_dim * times;
             };
             for l in w.mixer.matrices() {
+                run(l, 1);
+            }
+            for l in w.per_layer.iter().flat_map(|p| p.matrices()) {
                 run(l, 1);
             }
             match &w.ffn {
@@ -877,10 +946,18 @@ impl Weights {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|w| w.mixer.matrices().into_iter().chain(w.ffn.matrices()))
+            .flat_map(|w| {
+                let ple = w.per_layer.iter().flat_map(|p| p.matrices());
+                w.mixer
+                    .matrices()
+                    .into_iter()
+                    .chain(w.ffn.matrices())
+                    .chain(ple)
+            })
             .map(size)
             .sum();
-        size(&self.output) + embd + layers
+        let ple = self.per_layer.as_ref().map_or(0, |p| p.bytes());
+        size(&self.output) + embd + layers + ple
     }
 
     /// Embedding rows for `ids`, dequantized.

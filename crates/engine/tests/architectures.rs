@@ -17,7 +17,7 @@ use edgeprompt_engine::{Model, Sequence};
 
 mod common;
 
-const ARCHS: [&str; 11] = [
+const ARCHS: [&str; 12] = [
     "qwen3",
     "llama3",
     "granite",
@@ -29,6 +29,7 @@ const ARCHS: [&str; 11] = [
     "qwen35-0.8b-shape",
     "qwen35moe",
     "lfm2",
+    "gemma4",
 ];
 
 /// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded

@@ -6,7 +6,6 @@
 
 use super::{Features, Meta};
 use crate::config::RopeStyle;
-use crate::gguf::Value;
 use crate::recurrent::{Recurrence, ShortConv};
 use crate::{EngineError, Result};
 
@@ -41,24 +40,11 @@ pub fn features(plain: Features, m: &Meta, n_embd: usize) -> Result<Features> {
 /// Per layer (of the first `n_layer`): whether it is a short convolution, from the per-layer
 /// KV head counts (0: no attention).
 pub fn recurrent_layers(m: &Meta, n_layer: usize) -> Result<Vec<bool>> {
-    let kv = kv_heads(m)?;
+    let kv = m.counts("attention.head_count_kv")?;
     match kv {
         Some(v) if v.len() >= n_layer => Ok(v[..n_layer].iter().map(|&h| h == 0).collect()),
         _ => Err(EngineError::Gguf(
             "attention.head_count_kv: not one count per layer".into(),
         )),
-    }
-}
-
-/// The GGUF's per-layer KV head counts, when it gives a list.
-pub fn kv_heads(m: &Meta) -> Result<Option<Vec<usize>>> {
-    match m.content.metadata.get(&m.key("attention.head_count_kv")) {
-        Some(Value::Array(v)) => v
-            .iter()
-            .map(|x| x.to_u32().map(|n| n as usize))
-            .collect::<Option<Vec<_>>>()
-            .map(Some)
-            .ok_or_else(|| EngineError::Gguf("attention.head_count_kv: not counts".into())),
-        _ => Ok(None),
     }
 }

@@ -5,6 +5,7 @@
 //! sliding-window cut and CE-LSLM work for every one.
 
 mod gemma;
+mod gemma4;
 mod granite;
 mod lfm2;
 mod llama;
@@ -13,7 +14,7 @@ mod qwen;
 mod qwen35;
 mod smollm3;
 
-use crate::gguf::Content;
+use crate::gguf::{Content, Value};
 
 use crate::config::{meta_f32, meta_usize, RopeStyle};
 use crate::{EngineError, Result};
@@ -31,13 +32,15 @@ pub enum Arch {
     SmolLm3,
     Gemma2,
     Gemma3,
+    Gemma4,
     Granite,
     Lfm2,
 }
 
 /// Every architecture name this engine loads, for the error that names the rest.
 pub const SUPPORTED: &str =
-    "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, phi3, smollm3, gemma2, gemma3, granite, lfm2";
+    "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, phi3, smollm3, gemma2, gemma3, gemma4, granite,
+     lfm2";
 
 impl Arch {
     pub fn from_name(name: &str) -> Result<Self> {
@@ -52,6 +55,7 @@ impl Arch {
             "smollm3" => Arch::SmolLm3,
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
+            "gemma4" => Arch::Gemma4,
             "granite" => Arch::Granite,
             "lfm2" => Arch::Lfm2,
             other => {
@@ -126,6 +130,10 @@ pub struct Features {
     /// What the recurrent layers of a hybrid are (Qwen3.5: Gated DeltaNet; LFM2: short
     /// convolutions); which layers they are is `ModelConfig::recurrent`.
     pub recurrence: Option<crate::recurrent::Recurrence>,
+    /// V rows normed (RMS, no weight) before they are cached (Gemma 4).
+    pub v_norm: bool,
+    /// Values per layer of each token's per-layer embedding (Gemma 4's PLE); 0: none.
+    pub per_layer_embd: usize,
 }
 
 impl Features {
@@ -154,6 +162,8 @@ impl Features {
             ffn_norm: "ffn_norm",
             output_norm: "output_norm",
             recurrence: None,
+            v_norm: false,
+            per_layer_embd: 0,
         }
     }
 
@@ -187,6 +197,19 @@ impl Meta<'_> {
     pub fn has(&self, tensor: &str) -> bool {
         self.content.tensor_infos.contains_key(tensor)
     }
+
+    /// A per-layer list of counts (`None` when the key is absent or one number).
+    pub fn counts(&self, k: &str) -> Result<Option<Vec<usize>>> {
+        match self.content.metadata.get(&self.key(k)) {
+            Some(Value::Array(v)) => v
+                .iter()
+                .map(|x| x.to_u32().map(|n| n as usize))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| EngineError::Gguf(format!("{k}: not counts"))),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// The features of `arch` for a model whose heads are `head_dim` wide.
@@ -203,6 +226,7 @@ pub fn features(arch: Arch, m: &Meta, head_dim: usize, n_embd: usize) -> Result<
         Arch::SmolLm3 => smollm3::features(plain),
         Arch::Gemma2 => gemma::gemma2(plain, m, n_embd),
         Arch::Gemma3 => gemma::gemma3(plain, n_embd),
+        Arch::Gemma4 => gemma4::features(plain, m, n_embd)?,
         Arch::Granite => granite::features(plain, m),
         Arch::Lfm2 => lfm2::features(plain, m, n_embd)?,
     })
@@ -222,14 +246,55 @@ pub fn recurrent_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Vec<bool
         | Arch::SmolLm3
         | Arch::Gemma2
         | Arch::Gemma3
+        | Arch::Gemma4
         | Arch::Granite => Ok(vec![false; n_layer]),
+    }
+}
+
+/// Per layer (of the first `n_layer`): whether it attends through the sliding window, when the
+/// family lists it (Gemma 4); `None`: every `window_pattern`-th layer is global.
+pub fn sliding_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Option<Vec<bool>>> {
+    match arch {
+        Arch::Gemma4 => gemma4::sliding_layers(m, n_layer).map(Some),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Phi3
+        | Arch::SmolLm3
+        | Arch::Gemma2
+        | Arch::Gemma3
+        | Arch::Granite
+        | Arch::Lfm2 => Ok(None),
+    }
+}
+
+/// Per layer: the layer whose KV it attends with (itself, or for Gemma 4's shared-KV layers
+/// an earlier one of its kind).
+pub fn kv_sources(arch: Arch, m: &Meta, sliding: &[bool]) -> Result<Vec<usize>> {
+    match arch {
+        Arch::Gemma4 => gemma4::kv_sources(m, sliding),
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Phi3
+        | Arch::SmolLm3
+        | Arch::Gemma2
+        | Arch::Gemma3
+        | Arch::Granite
+        | Arch::Lfm2 => Ok((0..sliding.len()).collect()),
     }
 }
 
 /// The KV heads of the attention layers: the GGUF's count, or the one nonzero count of its
 /// per-layer list (LFM2: 0 on the recurrent layers); `None` if it names none.
 pub fn kv_heads(m: &Meta) -> Result<Option<usize>> {
-    let Some(per_layer) = lfm2::kv_heads(m)? else {
+    let Some(per_layer) = m.counts("attention.head_count_kv")? else {
         return Ok(m.usize("attention.head_count_kv").ok());
     };
     let mut counts: Vec<usize> = per_layer.into_iter().filter(|&h| h > 0).collect();

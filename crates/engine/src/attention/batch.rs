@@ -14,8 +14,11 @@ pub struct KvView<'a> {
     pub prefix: Option<&'a LayerKv>,
     /// The sequence's own KV, already holding the new rows' K/V at its end.
     pub private: &'a LayerKv,
-    /// How many new rows (the last ones in `private`).
+    /// How many new rows (the last ones in `private` but `after`).
     pub rows: usize,
+    /// Rows of `private` after the new ones, not seen by them (a layer that attends with an
+    /// earlier layer's KV, which holds its whole pass already: the pass's later pieces).
+    pub after: usize,
 }
 
 /// A `KvView` with the sequence's kept positions (a conversation's earlier turns, read-only)
@@ -299,7 +302,7 @@ fn attend_task(
     // Absolute position of each query, and the first position its window lets it see.
     let pos = |x: &Query| {
         let v = &views[x.view];
-        v.before() + v.view.private.len() - v.view.rows + x.t
+        v.before() + v.view.private.len() - v.view.after - v.view.rows + x.t
     };
     let first = |x: &Query| window.map_or(0, |w| (pos(x) + 1).saturating_sub(w));
     if let Some(p) = qs.first().and_then(|f| views[f.view].view.prefix) {
@@ -345,7 +348,7 @@ fn attend_task(
         let ranges: Vec<(usize, usize)> = qs[at..end]
             .iter()
             .map(|x| {
-                let hi = view.private.len() - view.rows + x.t + 1;
+                let hi = view.private.len() - view.after - view.rows + x.t + 1;
                 (first(x).saturating_sub(base).min(hi), hi)
             })
             .collect();

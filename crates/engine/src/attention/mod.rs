@@ -29,7 +29,7 @@ pub use batch::{attend_batch, attend_batch_kept, attend_batch_scaled, KeptView, 
 use scalar::{attend_impl, fold_scalar};
 
 /// Largest head dimension the stack buffers hold.
-pub const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = 512;
 /// Keys converted from f16 and scored per block.
 const BLOCK: usize = 32;
 

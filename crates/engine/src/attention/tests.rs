@@ -215,6 +215,7 @@ fn many_queries_on_shared_and_causal_ranges_match_each_alone_bitwise() {
         (70, 128, false),
         (40, 48, true),
         (33, 256, false),
+        (21, 512, true),
     ] {
         let (_, mut k, v) = setup(n, d);
         if rising {
@@ -269,6 +270,7 @@ fn few_queries_match_each_alone_bitwise() {
         (40, 128, false),
         (35, 256, true),
         (21, 48, false),
+        (19, 512, false),
     ] {
         let (_, mut k, v) = setup(n, d);
         if rising {
@@ -348,6 +350,7 @@ fn shared_prefix_batch_is_bitwise_each_alone() {
                 prefix: Some(pre[i]),
                 private: &privs[i],
                 rows: rows[i],
+                after: 0,
             })
             .collect()
     }
@@ -406,6 +409,7 @@ fn views_on_several_prefixes_and_none_match_each_alone_bitwise() {
             prefix: prefixes[i],
             private: &privs[i],
             rows: rows[i],
+            after: 0,
         })
         .collect();
     let w = n_head * d;
@@ -421,6 +425,7 @@ fn views_on_several_prefixes_and_none_match_each_alone_bitwise() {
             prefix: v.prefix,
             private: v.private,
             rows: v.rows,
+            after: 0,
         };
         let mut alone = vec![0f32; rows[i] * w];
         attend_batch(&q[r0 * w..r1 * w], &[one], n_head, d, None, &mut alone);
@@ -459,6 +464,7 @@ fn several_sixteens_per_task_match_each_alone_bitwise() {
             prefix: Some(&prefix),
             private: p,
             rows: 1,
+            after: 0,
         })
         .collect();
     let mut all = vec![0f32; q.len()];
@@ -469,13 +475,20 @@ fn several_sixteens_per_task_match_each_alone_bitwise() {
             prefix: Some(&prefix),
             private: p,
             rows: 1,
+            after: 0,
         };
         let mut alone = vec![0f32; w];
         attend_batch(&q[i * w..(i + 1) * w], &[v], n_head, d, None, &mut alone);
         let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&all[i * w..(i + 1) * w]), bits(&alone), "sequence {i}");
     }
-    for (n, d, queries) in [(90, 64, 53), (45, 128, 40), (20, 256, 33), (37, 48, 49)] {
+    for (n, d, queries) in [
+        (90, 64, 53),
+        (45, 128, 40),
+        (20, 256, 33),
+        (17, 512, 21),
+        (37, 48, 49),
+    ] {
         let (_, k, v) = setup(n, d);
         let mut seed = 31;
         let rows: Vec<f32> = (0..queries * d).map(|_| lcg(&mut seed) * 0.7).collect();
@@ -549,6 +562,7 @@ fn sliding_window_is_exact_under_cut_batching_and_split() {
                 prefix: Some(pre),
                 private: &privs[i],
                 rows: rows[i],
+                after: 0,
             })
             .collect();
         let mut out = vec![0f32; q.len()];
@@ -567,6 +581,7 @@ fn sliding_window_is_exact_under_cut_batching_and_split() {
         prefix: None,
         private: &joined,
         rows: rows[1],
+        after: 0,
     };
     attend_batch(&q[r0 * width..], &[view], n_head, d, Some(w), &mut one_shot);
     assert_eq!(&whole[r0 * width..], &one_shot[..], "split != one-shot");
