@@ -502,7 +502,7 @@ def write_gemma4(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str, vocab: int):
     the global layers' proportional-RoPE divisors."""
     d, hd, nh, nkv, ff, nl = (s[k] for k in ("n_embd", "head_dim", "n_head", "n_kv", "n_ff", "n_layer"))
     ple, owners = s["ple"], nl - s["shared_kv"]
-    rot = hd // 2 if s.get("rot_all") else hd // 8  # a quarter of the global heads' pairs rotate
+    rot = hd // 8  # a quarter of the global heads' pairs rotate
     w.add_tensor("rope_freqs.weight", np.array([1.0] * rot + [1e30] * (hd // 2 - rot), dtype=np.float32))
     if ple:
         add_matrix(w, "per_layer_token_embd.weight", g.matrix(vocab, nl * ple, 1.0), fmt, g.rng)
@@ -515,11 +515,11 @@ def write_gemma4(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str, vocab: int):
         f = ff if l < owners else 2 * ff
         w.add_tensor(f"{p}.attn_norm.weight", g.norm(d))
         add_matrix(w, f"{p}.attn_q.weight", g.matrix(nh * h, d), fmt, g.rng)
-        w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(h) * s.get("qn", 1.0))
+        w.add_tensor(f"{p}.attn_q_norm.weight", g.norm(h) * s["qn"])
         if l < owners:
             add_matrix(w, f"{p}.attn_k.weight", g.matrix(nkv * h, d), fmt, g.rng)
             w.add_tensor(f"{p}.attn_k_norm.weight", g.norm(h))
-            if sliding or s.get("v_all"):
+            if sliding:
                 add_matrix(w, f"{p}.attn_v.weight", g.matrix(nkv * h, d), fmt, g.rng)
         add_matrix(w, f"{p}.attn_output.weight", g.matrix(d, nh * h), fmt, g.rng)
         w.add_tensor(f"{p}.post_attention_norm.weight", g.norm(d))
@@ -532,9 +532,8 @@ def write_gemma4(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str, vocab: int):
             add_matrix(w, f"{p}.inp_gate.weight", g.matrix(ple, d), fmt, g.rng)
             add_matrix(w, f"{p}.proj.weight", g.matrix(d, ple), fmt, g.rng)
             w.add_tensor(f"{p}.post_norm.weight", g.norm(d))
-        if not s.get("no_scale"):
-            v = s.get("scale_value", 0.8 + 0.2 * g.rng.random())
-            w.add_tensor(f"{p}.layer_output_scale.weight", np.array([v], dtype=np.float32))
+        scale = 0.8 + 0.2 * g.rng.random()
+        w.add_tensor(f"{p}.layer_output_scale.weight", np.array([scale], dtype=np.float32))
 
 
 def sha256(path: Path) -> str:
