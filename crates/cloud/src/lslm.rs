@@ -51,11 +51,13 @@ pub(crate) fn layout(set: &AdapterSet, first: u32) -> Result<Layout, Status> {
         n_kv_head: m.slm.n_kv_head,
         head_dim: m.slm.head_dim,
         first_layer: 0,
-        // Adapters map full-attention models: nothing is cut, nothing is recurrent.
+        // Adapters map full-attention models: nothing is cut, nothing is recurrent, every
+        // layer its own KV of one head size.
         windows: vec![None; m.slm.n_layer],
         mapped: true,
         recurrent: vec![false; m.slm.n_layer],
         state: None,
+        layers: Default::default(),
     }
     .from_layer(first)?;
     if layout.first_layer < set.min_split() {

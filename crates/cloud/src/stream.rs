@@ -4,7 +4,7 @@
 use edgeprompt_engine::config::window_start;
 use edgeprompt_engine::recurrent::Recurrence;
 use edgeprompt_engine::{LayerKv, Model};
-use edgeprompt_kv::{codec, Chunk, Codec, Manifest, SealKey};
+use edgeprompt_kv::{codec, Chunk, Codec, LayerMap, Manifest, SealKey};
 use edgeprompt_protocol::{fetch_message::Body, FetchMessage, FetchRequest, Header};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -59,6 +59,9 @@ pub struct Layout {
     pub recurrent: Vec<bool>,
     /// The recurrent layers' state shape.
     pub state: Option<Recurrence>,
+    /// Per layer head sizes and KV sources, where the layers differ (Gemma 4): a layer that
+    /// reads another's KV is not sent.
+    pub layers: LayerMap,
 }
 
 impl Layout {
@@ -75,23 +78,30 @@ impl Layout {
             mapped: false,
             recurrent: c.recurrent.clone(),
             state: c.features.recurrence,
+            layers: LayerMap::of(c),
         }
     }
 
     /// Per layer, the first position of an `n`-token prompt the stream carries (a recurrent
-    /// layer's: `n`, it carries none).
+    /// layer's, or one reading another's KV: `n`, it carries none).
     pub fn starts(&self, n: usize) -> Vec<usize> {
         (0..self.n_layers)
-            .map(|l| match self.recurrent.get(l).copied().unwrap_or(false) {
-                true => n,
-                false => window_start(self.windows.get(l).copied().flatten(), n),
+            .map(|l| {
+                let none = self.recurrent.get(l).copied().unwrap_or(false)
+                    || self.layers.reads(l).is_some();
+                match none {
+                    true => n,
+                    false => window_start(self.windows.get(l).copied().flatten(), n),
+                }
             })
             .collect()
     }
 
     /// Whether some layer starts past position 0 for some prompt (the header lists starts).
     fn cuts(&self) -> bool {
-        self.windows.iter().any(Option::is_some) || self.recurrent.iter().any(|&r| r)
+        self.windows.iter().any(Option::is_some)
+            || self.recurrent.iter().any(|&r| r)
+            || !self.layers.kv_sources.is_empty()
     }
 
     /// `model`'s own KV from the first layer the request asks for.
@@ -123,6 +133,7 @@ pub fn manifest(layout: &Layout, prompt_id: &str, token_ids: &[u32], codec: Code
         codec,
         layout.mapped,
     )
+    .with_layers(layout.layers.clone())
 }
 
 /// The header. `values_codec`: what the values were decoded from where they were made, when
@@ -162,6 +173,8 @@ pub fn header(
                 .filter(|&c| c != codec)
                 .map_or(String::new(), |c| c.name().into()),
             state_shape: edgeprompt_protocol::state_shape(&layout.recurrent, layout.state),
+            head_dims: layout.layers.head_dims.iter().map(|&d| d as u32).collect(),
+            kv_sources: layout.layers.kv_sources.iter().map(|&s| s as u32).collect(),
         })),
     }
 }
@@ -177,7 +190,8 @@ pub enum LayerSeal<'a> {
 
 /// Layer `l` from position `from` on (or from the first it holds) as checksummed chunks of
 /// `CHUNK_TOKENS` tokens, the last carrying the layer's signature when it is sealed. A signature
-/// covers the values the receiver decodes: for a lossy codec they are decoded here first.
+/// covers the values the receiver decodes: for a lossy codec they are decoded here first. A
+/// layer that reads another's KV holds none: nothing is sent.
 pub async fn send_layer(
     tx: &mpsc::Sender<Result<FetchMessage, Status>>,
     l: usize,
@@ -188,6 +202,9 @@ pub async fn send_layer(
     seal: LayerSeal<'_>,
 ) -> Result<(), Status> {
     let internal = |e: edgeprompt_kv::KvError| Status::internal(e.to_string());
+    if layer.kv_of.is_some() {
+        return Ok(());
+    }
     let first = from.max(layer.start()).min(layer.end());
     let mut s = first;
     // A state is sent exact in every codec: only KV values are decoded before signing.

@@ -5,7 +5,9 @@ use std::time::Instant;
 use edgeprompt_cloud::MAX_LISTED;
 use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::chunk::MAX_CHUNK_TOKENS;
-use edgeprompt_kv::{content_address, Chunk, Codec, Expect, Manifest, Reassembler, TrustKey};
+use edgeprompt_kv::{
+    content_address, Chunk, Codec, Expect, LayerMap, Manifest, Reassembler, TrustKey,
+};
 use edgeprompt_protocol::cloud_kv_client::CloudKvClient;
 use edgeprompt_protocol::{fetch_message::Body, FetchRequest, ListRequest, PromptRef};
 use tokio::sync::mpsc;
@@ -302,7 +304,11 @@ impl CloudClient {
         let cfg = &model.cfg;
         let state = cfg.features.recurrence.map_or(0, |s| s.state_bytes());
         let most = (cfg.context_length * 5)
-            .max(Codec::F16.chunk_bytes(cfg.n_kv_head, cfg.head_dim, MAX_CHUNK_TOKENS))
+            .max(Codec::F16.chunk_bytes(
+                cfg.n_kv_head,
+                cfg.head_dim.max(cfg.head_dim_local),
+                MAX_CHUNK_TOKENS,
+            ))
             .max(state)
             + (64 << 10);
         let mut inner = self.inner.clone().max_decoding_message_size(most);
@@ -354,10 +360,29 @@ impl CloudClient {
         )
         .with_codec(wire_codec)
         .with_state(cfg.features.recurrence)
+        .with_layers(LayerMap::of(cfg))?
         .with_starts(&header.layer_starts)?
         .starting_at(first_layer);
         tokio::spawn(async move {
             let mut bytes = 0;
+            // Layers that read another's KV come with no chunk: complete when due, unsigned
+            // (they hold nothing; the header and every seal name them).
+            let unowned = |re: &mut Reassembler| {
+                re.take_unowned()
+                    .into_iter()
+                    .map(|(layer, kv)| LayerArrival {
+                        layer,
+                        kv,
+                        at: Instant::now(),
+                        wire_bytes: 0,
+                        seal: None,
+                    })
+            };
+            for a in unowned(&mut re) {
+                if tx.send(Ok(a)).await.is_err() {
+                    return;
+                }
+            }
             loop {
                 // Whoever reads the layers let go (the fetch ended or was stopped): close the
                 // stream rather than wait on a sender that may never send again.
@@ -430,6 +455,11 @@ impl CloudClient {
                         if tx.send(Ok(a)).await.is_err() {
                             return;
                         }
+                        for a in unowned(&mut re) {
+                            if tx.send(Ok(a)).await.is_err() {
+                                return;
+                            }
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -454,15 +484,22 @@ pub fn check_header(
     h: edgeprompt_protocol::Header,
 ) -> Result<CloudHeader> {
     let cfg = &model.cfg;
+    // Head sizes per layer and the layers reading another's KV are the model's, exactly: a
+    // header may neither claim KV for a layer that owns none nor omit a layer's own.
+    let layers = LayerMap::of(cfg);
+    let as_usize = |v: &[u32]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
     if h.model_fingerprint != model.fingerprint
         || h.n_layers as usize != cfg.n_layer
         || h.n_kv_head as usize != cfg.n_kv_head
         || h.head_dim as usize != cfg.head_dim
         || h.first_layer as usize != first_layer
+        || as_usize(&h.head_dims) != layers.head_dims
+        || as_usize(&h.kv_sources) != layers.kv_sources
     {
         return Err(EdgeError::Stream(format!(
-            "header does not fit this model: {} layers x {} heads x {} from layer {}",
-            h.n_layers, h.n_kv_head, h.head_dim, h.first_layer
+            "header does not fit this model: {} layers x {} heads x {} (per layer {:?}, KV of \
+             {:?}) from layer {}",
+            h.n_layers, h.n_kv_head, h.head_dim, h.head_dims, h.kv_sources, h.first_layer
         )));
     }
     Expect::of(cfg)
@@ -499,14 +536,15 @@ pub fn check_header(
     // recurrent layer holds none: it starts at the prompt's end exactly.
     let n = h.token_ids.len();
     let starts: Vec<usize> = h.layer_starts.iter().map(|&s| s as usize).collect();
-    let hybrid = cfg.recurrent.iter().any(|&r| r) && n > 0;
-    if (hybrid && starts.is_empty())
+    let holds_none = |l: usize| !cfg.owns_kv(l);
+    let cut = (0..cfg.n_layer).any(holds_none) && n > 0;
+    if (cut && starts.is_empty())
         || !starts.is_empty()
             && (starts.len() != cfg.n_layer
                 || starts
                     .iter()
                     .enumerate()
-                    .any(|(l, &s)| s > cfg.visible_from(l, n) || (cfg.is_recurrent(l) && s != n)))
+                    .any(|(l, &s)| s > cfg.visible_from(l, n) || (holds_none(l) && s != n)))
     {
         return Err(EdgeError::Stream(format!(
             "header's layer starts {starts:?} for {n} tokens: a layer cut past its window, or a \
@@ -523,6 +561,7 @@ pub fn check_header(
         first_layer,
         codec: values_codec,
         mapped: h.mapped,
+        layers,
     };
     let header = CloudHeader {
         prompt_id: h.prompt_id,

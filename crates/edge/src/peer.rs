@@ -115,7 +115,7 @@ impl CloudKv for PeerService {
             for (l, layer) in prefix.layers.iter().enumerate() {
                 let sig = seal
                     .as_ref()
-                    .and_then(|s| s.signatures.get(l))
+                    .and_then(|s| s.signature_of(&prefix, l))
                     .map_or(LayerSeal::None, LayerSeal::Relay);
                 if let Err(e) = send_layer(&tx, l, layer, starts[l], Codec::F16, None, sig).await {
                     let _ = tx.send(Err(e)).await;

@@ -5,7 +5,8 @@
 //! completion; the answer is the single-node answer on the concatenated ids, token for token.
 //! Gemma 2's sliding-window layers arrive cut to the window, as Gemma 3's do; the recurrent
 //! layers of Qwen3.5, Qwen3.5-MoE and LFM2 arrive as their state at the prompt's end, signed,
-//! and no positions.
+//! and no positions; Gemma 4's last layers, which read earlier layers' KV, do not arrive at all
+//! (nothing sent, nothing signed), its sliding layers cut, of their own head size.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,8 +25,9 @@ use common::post_json;
 
 /// Each family, and a Llama whose every matrix is in one of the formats the packed kernels
 /// gained after the first six, or in f16 or bf16 (the float kernels).
-const FAMILIES: [&str; 18] = [
+const FAMILIES: [&str; 19] = [
     "qwen3",
+    "gemma4",
     "qwen35",
     "qwen35moe",
     "lfm2",
@@ -144,6 +146,32 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                         "{name} layer {l}"
                     );
                 }
+            }
+            if name == "gemma4" {
+                let p = Prefixes::new(
+                    m.clone(),
+                    common::prefix_config(&cloud),
+                    Arc::new(Metrics::new()),
+                )
+                .unwrap();
+                let got = p.for_id("doc").await.unwrap();
+                let (c, n) = (&m.cfg, got.prefix.n_tokens());
+                for (l, layer) in got.prefix.layers.iter().enumerate() {
+                    let rows = match (c.owns_kv(l), c.window_of(l)) {
+                        (false, _) => 0,
+                        (true, Some(w)) => n.min(w - 1),
+                        (true, None) => n,
+                    };
+                    assert_eq!(layer.len(), rows, "gemma4 layer {l}");
+                    assert_eq!(layer.head_dim, c.head_dim_of(l), "gemma4 layer {l}");
+                    let reads = (!c.owns_kv(l)).then(|| c.kv_source_of(l));
+                    assert_eq!(layer.kv_of, reads, "gemma4 layer {l}");
+                }
+                // Kept signed: one signature per layer that owns KV, none for the others.
+                let address = edgeprompt_kv::content_address(&m.fingerprint, &got.prefix.token_ids);
+                let (_, seal) = p.cached(&address).await.unwrap();
+                let owners = (0..c.n_layer).filter(|&l| c.owns_kv(l)).count();
+                assert_eq!(seal.unwrap().signatures.len(), owners, "gemma4 seal");
             }
             if name == "gemma2" {
                 // The sliding layers came cut to the window (16): a later token sees no more.

@@ -105,6 +105,16 @@ enum Attack {
     WrongStateShape,
     /// The other prompt's genuine signed state in this prompt's stream.
     ReplayedState,
+    /// Gemma 4: the header says the last layer owns its KV (it reads another's), and sends it
+    /// (its source's chunks again, as that layer's).
+    SharedLayerClaimed,
+    /// The header says a layer that owns KV reads another's (its chunks dropped).
+    OwnedLayerOmitted,
+    /// The header without the per-layer map, and with a sliding layer of the global size.
+    NoLayerMap,
+    WrongHeadDims,
+    /// A signed layer of this stream moved to a layer that reads another's KV.
+    ChunkOnSharedLayer,
 }
 
 const ATTACKS: [Attack; 25] = [
@@ -147,6 +157,15 @@ const STATE_ATTACKS: [Attack; 10] = [
     Attack::NoStateShape,
     Attack::WrongStateShape,
     Attack::ReplayedState,
+];
+
+/// Every attack on a model whose layers differ in head size and share KV (Gemma 4).
+const LAYER_MAP_ATTACKS: [Attack; 5] = [
+    Attack::SharedLayerClaimed,
+    Attack::OwnedLayerOmitted,
+    Attack::NoLayerMap,
+    Attack::WrongHeadDims,
+    Attack::ChunkOnSharedLayer,
 ];
 
 /// The genuine KV of the two prompts, the keys, and each attack's messages (made once, so
@@ -347,6 +366,46 @@ impl Genuine {
                 if let Some(s) = head(&mut msgs).state_shape.as_mut() {
                     s.v_heads += 1;
                 }
+            }
+            Attack::SharedLayerClaimed => {
+                let last = cfg.n_layer - 1;
+                let src = cfg.kv_source_of(last) as u32;
+                let h = head(&mut msgs);
+                h.kv_sources[last] = last as u32;
+                h.layer_starts[last] = h.layer_starts[src as usize];
+                let copies: Vec<FetchMessage> = msgs
+                    .iter()
+                    .filter(|m| matches!(&m.body, Some(Body::Chunk(c)) if c.layer == src))
+                    .cloned()
+                    .collect();
+                for mut m in copies {
+                    if let Some(Body::Chunk(c)) = m.body.as_mut() {
+                        c.layer = last as u32;
+                        reseal(c, |_| {});
+                    }
+                    msgs.push(m);
+                }
+            }
+            Attack::OwnedLayerOmitted => {
+                let owner = cfg.kv_source_of(cfg.n_layer - 1) as u32;
+                let h = head(&mut msgs);
+                h.kv_sources[owner as usize] = owner - 1;
+                h.layer_starts[owner as usize] = h.token_ids.len() as u32;
+                msgs.retain(|m| !matches!(&m.body, Some(Body::Chunk(c)) if c.layer == owner));
+            }
+            Attack::NoLayerMap => {
+                let h = head(&mut msgs);
+                h.head_dims.clear();
+                h.kv_sources.clear();
+            }
+            Attack::WrongHeadDims => {
+                let h = head(&mut msgs);
+                let global = *h.head_dims.iter().max().unwrap();
+                h.head_dims[0] = global;
+            }
+            Attack::ChunkOnSharedLayer => {
+                let last = msgs.len() - 1;
+                reseal(chunk(&mut msgs, last), |c| c.layer = cfg.n_layer as u32 - 1);
             }
             Attack::ReplayedState => {
                 let theirs = self.stream(&self.coding, "coding", Some(&self.key)).await;
@@ -1346,11 +1405,18 @@ fn a_list_forged_on_the_path_names_no_private_prompt() {
 #[test]
 fn every_hostile_state_ends_in_an_error_or_the_exact_fallback() {
     for name in ["qwen35", "lfm2"] {
-        hostile_states(name);
+        hostile_states(name, &STATE_ATTACKS);
     }
 }
 
-fn hostile_states(name: &str) {
+/// Gemma 4's layer map (which layers own KV, each layer's head size) under every attack on it:
+/// refused, and the system message computed here, bit for bit the single-node prefix.
+#[test]
+fn every_hostile_layer_map_ends_in_an_error_or_the_exact_fallback() {
+    hostile_states("gemma4", &LAYER_MAP_ATTACKS);
+}
+
+fn hostile_states(name: &str, attacks: &[Attack]) {
     let path = common::models_dir().join(format!("synth/{name}.gguf"));
     assert!(
         path.exists(),
@@ -1368,9 +1434,13 @@ fn hostile_states(name: &str) {
         let r = edge(&m, &url, trust).for_system(&ids).await.unwrap();
         assert_eq!(r.source, Source::Cloud, "the honest signed stream is taken");
         assert!(same(&r.prefix, &g.support));
-        assert!(r.prefix.layers.iter().any(|l| l.state.is_some()));
+        assert!(r
+            .prefix
+            .layers
+            .iter()
+            .any(|l| l.state.is_some() || l.kv_of.is_some()));
         let mut rows = Vec::new();
-        for a in STATE_ATTACKS {
+        for &a in attacks {
             *attack.lock().unwrap() = a;
             let r = edge(&m, &url, trust).for_system(&ids).await.unwrap();
             assert_eq!(
@@ -1385,7 +1455,7 @@ fn hostile_states(name: &str) {
             let err = fetch_error(&m, &url, trust).await;
             rows.push(format!("{a:?}: {err}"));
         }
-        println!("{name}: state attack outcomes (direct fetch errors):");
+        println!("{name}: attack outcomes (direct fetch errors):");
         for r in &rows {
             println!("  {r}");
         }

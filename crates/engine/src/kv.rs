@@ -24,6 +24,9 @@ pub struct LayerKv {
     /// A recurrent layer's state after position `end()` (such a layer holds no K/V rows: its
     /// positions are all cut, the state keeps what later tokens need of them).
     pub state: Option<Arc<Recurrent>>,
+    /// The layer whose KV this one attends with (Gemma 4's last layers): it holds none of its
+    /// own, and nothing is sent, stored or signed for it.
+    pub kv_of: Option<usize>,
 }
 
 impl LayerKv {
@@ -36,6 +39,16 @@ impl LayerKv {
             k: vec![Vec::new(); n_kv_head],
             v: vec![Vec::new(); n_kv_head],
             state: None,
+            kv_of: None,
+        }
+    }
+
+    /// A layer that reads layer `source`'s KV, after position `end`: no rows of its own.
+    pub fn reading(n_kv_head: usize, head_dim: usize, end: usize, source: usize) -> Self {
+        Self {
+            start: end,
+            kv_of: Some(source),
+            ..Self::new(n_kv_head, head_dim)
         }
     }
 
@@ -68,6 +81,7 @@ impl LayerKv {
             k,
             v,
             state: None,
+            kv_of: None,
         })
     }
 
@@ -104,6 +118,7 @@ impl LayerKv {
             k: self.k.iter().map(|h| h[drop * d..].to_vec()).collect(),
             v: self.v.iter().map(|h| h[drop * d..].to_vec()).collect(),
             state: self.state.clone(),
+            kv_of: self.kv_of,
         }
     }
 
@@ -241,6 +256,7 @@ impl<'a> LayerSpan<'a> {
             k: cat(&kv.k, &next.k),
             v: cat(&kv.v, &next.v),
             state: next.state.clone().or_else(|| kv.state.clone()),
+            kv_of: kv.kv_of,
         })
     }
 }
@@ -287,6 +303,9 @@ impl PrefixKv {
                 .map(|l| {
                     let mut l = LayerKv::clone(l);
                     l.truncate(n.saturating_sub(l.start()));
+                    if l.kv_of.is_some() {
+                        l.start = n;
+                    }
                     if l.state.is_some() {
                         // A recurrent state is not the one at `n`: none, which no model takes.
                         l.state = None;
@@ -335,6 +354,7 @@ impl PrefixKv {
                 ));
             }
             check_state(cfg, i, l, self.n_tokens())?;
+            check_source(cfg, i, l)?;
         }
         Ok(())
     }
@@ -446,9 +466,24 @@ impl ContinuedKv {
                 return Err(misfit(&format!("kept layer {i}"), l, cfg, i, first, to));
             }
             check_state(cfg, i, l, to)?;
+            check_source(cfg, i, l)?;
         }
         Ok(())
     }
+}
+
+/// Layer `i` names the layer whose KV it reads exactly when the model's does (and that one),
+/// and then holds no rows.
+fn check_source(cfg: &ModelConfig, i: usize, l: &LayerKv) -> Result<()> {
+    let want = (!cfg.owns_kv(i) && !cfg.is_recurrent(i)).then(|| cfg.kv_source_of(i));
+    if l.kv_of != want || (want.is_some() && !l.is_empty()) {
+        return Err(EngineError::KvMismatch(format!(
+            "layer {i} reads the KV of {:?} ({} rows of its own), the model's reads {want:?}",
+            l.kv_of,
+            l.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Layer `i` holds a state of `cfg`'s shape, finite, exactly when it is a recurrent layer

@@ -873,7 +873,10 @@ impl Model {
                 .layers
                 .iter()
                 .map(|l| {
-                    let mut l = (**l).clone();
+                    let mut l = match l.kv_of {
+                        Some(src) => LayerKv::reading(l.n_kv_head, l.head_dim, n, src),
+                        None => (**l).clone(),
+                    };
                     l.truncate(n.saturating_sub(l.start()));
                     Arc::new(l)
                 })

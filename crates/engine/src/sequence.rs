@@ -168,7 +168,7 @@ impl Sequence {
             .zip(&self.kv)
             .enumerate()
             .map(|(l, (a, b))| match !model.cfg.owns_kv(l) {
-                true => Ok(Arc::new(settled(b, a.state.as_ref(), end))),
+                true => Ok(Arc::new(settled(b, a.state.as_ref(), end, model, l))),
                 false => a.joined(b).map(Arc::new),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -201,7 +201,7 @@ impl Sequence {
                 .zip(&self.kv)
                 .enumerate()
                 .map(|(l, (a, b))| match !model.cfg.owns_kv(l) {
-                    true => Ok(Arc::new(settled(b, earlier(l), end))),
+                    true => Ok(Arc::new(settled(b, earlier(l), end, model, l))),
                     false => a.first(self.kept_len).joined(b).map(Arc::new),
                 })
                 .collect::<Result<Vec<_>>>()?,
@@ -210,7 +210,7 @@ impl Sequence {
                 .iter()
                 .enumerate()
                 .map(|(l, b)| match !model.cfg.owns_kv(l) {
-                    true => Arc::new(settled(b, earlier(l), end)),
+                    true => Arc::new(settled(b, earlier(l), end, model, l)),
                     false => Arc::new(b.clone().starting_at(from)),
                 })
                 .collect(),
@@ -245,7 +245,7 @@ impl Sequence {
                 .iter()
                 .enumerate()
                 .map(|(l, b)| match !model.cfg.owns_kv(l) {
-                    true => Arc::new(settled(b, None, end)),
+                    true => Arc::new(settled(b, None, end, model, l)),
                     false => Arc::new(b.clone()),
                 })
                 .collect(),
@@ -253,13 +253,21 @@ impl Sequence {
     }
 }
 
-/// A recurrent layer as a prefix or kept positions ending at `end` hold it: no rows, and the
-/// sequence's own state (`private`'s) or, when it ran no token past them, the earlier one.
+/// A layer without KV of its own as a prefix or kept positions ending at `end` hold it: no
+/// rows, and for a recurrent layer the sequence's own state (`private`'s) or, when it ran no
+/// token past them, the earlier one; for one that reads another layer's KV, which.
 fn settled(
     private: &LayerKv,
     earlier: Option<&Arc<crate::recurrent::Recurrent>>,
     end: usize,
+    model: &Model,
+    layer: usize,
 ) -> LayerKv {
+    let c = &model.cfg;
+    if !c.is_recurrent(layer) {
+        let (h, d) = (private.n_kv_head, private.head_dim);
+        return LayerKv::reading(h, d, end, c.kv_source_of(layer));
+    }
     let mut l = LayerKv::new(private.n_kv_head, private.head_dim);
     if let Some(st) = private.state.as_ref().or(earlier) {
         l = LayerKv::recurrent(private.n_kv_head, private.head_dim, end, st.clone());
@@ -365,7 +373,7 @@ impl PrefillPass {
         // reading another's KV: nothing, from there).
         if !model.cfg.owns_kv(l) {
             let end = self.prefix_len + self.ids.len();
-            self.kv[l] = settled(&self.kv[l], None, end);
+            self.kv[l] = settled(&self.kv[l], None, end, model, l);
         }
         self.next_layer += 1;
         Ok(())
@@ -396,7 +404,7 @@ impl PrefillPass {
             .into_iter()
             .enumerate()
             .map(|(l, b)| match !model.cfg.owns_kv(l) {
-                true => Arc::new(settled(&b, None, end)),
+                true => Arc::new(settled(&b, None, end, model, l)),
                 false => Arc::new(b),
             })
             .collect();

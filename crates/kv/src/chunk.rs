@@ -8,6 +8,7 @@ use edgeprompt_engine::LayerKv;
 use half::f16;
 
 use crate::codec::{self, Codec};
+use crate::layers::LayerMap;
 use crate::{KvError, Result};
 
 /// Most tokens one chunk may carry (senders use 256): a bound on what one chunk can make a
@@ -124,6 +125,11 @@ pub struct Reassembler {
     /// A hybrid model's state shape: a layer that starts at the segment's end is a recurrent
     /// layer, its one chunk carries a state of this shape.
     state: Option<Recurrence>,
+    /// Per layer, its head size and whether it reads another layer's KV (then no chunk
+    /// carries it: it is complete as soon as it is due).
+    layers: LayerMap,
+    /// Layers that read another's KV, complete and not yet taken (`take_unowned`).
+    unowned: Vec<(usize, LayerKv)>,
 }
 
 impl Reassembler {
@@ -140,7 +146,40 @@ impl Reassembler {
             v: vec![Vec::new(); n_kv_head],
             codec: None,
             state: None,
+            layers: LayerMap::default(),
+            unowned: Vec::new(),
         }
+    }
+
+    /// A model whose layers differ in head size or read other layers' KV (`LayerMap`): its
+    /// lists one per layer (or empty), set before the starts.
+    pub fn with_layers(mut self, m: LayerMap) -> Result<Self> {
+        m.check(self.n_layers, usize::MAX)?;
+        self.layers = m;
+        self.skip_unowned();
+        Ok(self)
+    }
+
+    /// Layers complete without a chunk since the last call: those that read another layer's
+    /// KV (no positions of their own), in order. Take them after every `push`.
+    pub fn take_unowned(&mut self) -> Vec<(usize, LayerKv)> {
+        std::mem::take(&mut self.unowned)
+    }
+
+    /// The head size of layer `l`.
+    fn dim(&self, l: usize) -> usize {
+        self.layers.head_dim(l, self.head_dim)
+    }
+
+    /// Past every due layer that reads another's KV.
+    fn skip_unowned(&mut self) {
+        while let Some(src) = self.layers.reads(self.next_layer) {
+            let l = self.next_layer;
+            let kv = LayerKv::reading(self.n_kv_head, self.dim(l), self.n_tokens, src);
+            self.unowned.push((l, kv));
+            self.next_layer += 1;
+        }
+        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
     }
 
     /// A stream of a hybrid model whose recurrent layers' states have shape `s` (checked
@@ -159,7 +198,8 @@ impl Reassembler {
     /// A stream that starts at layer `first` (the layers below are computed elsewhere).
     pub fn starting_at(mut self, first: usize) -> Self {
         self.next_layer = first.min(self.n_layers);
-        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
+        self.unowned.clear();
+        self.skip_unowned();
         self
     }
 
@@ -170,11 +210,12 @@ impl Reassembler {
         if starts.is_empty() {
             return Ok(self);
         }
-        let at_end_ok = self.state.is_some();
+        let at_end_ok = |l: usize| self.state.is_some() || self.layers.reads(l).is_some();
         if starts.len() != self.n_layers
             || starts
                 .iter()
-                .any(|&s| s > self.n_tokens || (s == self.n_tokens && s > 0 && !at_end_ok))
+                .enumerate()
+                .any(|(l, &s)| s > self.n_tokens || (s == self.n_tokens && s > 0 && !at_end_ok(l)))
         {
             return Err(KvError::Shape(format!(
                 "{} layer starts for {} layers of {} tokens",
@@ -224,12 +265,13 @@ impl Reassembler {
                 c.start, c.end, self.n_tokens
             )));
         }
+        let dim = self.dim(self.next_layer);
         let (k, v) = codec::decode(
             c.codec,
             c.compressed,
             &c.payload,
             self.n_kv_head,
-            self.head_dim,
+            dim,
             c.n_tokens(),
         )?;
         // No model makes infinite or NaN keys and values: such a chunk is forged or broken.
@@ -250,7 +292,7 @@ impl Reassembler {
             )));
         }
         let first_of_layer = c.start as usize == self.starts[self.next_layer];
-        let rest = (self.n_tokens - self.starts[self.next_layer]) * self.head_dim;
+        let rest = (self.n_tokens - self.starts[self.next_layer]) * dim;
         for (dst, src) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
             if first_of_layer {
                 dst.try_reserve_exact(rest)
@@ -265,7 +307,7 @@ impl Reassembler {
         let k = std::mem::replace(&mut self.k, vec![Vec::new(); self.n_kv_head]);
         let v = std::mem::replace(&mut self.v, vec![Vec::new(); self.n_kv_head]);
         let idx = self.next_layer;
-        let layer = LayerKv::from_heads(self.head_dim, k, v)?.starting_at(self.starts[idx]);
+        let layer = LayerKv::from_heads(dim, k, v)?.starting_at(self.starts[idx]);
         Ok(Some((idx, self.advance(layer))))
     }
 
@@ -283,7 +325,7 @@ impl Reassembler {
             .ok_or_else(|| bad("a state not of the model's size, or not finite"))?;
         let layer = LayerKv::recurrent(
             self.n_kv_head,
-            self.head_dim,
+            self.dim(self.next_layer),
             self.n_tokens,
             Arc::new(state),
         );
@@ -294,7 +336,7 @@ impl Reassembler {
     /// Layer `layer` is complete: expect the next.
     fn advance(&mut self, layer: LayerKv) -> LayerKv {
         self.next_layer += 1;
-        self.next_start = self.starts.get(self.next_layer).copied().unwrap_or(0);
+        self.skip_unowned();
         layer
     }
 }

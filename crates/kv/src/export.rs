@@ -6,7 +6,10 @@
 //! header, the header, then for each layer, for each KV head, its keys then its values: rows of
 //! `head_dim` f16 (LE) for positions `layer_starts[l]..token count` (the order a layer's digest
 //! hashes); version 2 follows a recurrent layer's (empty) heads with its state, f32 LE as the
-//! wire holds it, and names the recurrent layers and their shape in the header.
+//! wire holds it, and names the recurrent layers and their shape in the header; version 3 (a
+//! model whose layers differ: Gemma 4) names each layer's head size and the layer whose KV it
+//! reads (`head_dims`, `kv_sources`): a layer's rows are of its own size, and a layer reading
+//! another's holds none.
 
 use std::io::Write;
 
@@ -19,6 +22,8 @@ pub const MAGIC: &[u8; 4] = b"EPKV";
 pub const VERSION: u32 = 1;
 /// The version of an export that holds recurrent states.
 pub const VERSION_STATES: u32 = 2;
+/// The version of an export whose layers differ in head size or read others' KV.
+pub const VERSION_LAYERS: u32 = 3;
 
 #[derive(serde::Serialize)]
 struct Header<'a> {
@@ -37,6 +42,11 @@ struct Header<'a> {
     /// The recurrent layers and their state's shape (version 2 only).
     #[serde(skip_serializing_if = "Option::is_none")]
     state_shape: Option<StateShape>,
+    /// Per layer, its head size and the layer whose KV it reads (version 3 only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    head_dims: Vec<usize>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    kv_sources: Vec<usize>,
 }
 
 /// The wire's `StateShape` (the kind by its enum name), and each state's floats.
@@ -96,6 +106,7 @@ pub fn write_export(
         }
     };
     let first = prefix.layers.first();
+    let map = crate::LayerMap::of_layers(&prefix.layers);
     let header = Header {
         prompt_id,
         fingerprint: &prefix.fingerprint,
@@ -109,10 +120,13 @@ pub fn write_export(
         codec: codec.name(),
         mapped: false,
         state_shape,
+        head_dims: map.head_dims,
+        kv_sources: map.kv_sources,
     };
-    let version = match header.state_shape {
-        Some(_) => VERSION_STATES,
-        None => VERSION,
+    let version = match (&header.state_shape, header.head_dims.is_empty()) {
+        (_, false) => VERSION_LAYERS,
+        (Some(_), true) => VERSION_STATES,
+        (None, true) => VERSION,
     };
     let json = serde_json::to_vec(&header).map_err(|e| crate::KvError::Store(e.to_string()))?;
     out.write_all(MAGIC)?;

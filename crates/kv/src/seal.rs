@@ -13,6 +13,7 @@ use edgeprompt_engine::{LayerKv, PrefixKv};
 use sha2::{Digest, Sha256};
 
 use crate::codec::Codec;
+use crate::layers::LayerMap;
 use crate::{content_address, KvError, Result};
 
 /// Bytes of one signature.
@@ -35,6 +36,9 @@ pub struct Manifest {
     pub codec: Codec,
     /// A larger model's KV mapped through adapters (CE-LSLM), not the model's own.
     pub mapped: bool,
+    /// Per layer, head sizes and the layers whose KV others read, when the model's layers
+    /// differ (Gemma 4): signed with every layer, so no layer can be claimed owned or not.
+    pub layers: LayerMap,
 }
 
 impl Manifest {
@@ -59,7 +63,14 @@ impl Manifest {
             first_layer,
             codec,
             mapped,
+            layers: LayerMap::default(),
         }
+    }
+
+    /// The same manifest for a model whose layers differ (`LayerMap`).
+    pub fn with_layers(mut self, layers: LayerMap) -> Self {
+        self.layers = layers;
+        self
     }
 
     /// The bytes signed for layer `l` with values hashing to `digest`.
@@ -84,6 +95,15 @@ impl Manifest {
             l,
         ] {
             m.extend_from_slice(&(n as u64).to_le_bytes());
+        }
+        // Only where layers differ, so every other model's statement is as it always was.
+        if !self.layers.head_dims.is_empty() {
+            m.extend_from_slice(b"layers\0");
+            m.extend_from_slice(&(self.layers.head_dims.len() as u64).to_le_bytes());
+            for (&d, &s) in self.layers.head_dims.iter().zip(&self.layers.kv_sources) {
+                m.extend_from_slice(&(d as u64).to_le_bytes());
+                m.extend_from_slice(&(s as u64).to_le_bytes());
+            }
         }
         m.extend_from_slice(digest);
         m
@@ -328,22 +348,37 @@ impl Seal {
             self.codec,
             self.mapped,
         )
+        .with_layers(LayerMap::of_layers(&prefix.layers))
+    }
+
+    /// The layers of `prefix` a seal signs: from `first_layer` on, but those that read
+    /// another layer's KV (they hold none).
+    fn signed(&self, prefix: &PrefixKv) -> Vec<usize> {
+        (self.first_layer..prefix.layers.len())
+            .filter(|&l| prefix.layers[l].kv_of.is_none())
+            .collect()
+    }
+
+    /// Layer `l`'s signature, if this seal signs it.
+    pub fn signature_of(&self, prefix: &PrefixKv, l: usize) -> Option<&[u8; 64]> {
+        let at = self.signed(prefix).iter().position(|&s| s == l)?;
+        self.signatures.get(at)
     }
 
     /// Every layer from `first_layer` on is `key`'s, unaltered.
     pub fn verify(&self, key: &TrustKey, prefix: &PrefixKv) -> Result<()> {
         let m = self.manifest(prefix);
-        let want = prefix.layers.len().saturating_sub(self.first_layer);
-        if self.first_layer > prefix.layers.len() || self.signatures.len() != want {
+        let signed = self.signed(prefix);
+        if self.first_layer > prefix.layers.len() || self.signatures.len() != signed.len() {
             return Err(KvError::Seal(format!(
-                "{} signatures for layers {}..{}",
+                "{} signatures for the {} layers of {}..{} that hold KV",
                 self.signatures.len(),
+                signed.len(),
                 self.first_layer,
                 prefix.layers.len()
             )));
         }
-        for (i, sig) in self.signatures.iter().enumerate() {
-            let l = self.first_layer + i;
+        for (&l, sig) in signed.iter().zip(&self.signatures) {
             key.verify_layer(&m, l, &prefix.layers[l], sig)?;
         }
         Ok(())
@@ -385,12 +420,10 @@ impl Seal {
             signatures: Vec::new(),
         };
         let m = seal.manifest(prefix);
-        seal.signatures = prefix
-            .layers
-            .iter()
-            .enumerate()
-            .skip(first_layer)
-            .map(|(l, layer)| key.sign_layer(&m, l, layer))
+        seal.signatures = seal
+            .signed(prefix)
+            .into_iter()
+            .map(|l| key.sign_layer(&m, l, &prefix.layers[l]))
             .collect();
         seal
     }
@@ -421,6 +454,34 @@ mod tests {
             token_ids: vec![1, 2, 3, 4, 5],
             layers,
         }
+    }
+
+    /// A model whose layers differ (Gemma 4): the layer map is in every layer's statement, so
+    /// a seal made for one map does not verify under another (a layer said to own KV, or not).
+    #[test]
+    fn the_layer_map_is_signed_with_every_layer() {
+        let mut p = prefix();
+        p.layers[2] = Arc::new(LayerKv::reading(2, 8, 5, 1));
+        let key = SealKey::from_seed([5; 32]);
+        let seal = Seal::sign(&key, "doc", &p, Codec::F16, 0, false);
+        assert_eq!(seal.signatures.len(), 2);
+        seal.verify(&key.public(), &p).unwrap();
+        let m = seal.manifest(&p);
+        assert_eq!(m.layers.kv_sources, [0, 1, 1]);
+        let other = m.clone().with_layers(LayerMap {
+            head_dims: vec![8, 8, 8],
+            kv_sources: vec![0, 0, 1],
+        });
+        let sig = seal.signature_of(&p, 0).unwrap();
+        key.public().verify_layer(&m, 0, &p.layers[0], sig).unwrap();
+        assert!(key
+            .public()
+            .verify_layer(&other, 0, &p.layers[0], sig)
+            .is_err());
+        // Every other model's statement is unchanged by the map's existence.
+        let plain = prefix();
+        let m = Seal::sign(&key, "doc", &plain, Codec::F16, 0, false).manifest(&plain);
+        assert!(m.layers.head_dims.is_empty());
     }
 
     #[test]

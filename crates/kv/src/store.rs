@@ -13,16 +13,20 @@ use edgeprompt_engine::recurrent::Recurrence;
 
 use crate::chunk::{Chunk, Reassembler, MAX_CHUNK_TOKENS};
 use crate::codec::Codec;
+use crate::layers::LayerMap;
 use crate::seal::{Seal, SIGNATURE_BYTES};
 use crate::{KvError, Result};
+use edgeprompt_engine::LayerKv;
 
 /// What a stored prefix must be to be read at all: the reader's model's shape and limits,
 /// checked on the header before anything the header claims is allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expect {
     pub n_layers: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Per layer head sizes and KV sources, where the model's layers differ (Gemma 4).
+    pub layers: LayerMap,
     /// Most prompt tokens (the model's context).
     pub max_tokens: usize,
     /// Token ids must be below it.
@@ -38,6 +42,7 @@ impl Expect {
             n_layers: cfg.n_layer,
             n_kv_head: cfg.n_kv_head,
             head_dim: cfg.head_dim,
+            layers: LayerMap::of(cfg),
             max_tokens: cfg.context_length,
             vocab_size: cfg.vocab_size,
             state: cfg.features.recurrence,
@@ -72,7 +77,8 @@ impl Expect {
     pub fn max_stored_bytes(&self) -> u64 {
         let header = self.max_header_bytes() + 14;
         let chunks = (self.max_tokens / CHUNK_TOKENS + 1) as u64 * self.n_layers as u64;
-        let values = Codec::F16.chunk_bytes(self.n_kv_head, self.head_dim, self.max_tokens) as u64
+        let dim = self.layers.max_head_dim(self.head_dim);
+        let values = Codec::F16.chunk_bytes(self.n_kv_head, dim, self.max_tokens) as u64
             * self.n_layers as u64;
         header
             + values
@@ -175,6 +181,12 @@ struct Header {
     /// files written before the cut: every layer from 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     layer_starts: Vec<usize>,
+    /// Per layer, head sizes and the layer whose KV it reads, where the layers differ (Gemma
+    /// 4); a layer reading another's has no chunks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    head_dims: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    kv_sources: Vec<usize>,
     /// The cloud's signatures (absent: unsigned, e.g. computed at the edge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     seal: Option<StoredSeal>,
@@ -365,6 +377,7 @@ impl DiskStore {
 /// format of the disk and Redis tiers).
 pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv, seal: Option<&Seal>) -> Result<()> {
     let first = kv.layers.first();
+    let map = LayerMap::of_layers(&kv.layers);
     let header = Header {
         fingerprint: kv.fingerprint.clone(),
         token_ids: kv.token_ids.clone(),
@@ -375,6 +388,8 @@ pub fn write_prefix(w: &mut impl Write, kv: &PrefixKv, seal: Option<&Seal>) -> R
             true => kv.layers.iter().map(|l| l.start()).collect(),
             false => Vec::new(),
         },
+        head_dims: map.head_dims,
+        kv_sources: map.kv_sources,
         seal: seal.map(StoredSeal::of),
     };
     let h = serde_json::to_vec(&header).map_err(|e| KvError::Store(e.to_string()))?;
@@ -419,8 +434,17 @@ pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Opti
         return Err(KvError::Store("header truncated".into()));
     }
     let header: Header = serde_json::from_slice(&h).map_err(|e| KvError::Store(e.to_string()))?;
-    if (header.n_layers, header.n_kv_head, header.head_dim)
-        != (expect.n_layers, expect.n_kv_head, expect.head_dim)
+    let map = LayerMap {
+        head_dims: header.head_dims,
+        kv_sources: header.kv_sources,
+    };
+    if (header.n_layers, header.n_kv_head, header.head_dim, &map)
+        != (
+            expect.n_layers,
+            expect.n_kv_head,
+            expect.head_dim,
+            &expect.layers,
+        )
     {
         return Err(KvError::Store(format!(
             "a KV of {} layers x {} heads x {}, this model's is {} x {} x {}",
@@ -439,18 +463,24 @@ pub fn read_prefix(r: &mut impl Read, expect: &Expect) -> Result<(PrefixKv, Opti
         .map(|s| s.seal(header.n_layers))
         .transpose()?;
     let n = header.token_ids.len();
+    let dim = map.max_head_dim(header.head_dim);
     let most_payload =
-        Codec::F16.chunk_bytes(header.n_kv_head, header.head_dim, MAX_CHUNK_TOKENS) as u64 + 4096;
+        Codec::F16.chunk_bytes(header.n_kv_head, dim, MAX_CHUNK_TOKENS) as u64 + 4096;
     let mut re = Reassembler::new(header.n_layers, n, header.n_kv_head, header.head_dim)
         .with_codec(Codec::F16)
         .with_state(expect.state)
+        .with_layers(map)?
         .with_starts(&header.layer_starts)?;
     let mut layers = Vec::with_capacity(header.n_layers);
+    let mut take = |re: &mut Reassembler, done: Option<(usize, LayerKv)>| {
+        layers.extend(done.into_iter().map(|(_, l)| Arc::new(l)));
+        layers.extend(re.take_unowned().into_iter().map(|(_, l)| Arc::new(l)));
+    };
+    take(&mut re, None);
     while !re.is_complete() {
         let c = read_chunk(r, most_payload, expect.max_state_bytes())?;
-        if let Some((_, layer)) = re.push(&c)? {
-            layers.push(Arc::new(layer));
-        }
+        let done = re.push(&c)?;
+        take(&mut re, done);
     }
     let prefix = PrefixKv {
         fingerprint: header.fingerprint,
@@ -579,6 +609,7 @@ mod tests {
     fn expect(n_layers: usize, max_tokens: usize) -> Expect {
         Expect {
             n_layers,
+            layers: Default::default(),
             n_kv_head: 2,
             head_dim: 16,
             max_tokens,
@@ -620,6 +651,70 @@ mod tests {
         let mut bad = bytes.clone();
         bad[at] ^= 1;
         assert!(read_prefix(&mut &bad[..], &want).is_err());
+    }
+
+    /// Gemma 4's layout: layers of two head sizes, the last two reading layers 1 and 2's KV.
+    /// Stored with no chunk for those two, read back with them, its seal signing the three
+    /// that own KV; a reader whose model's layers differ refuses the file.
+    #[test]
+    fn a_prefix_of_shared_layers_round_trips_without_their_kv() {
+        let n = 20;
+        let layer = |d: usize, l: usize| {
+            let mut kv = LayerKv::new(2, d);
+            let k: Vec<f32> = (0..n * 2 * d).map(|i| (i + l) as f32 * 0.01).collect();
+            kv.append(&k, &k, n);
+            Arc::new(kv)
+        };
+        let p = PrefixKv {
+            fingerprint: "fp".into(),
+            token_ids: (0..n as u32).collect(),
+            layers: vec![
+                layer(8, 0),
+                Arc::new(layer(8, 1).cut_before(12)),
+                layer(16, 2),
+                Arc::new(LayerKv::reading(2, 8, n, 1)),
+                Arc::new(LayerKv::reading(2, 16, n, 2)),
+            ],
+        };
+        let key = crate::SealKey::from_seed([3; 32]);
+        let seal = Seal::sign(&key, "doc", &p, Codec::F16, 0, false);
+        assert_eq!(
+            seal.signatures.len(),
+            3,
+            "only the layers that own KV are signed"
+        );
+        let mut bytes = Vec::new();
+        write_prefix(&mut bytes, &p, Some(&seal)).unwrap();
+        let layers = LayerMap {
+            head_dims: vec![8, 8, 16, 8, 16],
+            kv_sources: vec![0, 1, 2, 1, 2],
+        };
+        let want = Expect {
+            n_layers: 5,
+            head_dim: 8,
+            layers: layers.clone(),
+            ..expect(5, 100)
+        };
+        let (back, seal_back) = read_prefix(&mut &bytes[..], &want).unwrap();
+        assert_eq!(back.layers, p.layers);
+        seal_back.unwrap().verify(&key.public(), &back).unwrap();
+        // The shared layers take no bytes: the file is the three owned layers' and framing.
+        let owned: usize = p.layers.iter().map(|l| l.bytes()).sum();
+        assert!(
+            bytes.len() < owned + 2048,
+            "{} bytes for {owned}",
+            bytes.len()
+        );
+        // A model whose last layer owns its KV, or without the map, refuses the file.
+        let mut owns = layers.clone();
+        owns.kv_sources[4] = 4;
+        for m in [owns, LayerMap::default()] {
+            let other = Expect {
+                layers: m,
+                ..want.clone()
+            };
+            assert!(read_prefix(&mut &bytes[..], &other).is_err());
+        }
     }
 
     #[test]

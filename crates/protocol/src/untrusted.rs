@@ -68,6 +68,7 @@ pub fn expect_of(
     let (n_layers, max_tokens, n_kv_head, head_dim) = shape;
     edgeprompt_kv::Expect {
         n_layers,
+        layers: Default::default(),
         n_kv_head,
         head_dim,
         max_tokens,

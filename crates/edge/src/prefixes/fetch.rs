@@ -196,8 +196,11 @@ impl Prefixes {
             if let Some(s) = &stream {
                 s.put(a.layer, kv.clone(), a.wire_bytes);
             }
+            // A layer that reads another's KV holds none: no seal is its to carry.
+            if kv.kv_of.is_none() {
+                signatures.push(a.seal);
+            }
             deep.push(kv);
-            signatures.push(a.seal);
         }
         // Kept (and relayed) when every layer streamed was signed.
         let seal = signatures

@@ -155,6 +155,16 @@ pub struct Header {
     /// no positions) and its one chunk carries the state.
     #[prost(message, optional, tag = "14")]
     pub state_shape: ::core::option::Option<StateShape>,
+    /// Per layer, its head size, where the model's layers differ (Gemma 4's sliding and global
+    /// layers); empty: every layer's is head_dim. Each chunk's payload is of its layer's size.
+    #[prost(uint32, repeated, tag = "15")]
+    pub head_dims: ::prost::alloc::vec::Vec<u32>,
+    /// Per layer, the layer whose KV it attends with, where some layer reads an earlier one's
+    /// (Gemma 4's last layers); empty: each its own. A layer reading another's holds no KV: no
+    /// chunk carries it and no seal covers it; its layer_starts entry is the token count. Both
+    /// lists are part of every layer's signed statement (docs/protocol.md, "Seals").
+    #[prost(uint32, repeated, tag = "16")]
+    pub kv_sources: ::prost::alloc::vec::Vec<u32>,
 }
 /// The recurrent layers of a hybrid model and their state's shape: the edge refuses a stream
 /// whose shape is not its model's. A layer's state is f32 little-endian: the convolution's last
