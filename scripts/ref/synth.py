@@ -75,6 +75,14 @@ ARCHS = {
         head_dim=32, n_ff=128, tied=True, tokenizer_only=True,
         drop=("tokenizer.ggml.add_bos_token",),
     ),
+    # Gemma 4's tokenizer ("gemma4": BPE merges over raw UTF-8, spaces as U+2581, the text cut
+    # only at newline runs), on Gemma 3's vocabulary with merges made from it: each piece of
+    # two or more characters joined from its longest prefix piece and the rest, ranked by the
+    # SentencePiece scores (no such file can be fetched here).
+    "tok_gemma4": dict(
+        arch="llama", tok="gemma3", pre="gemma4", n_embd=64, n_layer=1, n_head=2, n_kv=1,
+        head_dim=32, n_ff=128, tied=True, tokenizer_only=True, tok_model="gemma4",
+    ),
     # A hybrid: six Gated DeltaNet layers and two gated attention layers (every fourth), value
     # heads twice the key heads, partial RoPE in interleaved sections, and one MTP block after
     # the trunk (which llama.cpp and the engine both leave unread).
@@ -195,10 +203,33 @@ def tokenizer_fields(src: Path):
     return out
 
 
-def write_tokenizer(w: gguf.GGUFWriter, fields, pre, drop=()):
+def spaced_merges(tokens, scores):
+    """BPE merges for a SentencePiece vocabulary: every piece of two or more characters that
+    splits into two pieces (its longest proper prefix that is one, and the rest), best score
+    first."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    out = []
+    for i in sorted(range(len(tokens)), key=lambda i: -scores[i]):
+        t = tokens[i]
+        if len(t) < 2 or (t.startswith("<") and t.endswith(">")):
+            continue
+        for cut in range(len(t) - 1, 0, -1):
+            if t[:cut] in ids and t[cut:] in ids:
+                out.append(f"{t[:cut]} {t[cut:]}")
+                break
+    return out
+
+
+def write_tokenizer(w: gguf.GGUFWriter, fields, pre, drop=(), model=None):
+    if model == "gemma4":
+        tokens = next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+        scores = next(v for k, v, *_ in fields if k == "tokenizer.ggml.scores")
+        w.add_array("tokenizer.ggml.merges", spaced_merges(tokens, scores))
     for key, val, t, sub in fields:
         if key in drop:
             continue
+        if key == "tokenizer.ggml.model" and model is not None:
+            val = model
         if key == "tokenizer.ggml.pre" and pre is not None:
             val = pre
         if t == gguf.GGUFValueType.ARRAY:
@@ -353,7 +384,7 @@ def write(name: str, spec: dict, out: Path) -> Path:
         w.add_expert_feed_forward_length(s["n_ff_exp"])
     if "shared_ff" in s:
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["shared_ff"])
-    write_tokenizer(w, fields, s.get("pre"), s.get("drop", ()))
+    write_tokenizer(w, fields, s.get("pre"), s.get("drop", ()), s.get("tok_model"))
 
     g = Weights(seed=sum(map(ord, name)), single=name in BENCH)
     fmt = s.get("fmt", "Q8_0")

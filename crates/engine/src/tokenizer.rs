@@ -1,7 +1,8 @@
 //! Tokenizers built from the GGUF's own metadata, in the `tokenizers` crate's pipeline (special
 //! tokens, normalizer, pre-tokenizer, decoder) around our compact BPE models: byte-level
-//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece
-//! (vocabulary and scores, byte fallback: Gemma).
+//! (vocabulary, merges, the pre-tokenizer named by `tokenizer.ggml.pre`), SentencePiece
+//! (vocabulary and scores, byte fallback: Gemma), or SentencePiece-style BPE (Gemma 4: merges
+//! over raw UTF-8 with spaces as U+2581).
 
 mod bpe;
 mod merge;
@@ -88,10 +89,11 @@ impl Tokenizer {
         let mut inner = match model.as_str() {
             "gpt2" => byte_level_bpe(content, &tokens, &pre)?,
             "llama" => sentencepiece_bpe(content, &tokens)?,
+            "gemma4" => spaced_bpe(content, &tokens)?,
             other => {
                 return Err(EngineError::Unsupported(format!(
                     "tokenizer model {other:?} (supported: byte-level BPE \"gpt2\", \
-                     SentencePiece \"llama\")"
+                     SentencePiece \"llama\", SentencePiece-style BPE \"gemma4\")"
                 )))
             }
         };
@@ -133,6 +135,7 @@ impl Tokenizer {
             "<|eot_id|>",
             "<|end_of_text|>",
             "<end_of_turn>",
+            "<turn|>",
         ] {
             if let Some(i) = tokens.iter().position(|t| t == marker) {
                 if types.get(i) == Some(&TOKEN_TYPE_CONTROL) && !stop_ids.contains(&(i as u32)) {
@@ -141,8 +144,9 @@ impl Tokenizer {
             }
         }
         // The file's word, else llama.cpp's default: SentencePiece and the Llama 3 family of
-        // pre-tokenizers start with BOS.
+        // pre-tokenizers start with BOS. Gemma 4 always does (llama.cpp overrides its files).
         let add_bos = match content.metadata.get("tokenizer.ggml.add_bos_token") {
+            _ if model == "gemma4" => true,
             Some(Value::Bool(b)) => *b,
             _ => model == "llama" || matches!(pre.as_str(), "llama3" | "llama-bpe" | "lfm2"),
         };
@@ -224,26 +228,62 @@ impl Tokenizer {
     }
 }
 
-fn byte_level_bpe(content: &Content, tokens: &[String], pre: &str) -> Result<Inner> {
+/// The file's merges, each as its two sides.
+fn merges(content: &Content) -> Result<Vec<(&str, &str)>> {
     let key = "tokenizer.ggml.merges";
     let Some(Value::Array(merges)) = content.metadata.get(key) else {
         return Err(EngineError::Gguf(format!("missing array {key}")));
     };
-    let merges = merges
+    merges
         .iter()
         .map(|m| {
             let m = m
                 .to_str()
                 .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))?;
-            m.split_once(' ')
+            // At the first space after the first byte, as llama.cpp: a side may be a space.
+            let at = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1);
+            at.map(|at| (&m[..at], &m[at + 1..]))
                 .ok_or_else(|| EngineError::Tokenizer(format!("bad merge {m:?}")))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>>>()
+}
+
+fn byte_level_bpe(content: &Content, tokens: &[String], pre: &str) -> Result<Inner> {
     let pieces = Pieces::new(tokens.iter().map(String::as_str)).map_err(EngineError::Tokenizer)?;
-    let bpe = Bpe::new(pieces, merges).map_err(EngineError::Tokenizer)?;
+    let bpe = Bpe::new(pieces, merges(content)?).map_err(EngineError::Tokenizer)?;
     let mut inner = Inner::new(Vocab::Bpe(bpe));
     inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(inner)
+}
+
+/// Gemma 4's BPE as llama.cpp runs it: spaces become U+2581, the text is cut only into runs
+/// of newlines and runs of anything else, merges apply to raw UTF-8 characters (no byte-level
+/// alphabet), a newline run that is a token is that token whole, and a character outside the
+/// vocabulary is its bytes' `<0xNN>` tokens.
+fn spaced_bpe(content: &Content, tokens: &[String]) -> Result<Inner> {
+    let pieces = Pieces::new(tokens.iter().map(String::as_str)).map_err(EngineError::Tokenizer)?;
+    let bpe = Bpe::new(pieces, merges(content)?)
+        .map_err(EngineError::Tokenizer)?
+        .spaced();
+    let mut inner = Inner::new(Vocab::Bpe(bpe));
+    let text = |e: tokenizers::Error| EngineError::Tokenizer(e.to_string());
+    let space = |a: &str, b: &str| Replace::new(a, b).map_err(text);
+    inner
+        .with_normalizer(Some(space(" ", SPM_SPACE)?))
+        .map_err(text)?;
+    let lines = Split::new(
+        SplitPattern::Regex(r"[^\n]+|\n+".into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(text)?;
+    inner.with_pre_tokenizer(Some(PreTokenizerWrapper::from(lines)));
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        space(SPM_SPACE, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
     Ok(inner)
 }
 

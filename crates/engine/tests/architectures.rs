@@ -45,14 +45,16 @@ const FORMATS: [&str; 8] = [
     "fmt_iq4_xs",
 ];
 
-/// Tokenizer-only files: the pre-tokenizer names the engine accepts beyond the families', and a
-/// file that does not say whether a prompt starts with BOS (llama.cpp's default then).
-const TOKENIZERS: [&str; 5] = [
+/// Tokenizer-only files: the pre-tokenizer names the engine accepts beyond the families', a
+/// file that does not say whether a prompt starts with BOS (llama.cpp's default then), and
+/// Gemma 4's SentencePiece-style BPE.
+const TOKENIZERS: [&str; 6] = [
     "tok_default",
     "tok_llama3",
     "tok_smaug_bpe",
     "tok_llama4",
     "tok_lfm2_bos",
+    "tok_gemma4",
 ];
 
 fn synth(name: &str) -> PathBuf {

@@ -17,7 +17,14 @@ pub struct Bpe {
     pub pieces: Pieces,
     merges: HashTable<Merge>,
     hasher: DefaultHashBuilder,
+    /// Gemma 4's BPE over raw UTF-8 (`spaced`): a pre-token of newlines only that is a piece
+    /// is that piece, unmerged (its merges do not build every newline run its vocabulary
+    /// holds); a character that is no piece becomes its bytes' `<0xNN>` pieces.
+    spaced: Option<Box<[Option<u32>; 256]>>,
 }
+
+/// A symbol that is no piece (spelt by its bytes' pieces at the end).
+const UNKNOWN: u32 = u32::MAX;
 
 #[derive(Clone, Copy)]
 struct Merge {
@@ -28,8 +35,10 @@ struct Merge {
 }
 
 impl Bpe {
-    /// `merges[r]` is the pair of rank `r`, each side and their concatenation a piece. A
-    /// pair given twice keeps its last rank, as the crate's map does.
+    /// `merges[r]` is the pair of rank `r`, their concatenation a piece. A pair given twice
+    /// keeps its last rank, as the crate's map does. A pair whose side is no piece is never
+    /// applied (llama.cpp holds it, but no two symbols match it): a merge of whitespace pieces
+    /// read at its first space can name one (`"  " + "  "` as `" "` and `"   "`).
     pub fn new<'a>(
         pieces: Pieces,
         merges: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -43,12 +52,15 @@ impl Bpe {
                     .id(p)
                     .ok_or_else(|| format!("merge {a:?} {b:?}: {p:?} is not in the vocabulary"))
             };
+            let (Some(left), Some(right)) = (pieces.id(a), pieces.id(b)) else {
+                continue;
+            };
             joined.clear();
             joined.push_str(a);
             joined.push_str(b);
             let m = Merge {
-                left: id(a)?,
-                right: id(b)?,
+                left,
+                right,
                 rank: u32::try_from(rank).map_err(|_| "over 4G merges")?,
                 into: id(&joined)?,
             };
@@ -63,7 +75,16 @@ impl Bpe {
             pieces,
             merges: table,
             hasher,
+            spaced: None,
         })
+    }
+
+    /// This BPE as Gemma 4's (llama.cpp's for its non-byte-level BPE): newline runs that are
+    /// pieces taken whole, characters outside the vocabulary as their bytes' `<0xNN>` pieces.
+    pub fn spaced(mut self) -> Self {
+        let bytes = std::array::from_fn(|b| self.pieces.id(&format!("<0x{b:02X}>")));
+        self.spaced = Some(Box::new(bytes));
+        self
     }
 
     fn merge(&self, left: u32, right: u32) -> Option<Merge> {
@@ -78,10 +99,18 @@ impl Bpe {
     /// no piece is left out, as the crate does without an unknown token (a byte-level
     /// vocabulary holds every character its pre-tokenizer makes).
     pub fn encode(&self, word: &str) -> Vec<(u32, Range<usize>)> {
+        let newlines = !word.is_empty() && word.bytes().all(|b| b == b'\n');
+        if let (true, Some(_), Some(id)) = (newlines, &self.spaced, self.pieces.id(word)) {
+            return vec![(id, 0..word.len())];
+        }
         let mut ids = Vec::with_capacity(word.len());
         let spans = word.char_indices().filter_map(|(at, c)| {
-            let id = self.pieces.id(&word[at..at + c.len_utf8()])?;
-            ids.push(id);
+            let id = self.pieces.id(&word[at..at + c.len_utf8()]);
+            ids.push(match (id, &self.spaced) {
+                (Some(id), _) => id,
+                (None, Some(_)) => UNKNOWN,
+                (None, None) => return None,
+            });
             Some((at, c.len_utf8()))
         });
         let mut syms = linked(spans);
@@ -105,11 +134,20 @@ impl Bpe {
             }
             self.push_pair(&syms, &ids, pos, &mut heap);
         }
-        syms.iter()
-            .zip(&ids)
-            .filter(|(s, _)| s.len > 0)
-            .map(|(s, &id)| (id, s.start..s.start + s.len))
-            .collect()
+        let mut out = Vec::with_capacity(syms.len());
+        for (s, &id) in syms.iter().zip(&ids).filter(|(s, _)| s.len > 0) {
+            let at = s.start..s.start + s.len;
+            match (id, &self.spaced) {
+                (UNKNOWN, Some(bytes)) => out.extend(
+                    word.as_bytes()[at.clone()]
+                        .iter()
+                        .filter_map(|&b| bytes[b as usize])
+                        .map(|t| (t, at.clone())),
+                ),
+                _ => out.push((id, at)),
+            }
+        }
+        out
     }
 
     /// Queue symbol `left` with its next, if they have a merge (lowest rank first).
@@ -163,8 +201,11 @@ mod tests {
     }
 
     #[test]
-    fn a_merge_outside_the_vocabulary_is_refused() {
+    fn a_merge_into_no_piece_is_refused_and_one_of_no_pieces_never_applies() {
         let p = Pieces::new(["a", "b"]).unwrap();
         assert!(Bpe::new(p, [("a", "b")]).is_err());
+        let p = Pieces::new(["a", "b", "ab"]).unwrap();
+        let b = Bpe::new(p, [("x", "ab"), ("a", "b")]).unwrap();
+        assert_eq!(b.encode("ab"), vec![(2, 0..2)]);
     }
 }
