@@ -133,6 +133,16 @@ ARCHS = {
         head_dim_swa=64, n_ff=512, window=16, pattern=[True, True, False] * 3, shared_kv=3,
         ple=32, final_softcap=30.0, tied=True, rope_base=1000000.0, gemma4=True, qn=0.1,
     ),
+    # Gemma 4 E2B's widths (1536 wide; 8 query heads and 1 KV head, of 256 on the sliding
+    # layers and 512 on the global ones; FFN 6144, doubled on the shared-KV layers; window
+    # 512; per-layer embeddings of 256) in four of its layers: sliding and global owning KV,
+    # then one of each reading theirs.
+    "gemma4-e2b-shape": dict(
+        arch="gemma4", tok="smollm2", n_embd=1536, n_layer=4, n_head=8, n_kv=1, head_dim=512,
+        head_dim_swa=256, n_ff=6144, window=512, pattern=[True, False, True, False],
+        shared_kv=2, ple=256, final_softcap=30.0, tied=True, rope_base=1000000.0, gemma4=True,
+        qn=0.1,
+    ),
     "qwen3moe": dict(
         arch="qwen3moe", tok="qwen05", n_embd=256, n_layer=4, n_head=4, n_kv=2, head_dim=64,
         n_ff=512, qk_norm=True, experts=8, experts_used=2, n_ff_exp=128, tied=False,

@@ -17,7 +17,7 @@ use edgeprompt_engine::{Model, Sequence};
 
 mod common;
 
-const ARCHS: [&str; 12] = [
+const ARCHS: [&str; 13] = [
     "qwen3",
     "llama3",
     "granite",
@@ -30,6 +30,7 @@ const ARCHS: [&str; 12] = [
     "qwen35moe",
     "lfm2",
     "gemma4",
+    "gemma4-e2b-shape",
 ];
 
 /// Every matrix of a small Llama in one GGUF format: f16 and bf16 kept as stored and expanded
