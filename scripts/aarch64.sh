@@ -6,8 +6,9 @@
 # run (every kernel against the portable bits) and, on `max`, the kernel-paths test: a real
 # model's logits on i8mm, dotprod, neon and the portable path, equal to each other and to the
 # committed fixture that x86 reproduces too; and on `max` the model families (qwen3, llama 3,
-# granite, smollm3, phi3, gemma2, qwen3moe, qwen35, qwen35moe, lfm2) against llama.cpp's logits on their synthetic
-# GGUFs (scripts/ref/synth.py, made by scripts/test.sh).
+# granite, smollm3, phi3, gemma2, qwen3moe, qwen35, qwen35moe, lfm2, gemma4 and E2B's shape)
+# against llama.cpp's logits on their synthetic GGUFs (scripts/ref/synth.py, made by
+# scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=aarch64-unknown-linux-gnu

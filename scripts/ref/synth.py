@@ -179,6 +179,23 @@ BENCH = {
         head_dim=256, n_ff=3584, rope_dims=64, sections=[11, 11, 10, 0], ssm=(4, 16, 16, 128),
         attn_every=4, tied=True, rope_base=10000000.0,
     ),
+    # Gemma 4 E2B's shape: 35 layers (four sliding, then a global one), the last 20 reading
+    # layers 13 and 14's KV, per-layer embeddings of 256 over Gemma's 262k vocabulary (the
+    # table most of the file, as E2B's).
+    "gemma4-e2b": dict(
+        arch="gemma4", tok="gemma3", n_embd=1536, n_layer=35, n_head=8, n_kv=1, head_dim=512,
+        head_dim_swa=256, n_ff=6144, window=512, pattern=[True, True, True, True, False] * 7,
+        shared_kv=20, ple=256, final_softcap=30.0, tied=True, rope_base=1000000.0, gemma4=True,
+        qn=0.1, context=32768,
+    ),
+    # The same layers with every one owning its KV (no shared-KV layers), for what sharing
+    # saves on the wire (SmolLM2's vocabulary: the bytes sent do not depend on it).
+    "gemma4-e2b-own": dict(
+        arch="gemma4", tok="smollm2", n_embd=1536, n_layer=35, n_head=8, n_kv=1, head_dim=512,
+        head_dim_swa=256, n_ff=6144, window=512, pattern=[True, True, True, True, False] * 7,
+        shared_kv=0, ple=256, final_softcap=30.0, tied=True, rope_base=1000000.0, gemma4=True,
+        qn=0.1, context=32768,
+    ),
     "qwen3moe-a3b": dict(
         arch="qwen3moe", tok="qwen05", n_embd=2048, n_layer=4, n_head=32, n_kv=4, head_dim=128,
         n_ff=6144, qk_norm=True, experts=128, experts_used=8, n_ff_exp=768, tied=False,
@@ -546,7 +563,13 @@ def write_gemma4(w: gguf.GGUFWriter, g: Weights, s: dict, fmt: str, vocab: int):
     rot = hd // 8  # a quarter of the global heads' pairs rotate
     w.add_tensor("rope_freqs.weight", np.array([1.0] * rot + [1e30] * (hd // 2 - rot), dtype=np.float32))
     if ple:
-        add_matrix(w, "per_layer_token_embd.weight", g.matrix(vocab, nl * ple, 1.0), fmt, g.rng)
+        # Made and quantized a slab of rows at a time: E2B's is 2.3G values.
+        rows = max(1, (1 << 24) // (nl * ple))
+        table = np.concatenate([
+            gguf.quants.quantize(g.matrix(min(rows, vocab - r), nl * ple, 1.0), Q[fmt])
+            for r in range(0, vocab, rows)
+        ])
+        w.add_tensor("per_layer_token_embd.weight", table, raw_shape=table.shape, raw_dtype=Q[fmt])
         add_matrix(w, "per_layer_model_proj.weight", g.matrix(nl * ple, d), fmt, g.rng)
         w.add_tensor("per_layer_proj_norm.weight", g.norm(ple))
     for l in range(nl):

@@ -79,7 +79,9 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
         ttft_section(dir, sub, &mut md)?;
     }
     window_section(dir, &mut md);
-    hybrid_section(dir, "xeon-207/", &mut md);
+    for p in &PAIRS {
+        pair_section(dir, "xeon-207/", p, &mut md);
+    }
     // The AVX2 EPYC's run, then those of the other machines where there are any.
     for sub in ["", "avx512/", "xeon/", "xeon-emr/"] {
         decode_section(dir, sub, &mut md);
@@ -455,26 +457,57 @@ fn first_loaded(r: &serde_json::Value, k: u64) -> String {
         .map_or(k.to_string(), |_| "all local".into())
 }
 
-/// A hybrid model on the wire (`bench ttft` on the Qwen3.5-0.8B shape and on Qwen3-0.6B's, the
-/// pure-attention model of its size): bytes down and TTFT against the cloud prompt's length.
-fn hybrid_section(dir: &Path, sub: &str, md: &mut String) {
+/// Two models of one size on the wire (`bench ttft` on each, the same prompts): bytes down and
+/// TTFT against the cloud prompt's length.
+struct Pair<'a> {
+    title: &'a str,
+    files: [&'a str; 2],
+    names: [&'a str; 2],
+    what: &'a str,
+}
+
+/// A hybrid model against the pure-attention model of its size, and Gemma 4 E2B's shared-KV
+/// layers against the same layers each owning its KV.
+const PAIRS: [Pair; 2] = [
+    Pair {
+        title: "A hybrid model on the wire",
+        files: ["ttft-qwen35-0.8b.json", "ttft-qwen3-0.6b.json"],
+        names: ["Qwen3.5", "Qwen3"],
+        what: "Qwen3.5-0.8B's shape (18 Gated DeltaNet layers sending their state, 6 attention \
+               layers sending KV) against Qwen3-0.6B's (28 attention layers), both synthetic, \
+               Q4_K_M",
+    },
+    Pair {
+        title: "Shared KV on the wire",
+        files: ["ttft-gemma4-e2b.json", "ttft-gemma4-e2b-own.json"],
+        names: ["shared", "owned"],
+        what: "Gemma 4 E2B's shape (35 layers; the last 20 read layers 13 and 14's KV and send \
+               nothing; sliding layers cut to the window of 512) against the same layers each \
+               owning its KV, both synthetic, Q4_K_M",
+    },
+];
+
+fn pair_section(dir: &Path, sub: &str, p: &Pair, md: &mut String) {
     let (Some(h), Some(a)) = (
-        load(dir, &format!("{sub}ttft-qwen35-0.8b.json")),
-        load(dir, &format!("{sub}ttft-qwen3-0.6b.json")),
+        load(dir, &format!("{sub}{}", p.files[0])),
+        load(dir, &format!("{sub}{}", p.files[1])),
     ) else {
         return;
     };
+    let [x, y] = p.names;
     let _ = writeln!(
         md,
-        "## A hybrid model on the wire (`edgeprompt-bench ttft`, `{sub}ttft-qwen35-0.8b.json`, \
-         `{sub}ttft-qwen3-0.6b.json`)\n\n{}; codec {}. Qwen3.5-0.8B's shape (18 Gated DeltaNet \
-         layers sending their state, 6 attention layers sending KV) against Qwen3-0.6B's (28 \
-         attention layers), both synthetic, Q4_K_M; the same cloud and private prompts; \
-         pipelined EdgePrompt against the edge prefilling everything itself.\n\n\
-         | link | cloud + edge tokens | Qwen3.5 MB down | Qwen3 MB down | Qwen3.5 / Qwen3 bytes | Qwen3.5 edge-only s | split s | split vs edge-only | Qwen3 edge-only s | split s | split vs edge-only |\n\
+        "## {} (`edgeprompt-bench ttft`, `{sub}{}`, `{sub}{}`)\n\n{}; codec {}. {}; the same \
+         cloud and private prompts; pipelined EdgePrompt against the edge prefilling everything \
+         itself.\n\n\
+         | link | cloud + edge tokens | {x} MB down | {y} MB down | {x} / {y} bytes | {x} edge-only s | split s | split vs edge-only | {y} edge-only s | split s | split vs edge-only |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        p.title,
+        p.files[0],
+        p.files[1],
         machine_line(&h),
-        h["codec"].as_str().unwrap_or("?")
+        h["codec"].as_str().unwrap_or("?"),
+        p.what
     );
     let rows = |v: &Value| v["rows"].as_array().cloned().unwrap_or_default();
     let (hr, ar) = (rows(&h), rows(&a));
