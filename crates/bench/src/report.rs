@@ -254,6 +254,7 @@ fn engine_section(dir: &Path, md: &mut String) {
         "synth-llama3.2-1b",
         "synth-qwen3moe-a3b",
         "synth-qwen35-0.8b",
+        "synth-gemma4-e2b",
     ];
     let names = models.iter().flat_map(|m| {
         [
@@ -483,7 +484,9 @@ const PAIRS: [Pair; 2] = [
         names: ["shared", "owned"],
         what: "Gemma 4 E2B's shape (35 layers; the last 20 read layers 13 and 14's KV and send \
                nothing; sliding layers cut to the window of 512) against the same layers each \
-               owning its KV, both synthetic, Q4_K_M",
+               owning its KV (and without E2B's doubled FFN on the shared ones, and SmolLM2's \
+               vocabulary: the bytes sent depend on neither, the edge-only time does), both \
+               synthetic, Q4_K_M",
     },
 ];
 

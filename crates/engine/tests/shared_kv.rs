@@ -186,3 +186,66 @@ fn a_long_prompt_in_pieces_equals_it_in_chunks() {
         assert!(same(g, w), "sequence {i} batched");
     }
 }
+
+/// A conversation kept between turns: the layers that read another's KV keep none of their
+/// own, and a turn continued from the kept positions (at their end or inside them, where the
+/// next turn parts from them) equals one sequence over everything; the window cut applies.
+#[test]
+fn a_kept_conversation_continues_at_its_end_and_inside_it() {
+    let m = model();
+    let all = long_ids(&m);
+    let (cloud, turn1, turn2) = (&all[..40], &all[40..70], &all[70..90]);
+    let mut seq = Sequence::new(&m);
+    seq.prefill(&m, cloud).unwrap();
+    let prefix = Arc::new(seq.export_prefix(&m).unwrap().window_cut(&m.cfg));
+    let mut first = Sequence::with_prefix(&m, prefix.clone()).unwrap();
+    first.prefill(&m, turn1).unwrap();
+    let kept = Arc::new(first.export_continued(&m).unwrap());
+    for (l, layer) in kept.layers.iter().enumerate() {
+        let reads = (!m.cfg.owns_kv(l)).then(|| m.cfg.kv_source_of(l));
+        assert_eq!(layer.kv_of, reads, "kept layer {l}");
+        assert_eq!(layer.len(), if reads.is_some() { 0 } else { 30 });
+    }
+    let mut next = Sequence::continuing(&m, kept.clone()).unwrap();
+    let got = next.prefill(&m, turn2).unwrap();
+    let want = Sequence::new(&m).prefill(&m, &all[..90]).unwrap();
+    assert!(same(&got, &want), "continued at the end");
+    // Parting 10 positions into the kept ones.
+    let mut part = Sequence::continuing_first(&m, kept, 10).unwrap();
+    let got = part.prefill(&m, &all[50..60]).unwrap();
+    let mut ids = all[..50].to_vec();
+    ids.extend_from_slice(&all[50..60]);
+    let want = Sequence::new(&m).prefill(&m, &ids).unwrap();
+    assert!(same(&got, &want), "continued inside");
+}
+
+/// A prefix whose shared layer claims rows or another source, or whose owning layer claims to
+/// read another's, does not fit the model.
+#[test]
+fn a_prefix_that_misnames_its_shared_layers_is_refused() {
+    use edgeprompt_engine::{LayerKv, PrefixKv};
+    let m = model();
+    let c = &m.cfg;
+    let mut seq = Sequence::new(&m);
+    seq.prefill(&m, &long_ids(&m)[..20]).unwrap();
+    let good = seq.export_prefix(&m).unwrap();
+    good.check_fits(c, &m.fingerprint).unwrap();
+    let last = c.n_layer - 1;
+    let with = |l: usize, kv: LayerKv| {
+        let mut p: PrefixKv = good.clone();
+        p.layers[l] = Arc::new(kv);
+        p.check_fits(c, &m.fingerprint)
+    };
+    let d = c.head_dim_of(last);
+    let src = c.kv_source_of(last);
+    let own = (*good.layers[src]).clone();
+    let cases = [
+        ("a shared layer with rows", last, own),
+        ("another source", last, LayerKv::reading(2, d, 20, 3)),
+        ("no source", last, LayerKv::new(2, d).starting_at(20)),
+        ("an owner said to read", src, LayerKv::reading(2, d, 20, 1)),
+    ];
+    for (what, l, kv) in cases {
+        assert!(with(l, kv).is_err(), "{what}");
+    }
+}
