@@ -4,7 +4,8 @@
 //! completion after each, one request at a time and all at once (batched), and every answer is
 //! the single-node answer on the concatenated ids, token for token, each token's log-probability
 //! bit for bit (random weights answer in few distinct tokens; the log-probabilities tell apart
-//! any difference in the logits).
+//! any difference in the logits). Gemma 4 likewise around its window of 16 (1, 2, 15, 16, 17,
+//! 40 and 1000 tokens): its last layers read earlier layers' KV, sent once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,8 @@ use crate::common;
 use common::post_json;
 
 const LENGTHS: [usize; 9] = [1, 2, 3, 4, 5, 63, 64, 65, 1000];
+/// Around the synthetic Gemma 4's window (16 positions).
+const WINDOW_LENGTHS: [usize; 7] = [1, 2, 15, 16, 17, 40, 1000];
 const PRIVATE: &str = " My booking leaves in six hours. What do I get back?";
 const ANSWER: usize = 8;
 
@@ -53,21 +56,26 @@ async fn ask(addr: std::net::SocketAddr, n: usize, source: &'static str) -> Answ
 #[test]
 fn hybrid_answers_equal_single_node_at_every_length_alone_and_batched() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    for name in ["qwen35", "lfm2"] {
+    let models = [
+        ("qwen35", &LENGTHS[..]),
+        ("lfm2", &LENGTHS[..]),
+        ("gemma4", &WINDOW_LENGTHS[..]),
+    ];
+    for (name, lengths) in models {
         let m =
             Arc::new(Model::load(common::models_dir().join(format!("synth/{name}.gguf"))).unwrap());
-        let texts: Vec<String> = LENGTHS.iter().map(|&n| cloud_text(&m, n)).collect();
+        let texts: Vec<String> = lengths.iter().map(|&n| cloud_text(&m, n)).collect();
         let want: Vec<Answer> = texts
             .iter()
             .map(|t| common::plain_single_node(&m, t, PRIVATE, ANSWER))
             .collect();
         let tokens: usize = want.iter().map(|w| w.1.len()).sum();
         assert!(
-            tokens >= LENGTHS.len(),
+            tokens >= lengths.len(),
             "{name}: {tokens} answer tokens to compare"
         );
         rt.block_on(async {
-            let specs = LENGTHS
+            let specs = lengths
                 .iter()
                 .zip(&texts)
                 .map(|(n, t)| PromptSpec {
@@ -95,18 +103,18 @@ fn hybrid_answers_equal_single_node_at_every_length_alone_and_batched() {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap();
             tokio::spawn(serve(l, state));
-            for (n, want) in LENGTHS.iter().zip(&want) {
+            for (n, want) in lengths.iter().zip(&want) {
                 assert_eq!(
                     &ask(addr, *n, "cloud").await,
                     want,
                     "{name}: {n} tokens, alone"
                 );
             }
-            let all: Vec<_> = LENGTHS
+            let all: Vec<_> = lengths
                 .iter()
                 .map(|&n| tokio::spawn(ask(addr, n, "memory")))
                 .collect();
-            for ((n, got), want) in LENGTHS.iter().zip(all).zip(&want) {
+            for ((n, got), want) in lengths.iter().zip(all).zip(&want) {
                 assert_eq!(&got.await.unwrap(), want, "{name}: {n} tokens, batched");
             }
         });
