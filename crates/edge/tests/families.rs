@@ -128,14 +128,16 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 let (_, lps) = common::completion_answer(&v);
                 assert_eq!(lps, want_lps, "{name}: log-probabilities, split at {split}");
             }
-            if name.starts_with("qwen35") || name == "lfm2" {
-                let p = Prefixes::new(
+            let prefixes = || {
+                Prefixes::new(
                     m.clone(),
                     common::prefix_config(&cloud),
                     Arc::new(Metrics::new()),
                 )
-                .unwrap();
-                let got = p.for_id("doc").await.unwrap();
+                .unwrap()
+            };
+            if name.starts_with("qwen35") || name == "lfm2" {
+                let got = prefixes().for_id("doc").await.unwrap();
                 let n = got.prefix.n_tokens();
                 for (l, layer) in got.prefix.layers.iter().enumerate() {
                     let recurrent = m.cfg.is_recurrent(l);
@@ -148,12 +150,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
                 }
             }
             if name == "gemma4" {
-                let p = Prefixes::new(
-                    m.clone(),
-                    common::prefix_config(&cloud),
-                    Arc::new(Metrics::new()),
-                )
-                .unwrap();
+                let p = prefixes();
                 let got = p.for_id("doc").await.unwrap();
                 let (c, n) = (&m.cfg, got.prefix.n_tokens());
                 for (l, layer) in got.prefix.layers.iter().enumerate() {
@@ -175,15 +172,7 @@ fn every_family_splits_exactly_through_the_server_at_several_layers() {
             }
             if name == "gemma2" {
                 // The sliding layers came cut to the window (16): a later token sees no more.
-                let p = Arc::new(
-                    Prefixes::new(
-                        m.clone(),
-                        common::prefix_config(&cloud),
-                        Arc::new(Metrics::new()),
-                    )
-                    .unwrap(),
-                );
-                let got = p.for_id("doc").await.unwrap();
+                let got = prefixes().for_id("doc").await.unwrap();
                 let w = m.cfg.window.unwrap();
                 for (l, layer) in got.prefix.layers.iter().enumerate() {
                     let cut = m.cfg.window_of(l).is_some();

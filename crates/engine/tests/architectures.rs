@@ -59,16 +59,7 @@ const TOKENIZERS: [&str; 6] = [
 ];
 
 fn synth(name: &str) -> PathBuf {
-    let dir = std::env::var_os("EDGEPROMPT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::root().join("models"));
-    let p = dir.join("synth").join(format!("{name}.gguf"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `python3 scripts/ref/synth.py` (scripts/test.sh does)",
-        p.display()
-    );
-    p
+    common::synth_path(name)
 }
 
 fn sha256(path: &std::path::Path) -> String {

@@ -7,11 +7,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::{assert_same, long_ids, same, synth};
+
 use std::sync::Arc;
 
 use edgeprompt_engine::recurrent::{Recurrence, Recurrent, ShortConv};
-use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{LayerKv, Model, PrefixKv, Sequence};
 
@@ -21,48 +21,8 @@ fn model() -> Model {
     synth("qwen35")
 }
 
-fn synth(name: &str) -> Model {
-    let dir = std::env::var_os("EDGEPROMPT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::root().join("models"));
-    let p = dir.join(format!("synth/{name}.gguf"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `python3 scripts/ref/synth.py {name}`",
-        p.display()
-    );
-    Model::load(p).unwrap()
-}
-
-fn same(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-/// The prompt's last logits and `DECODE` greedy steps' logits.
 fn answer(m: &Model, seq: &mut Sequence, first: Vec<f32>) -> Vec<Vec<f32>> {
-    let mut out = vec![first];
-    for _ in 0..DECODE {
-        let id = argmax(out.last().unwrap());
-        out.push(seq.prefill(m, &[id]).unwrap());
-    }
-    out
-}
-
-fn assert_same(what: &str, a: &[Vec<f32>], b: &[Vec<f32>]) {
-    assert_eq!(a.len(), b.len(), "{what}");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(same(x, y), "{what}: step {i} differs");
-    }
-}
-
-/// About a thousand tokens of text.
-fn long_ids(m: &Model) -> Vec<u32> {
-    let text = "Refunds are possible up to 24 hours before departure; after that a 20% fee \
-                applies, unless the trip was cancelled by the operator. "
-        .repeat(45);
-    let ids = m.tokenizer.encode(&text).unwrap();
-    assert!(ids.len() >= 1000, "{} tokens", ids.len());
-    ids[..1000].to_vec()
+    common::answer(m, seq, first, DECODE)
 }
 
 #[test]

@@ -251,11 +251,11 @@ pub fn recurrent_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Vec<bool
     }
 }
 
-/// Per layer (of the first `n_layer`): whether it attends through the sliding window, when the
-/// family lists it (Gemma 4); `None`: every `window_pattern`-th layer is global.
-pub fn sliding_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Option<Vec<bool>>> {
+/// Whether the family lists its layers' kinds and which layers read another's KV (Gemma 4);
+/// the others slide every `window_pattern`-th layer and own every layer's KV.
+fn lists_layers(arch: Arch) -> bool {
     match arch {
-        Arch::Gemma4 => gemma4::sliding_layers(m, n_layer).map(Some),
+        Arch::Gemma4 => true,
         Arch::Llama
         | Arch::Qwen2
         | Arch::Qwen3
@@ -267,27 +267,25 @@ pub fn sliding_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Option<Vec
         | Arch::Gemma2
         | Arch::Gemma3
         | Arch::Granite
-        | Arch::Lfm2 => Ok(None),
+        | Arch::Lfm2 => false,
+    }
+}
+
+/// Per layer (of the first `n_layer`): whether it attends through the sliding window, when the
+/// family lists it (Gemma 4); `None`: every `window_pattern`-th layer is global.
+pub fn sliding_layers(arch: Arch, m: &Meta, n_layer: usize) -> Result<Option<Vec<bool>>> {
+    match lists_layers(arch) {
+        true => gemma4::sliding_layers(m, n_layer).map(Some),
+        false => Ok(None),
     }
 }
 
 /// Per layer: the layer whose KV it attends with (itself, or for Gemma 4's shared-KV layers
 /// an earlier one of its kind).
 pub fn kv_sources(arch: Arch, m: &Meta, sliding: &[bool]) -> Result<Vec<usize>> {
-    match arch {
-        Arch::Gemma4 => gemma4::kv_sources(m, sliding),
-        Arch::Llama
-        | Arch::Qwen2
-        | Arch::Qwen3
-        | Arch::Qwen3Moe
-        | Arch::Qwen35
-        | Arch::Qwen35Moe
-        | Arch::Phi3
-        | Arch::SmolLm3
-        | Arch::Gemma2
-        | Arch::Gemma3
-        | Arch::Granite
-        | Arch::Lfm2 => Ok((0..sliding.len()).collect()),
+    match lists_layers(arch) {
+        true => gemma4::kv_sources(m, sliding),
+        false => Ok((0..sliding.len()).collect()),
     }
 }
 

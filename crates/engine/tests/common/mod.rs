@@ -70,3 +70,58 @@ pub fn read_f16_rows(name: &str, width: usize) -> Vec<Vec<f32>> {
         .map(<[f32]>::to_vec)
         .collect()
 }
+
+/// A synthetic GGUF written by `scripts/ref/synth.py` (in `$EDGEPROMPT_MODELS/synth`).
+pub fn synth_path(name: &str) -> PathBuf {
+    let dir = std::env::var_os("EDGEPROMPT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("models"));
+    let p = dir.join(format!("synth/{name}.gguf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `python3 scripts/ref/synth.py {name}`",
+        p.display()
+    );
+    p
+}
+
+pub fn synth(name: &str) -> Model {
+    Model::load(synth_path(name)).unwrap()
+}
+
+/// Whether two rows of logits are the same bits.
+pub fn same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The prompt's last logits and `steps` greedy steps' logits.
+pub fn answer(
+    m: &Model,
+    seq: &mut edgeprompt_engine::Sequence,
+    first: Vec<f32>,
+    steps: usize,
+) -> Vec<Vec<f32>> {
+    let mut out = vec![first];
+    for _ in 0..steps {
+        let id = edgeprompt_engine::sample::argmax(out.last().unwrap());
+        out.push(seq.prefill(m, &[id]).unwrap());
+    }
+    out
+}
+
+pub fn assert_same(what: &str, a: &[Vec<f32>], b: &[Vec<f32>]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(same(x, y), "{what}: step {i} differs");
+    }
+}
+
+/// About a thousand tokens of text.
+pub fn long_ids(m: &Model) -> Vec<u32> {
+    let text = "Refunds are possible up to 24 hours before departure; after that a 20% fee \
+                applies, unless the trip was cancelled by the operator. "
+        .repeat(45);
+    let ids = m.tokenizer.encode(&text).unwrap();
+    assert!(ids.len() >= 1000, "{} tokens", ids.len());
+    ids[..1000].to_vec()
+}
