@@ -279,6 +279,10 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
         eprintln!("shared tier: Redis at {url}, namespace {ns}");
     }
+    if let Some(url) = &server.store_url {
+        node = node.with_bucket(Arc::new(edgeprompt_kv::BucketStore::open(url)?));
+        eprintln!("shared tier: object store at {url}");
+    }
     let node = Arc::new(node);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {

@@ -409,6 +409,9 @@ pub struct ServerSection {
     pub redis_url: Option<String>,
     /// Key prefix in that Redis (default "edgeprompt").
     pub redis_namespace: Option<String>,
+    /// Object store shared by several cloud nodes, e.g. "s3://bucket/edgeprompt" (endpoint and
+    /// credentials from the `AWS_*` variables) or "file:///srv/edgeprompt".
+    pub store_url: Option<String>,
     /// File holding the key this cloud signs the KV it serves with (`edgeprompt keygen`).
     pub signing_key_file: Option<PathBuf>,
     /// Name of the environment variable with that key (default EDGEPROMPT_CLOUD_SIGNING_KEY).

@@ -1,7 +1,8 @@
-//! The product binary links no benchmark code: neither the bench crate nor the baselines it
-//! measures against (candle-transformers, the HTTP client that drives llama.cpp's server).
-//! Nor does its build run the protocol's code generator (the generated code is committed and
-//! checked by `crates/protocol/tests/generated.rs`).
+//! The product binary links no benchmark code: neither the bench crate nor the baseline it
+//! measures against (candle-transformers). Nor does its build run the protocol's code
+//! generator (the generated code is committed and checked by
+//! `crates/protocol/tests/generated.rs`), nor a second TLS stack: the object-store client
+//! signs and encrypts with the ring that tonic uses, not aws-lc's C.
 
 use std::process::Command;
 
@@ -47,7 +48,8 @@ fn the_product_depends_on_no_benchmark_crate() {
     for banned in [
         "edgeprompt-bench",
         "candle-transformers",
-        "reqwest",
+        "aws-lc-rs",
+        "aws-lc-sys",
         "protox",
         "prost-build",
     ] {
@@ -62,7 +64,9 @@ fn the_product_depends_on_no_benchmark_crate() {
 /// no debug info) it stays small. Debug builds carry their debug info and are not measured.
 #[test]
 fn the_release_binary_is_small() {
-    const MAX_MB: u64 = 25;
+    // About 25 MB: 20 before the object-store client (object_store, reqwest, rustls' root
+    // certificates and verifier) joined the product.
+    const MAX_MB: u64 = 27;
     if cfg!(debug_assertions) {
         return;
     }

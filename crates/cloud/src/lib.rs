@@ -8,6 +8,7 @@ mod lslm;
 mod prompts;
 mod service;
 pub mod stream;
+pub mod tiers;
 
 pub use guard::Limits;
 pub use prompts::{PromptSpec, PromptsFile};

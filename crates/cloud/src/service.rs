@@ -8,7 +8,8 @@ use std::sync::Arc;
 use edgeprompt_engine::sequence::PrefillPass;
 use edgeprompt_engine::{Message, Model, PrefixKv};
 use edgeprompt_kv::{
-    content_address, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey, TrustKey,
+    content_address, BucketStore, Codec, Expect, Manifest, MemoryStore, RedisStore, Seal, SealKey,
+    TrustKey,
 };
 use edgeprompt_protocol::cloud_kv_server::CloudKv;
 use edgeprompt_protocol::{
@@ -21,6 +22,7 @@ use tonic::{Request, Response, Status};
 
 use crate::guard::{Guard, Limits};
 use crate::stream::Layout;
+use crate::tiers::{Entry, SharedTiers, Tier};
 use crate::{CloudError, PromptSpec};
 
 pub(crate) struct Prompt {
@@ -36,9 +38,11 @@ pub struct CloudNode {
     pub(crate) prompts: HashMap<String, Arc<Prompt>>,
     by_address: HashMap<String, String>,
     cache: MemoryStore,
-    /// Shared tier of several cloud nodes (Redis).
-    shared: Option<Arc<RedisStore>>,
+    /// Tiers shared with other cloud nodes (Redis, an object store).
+    shared: SharedTiers,
     prefills: AtomicUsize,
+    /// Prompts found in a shared tier instead of prefilled.
+    shared_hits: AtomicUsize,
     guard: Guard,
     pub(crate) lslm: crate::lslm::Adapters,
     /// Sliding-window layers sent and kept cut to the window (on unless turned off to
@@ -83,8 +87,9 @@ impl CloudNode {
             prompts,
             by_address,
             cache: MemoryStore::new(cache_bytes),
-            shared: None,
+            shared: SharedTiers::default(),
             prefills: AtomicUsize::new(0),
+            shared_hits: AtomicUsize::new(0),
             guard: Guard::new(Limits::default(), None),
             lslm: Default::default(),
             window_cut: true,
@@ -120,6 +125,13 @@ impl CloudNode {
         }
     }
 
+    /// The seal a prompt's whole KV is stored with (none when this node does not sign).
+    fn whole_seal(&self, id: &str, kv: &PrefixKv) -> Option<Seal> {
+        self.signing
+            .as_ref()
+            .map(|k| Seal::sign(k, id, kv, Codec::F16, 0, false))
+    }
+
     /// Send and keep sliding-window layers whole (for comparison; the cut is exact).
     pub fn without_window_cut(mut self) -> Self {
         self.window_cut = false;
@@ -138,49 +150,58 @@ impl CloudNode {
     /// A tier shared with other cloud nodes: a prompt any of them prefilled is not prefilled
     /// again here.
     pub fn with_shared(mut self, store: Arc<RedisStore>) -> Self {
-        self.shared = Some(store);
+        self.shared.redis = Some(store);
         self
     }
 
-    /// Prompts this node has prefilled itself (not found in memory or the shared tier).
+    /// A durable tier in an object store, shared with other cloud nodes (after Redis, if
+    /// both): read on a miss, written create-only after a prefill.
+    pub fn with_bucket(mut self, store: Arc<BucketStore>) -> Self {
+        self.shared.bucket = Some(store);
+        self
+    }
+
+    /// Prompts this node has prefilled itself (not found in memory or a shared tier).
     pub fn prefills(&self) -> usize {
         self.prefills.load(Ordering::Relaxed)
     }
 
-    async fn read_shared(&self, address: &str) -> Option<Arc<PrefixKv>> {
-        let store = self.shared.clone()?;
-        let key = address.to_string();
+    /// Prompts this node found in a shared tier instead of prefilling them.
+    pub fn shared_hits(&self) -> usize {
+        self.shared_hits.load(Ordering::Relaxed)
+    }
+
+    /// A prompt's KV from the shared tiers, if one holds it as this node would serve it.
+    async fn read_shared(&self, address: &str) -> Option<(Tier, Arc<PrefixKv>)> {
         let expect = Expect::of(&self.model.cfg);
-        match tokio::task::spawn_blocking(move || store.get(&key, &expect)).await {
-            Ok(Ok(Some((kv, seal)))) => {
-                // Another node's bytes: the right model, the prompt asked for, and (when this
-                // node signs) this deployment's signature on every layer.
-                let fits = kv.check_fits(&self.model.cfg, &self.model.fingerprint);
-                let addressed = content_address(&kv.fingerprint, &kv.token_ids) == address;
-                let signed = match (&self.signing, &seal) {
-                    (None, _) => Ok(()),
-                    // Whole, exact f16 KV only: a seal from a later layer leaves the ones
-                    // below it unsigned, and this node re-signs whatever it serves.
-                    (Some(k), Some(s)) => s.verify_whole(&k.public(), &kv, |c| c == Codec::F16),
-                    (Some(_), None) => Err(edgeprompt_kv::KvError::Seal("unsigned".into())),
-                };
-                match (fits, addressed, signed) {
-                    (Ok(()), true, Ok(())) => Some(Arc::new(kv)),
-                    (fits, addressed, signed) => {
-                        tracing::warn!(
-                            "shared tier: entry {address} refused (fits: {fits:?}, address matches: {addressed}, signature: {signed:?}); computing instead"
-                        );
-                        None
-                    }
-                }
-            }
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
-                tracing::warn!("shared tier: {e}; computing instead");
-                None
-            }
-            Err(e) => {
-                tracing::warn!("shared tier: {e}");
+        let fp = &self.model.fingerprint;
+        self.shared
+            .find(fp, address, &expect, |tier, entry| {
+                self.accept_shared(tier, address, entry)
+            })
+            .await
+    }
+
+    /// Another node's bytes are taken only if they are this model's KV of the prompt asked for
+    /// and (when this node signs) carry this deployment's signature on every layer.
+    fn accept_shared(&self, tier: Tier, address: &str, entry: Entry) -> Option<Arc<PrefixKv>> {
+        let (kv, seal) = entry;
+        let fits = kv.check_fits(&self.model.cfg, &self.model.fingerprint);
+        let addressed = content_address(&kv.fingerprint, &kv.token_ids) == address;
+        let signed = match (&self.signing, &seal) {
+            (None, _) => Ok(()),
+            // Whole, exact f16 KV only: a seal from a later layer leaves the ones below it
+            // unsigned, and this node re-signs whatever it serves.
+            (Some(k), Some(s)) => s.verify_whole(&k.public(), &kv, |c| c == Codec::F16),
+            (Some(_), None) => Err(edgeprompt_kv::KvError::Seal("unsigned".into())),
+        };
+        match (fits, addressed, signed) {
+            (Ok(()), true, Ok(())) => Some(Arc::new(kv)),
+            (fits, addressed, signed) => {
+                tracing::warn!(
+                    "shared tier {}: entry {address} refused (fits: {fits:?}, address matches: {addressed}, signature: {signed:?}); looking further",
+                    tier.name()
+                );
                 None
             }
         }
@@ -267,10 +288,19 @@ impl CloudNode {
         let guard = p.compute.lock().await;
         let cached = match self.cache.get(&p.address) {
             Some(kv) => Some(kv),
-            None => self.read_shared(&p.address).await.inspect(|kv| {
-                tracing::info!(prompt = %p.id, "cloud prompt KV from the shared tier");
-                self.cache.put(&p.address, kv.clone());
-            }),
+            None => match self.read_shared(&p.address).await {
+                Some((tier, kv)) => {
+                    tracing::info!(prompt = %p.id, "cloud prompt KV from the shared tier ({})", tier.name());
+                    self.shared_hits.fetch_add(1, Ordering::Relaxed);
+                    self.cache.put(&p.address, kv.clone());
+                    let seal = self.whole_seal(&p.id, &kv);
+                    self.shared
+                        .store(&p.address, kv.clone(), seal, Some(tier))
+                        .await;
+                    Some(kv)
+                }
+                None => None,
+            },
         };
         if let Some(kv) = cached {
             drop(guard);
@@ -311,17 +341,9 @@ impl CloudNode {
         );
         self.cache.put(&p.address, kv.clone());
         self.prefills.fetch_add(1, Ordering::Relaxed);
-        if let Some(store) = self.shared.clone() {
-            let (kv, key) = (kv.clone(), p.address.clone());
-            let seal = self
-                .signing
-                .as_ref()
-                .map(|k| Seal::sign(k, &p.id, &kv, Codec::F16, 0, false));
-            match tokio::task::spawn_blocking(move || store.put(&key, &kv, seal.as_ref())).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!("shared tier: could not store {}: {e}", p.id),
-                Err(e) => tracing::warn!("shared tier: could not store {}: {e}", p.id),
-            }
+        if !self.shared.is_empty() {
+            let seal = self.whole_seal(&p.id, &kv);
+            self.shared.store(&p.address, kv.clone(), seal, None).await;
         }
         drop(guard);
         tracing::info!(prompt = %p.id, tokens = p.token_ids.len(), "cloud prompt prefilled and cached");

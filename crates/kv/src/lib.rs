@@ -2,6 +2,7 @@
 //! chunks with checksums, the layer-major reassembler, content addresses and stores.
 
 pub mod address;
+pub mod bucket;
 pub mod chunk;
 pub mod codec;
 pub mod export;
@@ -11,6 +12,7 @@ pub mod seal;
 pub mod store;
 
 pub use address::content_address;
+pub use bucket::{BucketStore, Stored};
 pub use chunk::{Chunk, Reassembler};
 pub use codec::Codec;
 pub use layers::LayerMap;

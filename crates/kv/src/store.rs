@@ -562,11 +562,11 @@ fn read_chunk(r: &mut impl Read, most: u64, most_state: u64) -> Result<Chunk> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use edgeprompt_engine::LayerKv;
 
-    fn prefix(n: usize, n_layers: usize) -> PrefixKv {
+    pub(crate) fn prefix(n: usize, n_layers: usize) -> PrefixKv {
         let (h, d) = (2, 16);
         let layers = (0..n_layers)
             .map(|l| {
@@ -606,7 +606,7 @@ mod tests {
         assert!(re.with_starts(&[0, 0]).is_err(), "one start per layer");
     }
 
-    fn expect(n_layers: usize, max_tokens: usize) -> Expect {
+    pub(crate) fn expect(n_layers: usize, max_tokens: usize) -> Expect {
         Expect {
             n_layers,
             layers: Default::default(),
