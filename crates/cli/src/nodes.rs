@@ -274,10 +274,22 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
     if n_adapters > 0 {
         eprintln!("serving {n_adapters} smaller edge model(s) through CE-LSLM adapters");
     }
-    if let Some(url) = &server.redis_url {
-        let ns = server.redis_namespace.as_deref().unwrap_or("edgeprompt");
-        node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
-        eprintln!("shared tier: Redis at {url}, namespace {ns}");
+    let ns = server.redis_namespace.as_deref().unwrap_or("edgeprompt");
+    match (&server.redis_url, &server.redis_cluster) {
+        (Some(_), Some(_)) => anyhow::bail!("[server] names both redis_url and redis_cluster"),
+        (Some(url), None) => {
+            node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
+            eprintln!("shared tier: Redis at {url}, namespace {ns}");
+        }
+        (None, Some(nodes)) => {
+            let store = edgeprompt_kv::RedisStore::open_cluster(nodes, ns)?;
+            node = node.with_shared(Arc::new(store));
+            eprintln!(
+                "shared tier: Redis Cluster at {}, namespace {ns}",
+                nodes.join(", ")
+            );
+        }
+        (None, None) => {}
     }
     if let Some(url) = &server.store_url {
         node = node.with_bucket(Arc::new(edgeprompt_kv::BucketStore::open(url)?));

@@ -407,6 +407,8 @@ pub struct ServerSection {
     pub per_client_rate: Option<f64>,
     /// Redis shared by several cloud nodes, e.g. "redis://127.0.0.1:6379/".
     pub redis_url: Option<String>,
+    /// Or a Redis Cluster shared by them, any of its nodes, e.g. ["redis://10.0.0.1:7000"].
+    pub redis_cluster: Option<Vec<String>>,
     /// Key prefix in that Redis (default "edgeprompt").
     pub redis_namespace: Option<String>,
     /// Object store shared by several cloud nodes, e.g. "s3://bucket/edgeprompt" (endpoint and

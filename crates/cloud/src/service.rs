@@ -171,15 +171,16 @@ impl CloudNode {
         self.shared_hits.load(Ordering::Relaxed)
     }
 
-    /// A prompt's KV from the shared tiers, if one holds it as this node would serve it.
+    /// A prompt's KV from the shared tiers, if one holds it as this node would serve it, or
+    /// will once the node holding its prefill lease stored it; `None`: prefill it here.
     async fn read_shared(&self, address: &str) -> Option<(Tier, Arc<PrefixKv>)> {
         let expect = Expect::of(&self.model.cfg);
         let fp = &self.model.fingerprint;
-        self.shared
-            .find(fp, address, &expect, |tier, entry| {
-                self.accept_shared(tier, address, entry)
-            })
-            .await
+        let accept = |tier, entry| self.accept_shared(tier, address, entry);
+        match self.shared.find(fp, address, &expect, &accept).await {
+            Some(found) => Some(found),
+            None => self.shared.claim(fp, address, &expect, &accept).await,
+        }
     }
 
     /// Another node's bytes are taken only if they are this model's KV of the prompt asked for

@@ -162,7 +162,7 @@ fn hostile_redis_values_are_refused_and_recomputed() {
             let c = redis::Client::open(url.as_str()).unwrap();
             let mut conn = c.get_connection().unwrap();
             redis::cmd("SET")
-                .arg(format!("hostile:kv:{address}"))
+                .arg(store.key(&address))
                 .arg(bytes)
                 .exec(&mut conn)
                 .unwrap();

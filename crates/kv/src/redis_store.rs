@@ -1,37 +1,87 @@
-//! The shared tier for several cloud nodes: prompt KV in Redis under its content address, in
-//! the same verified format as the disk tier.
+//! The hot tier for several cloud nodes: prompt KV in Redis (one instance or a Redis Cluster)
+//! under its content address, in the same verified format as the disk tier, and the leases
+//! that make a prompt prefilled once across the nodes.
+//!
+//! Keys carry the address as their hash tag (`<ns>:kv:{<address>}`, `<ns>:lease:{<address>}`),
+//! so a prompt's value and lease live on one cluster slot.
+
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+use redis::ConnectionLike;
 
 use crate::seal::Seal;
 use crate::store::{read_prefix, write_prefix, Expect};
 use crate::{KvError, Result};
 use edgeprompt_engine::PrefixKv;
 
+enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
 pub struct RedisStore {
-    client: redis::Client,
+    client: Client,
     /// Key prefix, so several deployments can share one Redis.
     namespace: String,
 }
 
+/// Longest wait for one Redis answer: past it the call fails and the caller computes.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+fn err(what: &str) -> impl Fn(redis::RedisError) -> KvError + '_ {
+    move |e| KvError::Store(format!("redis {what}: {e}"))
+}
+
 impl RedisStore {
-    /// `url` like `redis://127.0.0.1:6379/`. Connections are opened per call (the calls are
-    /// rare: once per prompt per node).
+    /// `url` like `redis://127.0.0.1:6379/` (`rediss://` for TLS). Connections are opened per
+    /// call (the calls are rare: once per prompt per node).
     pub fn open(url: &str, namespace: &str) -> Result<Self> {
-        let client =
-            redis::Client::open(url).map_err(|e| KvError::Store(format!("redis {url}: {e}")))?;
+        let client = redis::Client::open(url).map_err(err(url))?;
         Ok(Self {
-            client,
+            client: Client::Single(client),
             namespace: namespace.into(),
         })
     }
 
-    fn key(&self, address: &str) -> String {
-        format!("{}:kv:{address}", self.namespace)
+    /// A Redis Cluster, found from any of its `nodes` (`redis://host:port`); the client follows
+    /// the slots as they move and reads from the master that holds them.
+    pub fn open_cluster(nodes: &[String], namespace: &str) -> Result<Self> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(DEADLINE)
+            .response_timeout(DEADLINE)
+            .retries(3)
+            .build()
+            .map_err(err("cluster"))?;
+        Ok(Self {
+            client: Client::Cluster(client),
+            namespace: namespace.into(),
+        })
     }
 
-    fn conn(&self) -> Result<redis::Connection> {
-        self.client
-            .get_connection()
-            .map_err(|e| KvError::Store(format!("redis: {e}")))
+    /// The key a prompt's KV is stored under.
+    pub fn key(&self, address: &str) -> String {
+        format!("{}:kv:{{{address}}}", self.namespace)
+    }
+
+    fn lease_key(&self, address: &str) -> String {
+        format!("{}:lease:{{{address}}}", self.namespace)
+    }
+
+    fn conn(&self) -> Result<Box<dyn ConnectionLike>> {
+        Ok(match &self.client {
+            Client::Single(c) => {
+                let conn = c
+                    .get_connection_with_timeout(DEADLINE)
+                    .map_err(err("connect"))?;
+                conn.set_read_timeout(Some(DEADLINE))
+                    .map_err(err("connect"))?;
+                conn.set_write_timeout(Some(DEADLINE))
+                    .map_err(err("connect"))?;
+                Box::new(conn)
+            }
+            Client::Cluster(c) => Box::new(c.get_connection().map_err(err("cluster"))?),
+        })
     }
 
     pub fn put(&self, address: &str, kv: &PrefixKv, seal: Option<&Seal>) -> Result<()> {
@@ -40,27 +90,21 @@ impl RedisStore {
         redis::cmd("SET")
             .arg(self.key(address))
             .arg(bytes)
-            .exec(&mut self.conn()?)
-            .map_err(|e| KvError::Store(format!("redis SET: {e}")))
+            .exec(&mut *self.conn()?)
+            .map_err(err("SET"))
     }
 
     /// The stored prefix and its seal, checked against `expect`; `None` if absent. Whether the
     /// seal is trusted is the caller's check.
     pub fn get(&self, address: &str, expect: &Expect) -> Result<Option<(PrefixKv, Option<Seal>)>> {
         // Read at most what a valid value of this shape can be, whatever is stored.
-        let most = expect.max_tokens as u64
-            * expect.n_layers as u64
-            * crate::Codec::F16.row_bytes(expect.head_dim) as u64
-            * expect.n_kv_head as u64
-            * 2
-            + (expect.max_tokens as u64 + expect.n_layers as u64) * 64
-            + (1 << 20);
+        let most = expect.max_stored_bytes();
         let bytes: Option<Vec<u8>> = redis::cmd("GETRANGE")
             .arg(self.key(address))
             .arg(0)
             .arg(most)
-            .query(&mut self.conn()?)
-            .map_err(|e| KvError::Store(format!("redis GET: {e}")))?;
+            .query(&mut *self.conn()?)
+            .map_err(err("GET"))?;
         match bytes {
             // GETRANGE answers "" for a missing key.
             None => Ok(None),
@@ -70,5 +114,44 @@ impl RedisStore {
             ))),
             Some(b) => read_prefix(&mut &b[..], expect).map(Some),
         }
+    }
+
+    /// Take the lease to prefill `address` for `ttl` unless another node holds it: `true` if
+    /// this `holder` has it now.
+    pub fn lease(&self, address: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(self.lease_key(address))
+            .arg(holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query(&mut *self.conn()?)
+            .map_err(err("SET NX"))?;
+        Ok(set.is_some())
+    }
+
+    /// Whether any node holds the lease of `address`.
+    pub fn leased(&self, address: &str) -> Result<bool> {
+        redis::cmd("EXISTS")
+            .arg(self.lease_key(address))
+            .query::<bool>(&mut *self.conn()?)
+            .map_err(err("EXISTS"))
+    }
+
+    /// Give the lease back if `holder` still has it (past its time another node may).
+    pub fn release(&self, address: &str, holder: &str) -> Result<()> {
+        let key = self.lease_key(address);
+        let mut conn = self.conn()?;
+        let now: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query(&mut *conn)
+            .map_err(err("GET"))?;
+        if now.as_deref() == Some(holder) {
+            redis::cmd("DEL")
+                .arg(&key)
+                .exec(&mut *conn)
+                .map_err(err("DEL"))?;
+        }
+        Ok(())
     }
 }
