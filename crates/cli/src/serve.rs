@@ -23,9 +23,11 @@ pub struct ServeArgs {
     /// serves completions only and chat is a 400).
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Cloud node URL (e.g. http://127.0.0.1:50051). Without it, system prompts are computed here.
-    #[arg(long)]
-    cloud: Option<String>,
+    /// Cloud node URL (e.g. http://127.0.0.1:50051), or the replicas of one cloud service
+    /// separated by commas (each prompt has its own order over them; a replica that fails is
+    /// followed by the next). Without it, system prompts are computed here.
+    #[arg(long, value_delimiter = ',')]
+    cloud: Vec<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
     /// KV codec asked of the cloud: f16, int8, int4, int8ch or int4ch; or auto: per fetch, from
@@ -167,7 +169,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let n_layer = model.cfg.n_layer;
     let (cloud_layers_from, auto_split) = match a.cloud_layers_from.as_str() {
         // Without a cloud every layer is computed here.
-        "auto" if a.cloud.is_none() => (0, None),
+        "auto" if a.cloud.is_empty() => (0, None),
         "auto" => {
             // A table for another model (or none) leaves no CE-LSLM floor: the cloud is
             // expected to run this model, and its headers are checked for it.
@@ -234,16 +236,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     // Everything that would send a secret in the clear, or serve peers to anyone, is refused
     // here, before the edge says it serves.
     let security = a.security.load()?;
-    if let Some(url) = &a.cloud {
+    for url in &a.cloud {
         crate::security::check_credentials("--cloud", url, &security)?;
     }
     let peer_security = a.peer.client()?;
     for p in &a.peers {
         crate::security::check_credentials("--peer", p, &peer_security)?;
     }
-    let trust = match &a.cloud {
-        Some(_) => a.security.trust()?,
-        None => Default::default(),
+    let trust = match a.cloud.is_empty() {
+        false => a.security.trust()?,
+        true => Default::default(),
     };
     let peer_policy = a
         .peer
@@ -275,7 +277,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             request_timeout: Duration::from_secs(a.request_timeout_secs),
         },
         PrefixConfig {
-            cloud_url: a.cloud.clone(),
+            cloud_url: a.cloud.first().cloned(),
+            cloud_replicas: a.cloud.iter().skip(1).cloned().collect(),
             codec,
             unknown_system: if a.refuse_unknown_system {
                 UnknownSystem::Refuse
@@ -322,9 +325,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             a.model,
             model.cfg.name,
             listener.local_addr()?,
-            a.cloud
-                .as_deref()
-                .unwrap_or("none (system prompts computed here)")
+            match a.cloud.is_empty() {
+                true => "none (system prompts computed here)".to_string(),
+                false => a.cloud.join(", "),
+            }
         );
         if let Some(l) = peer_listener {
             eprintln!(

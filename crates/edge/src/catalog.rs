@@ -72,6 +72,8 @@ struct Asked {
 /// What the edge knows of its cloud's list (shared with a refresh running behind requests).
 struct Inner {
     url: Option<String>,
+    /// The same service's other endpoints, asked in turn when `url` does not answer.
+    replicas: Vec<String>,
     security: ClientSecurity,
     model: Arc<Model>,
     trust: Trust,
@@ -99,6 +101,7 @@ impl Catalog {
     pub fn new(
         model: Arc<Model>,
         url: Option<String>,
+        replicas: Vec<String>,
         security: ClientSecurity,
         trust: CloudTrust,
         timeout: Duration,
@@ -107,6 +110,7 @@ impl Catalog {
         Ok(Self(Arc::new(Inner {
             trust: Trust::new(trust, url.as_deref())?,
             url,
+            replicas,
             security,
             model,
             timeout,
@@ -269,20 +273,26 @@ impl Inner {
 
     /// One asking: the list, kept if the trusted key signed it.
     async fn ask(&self) -> Result<(), String> {
-        let url = self.url.as_deref().unwrap_or_default();
-        let got = async {
-            let c = CloudClient::connect_with(url, &self.security).await?;
-            c.header_timeout(self.timeout).list(&self.model).await
-        };
-        let listing = tokio::time::timeout(self.timeout, got)
-            .await
-            .map_err(|_| {
-                format!(
-                    "the cloud did not list its prompts within {:?}",
+        let mut tried = Vec::new();
+        let mut listing = None;
+        for url in self.url.iter().chain(&self.replicas) {
+            let got = async {
+                let c = CloudClient::connect_with(url, &self.security).await?;
+                c.header_timeout(self.timeout).list(&self.model).await
+            };
+            match tokio::time::timeout(self.timeout, got).await {
+                Ok(Ok(l)) => {
+                    listing = Some(l);
+                    break;
+                }
+                Ok(Err(e)) => tried.push(format!("{url}: {e}")),
+                Err(_) => tried.push(format!(
+                    "{url} did not list its prompts within {:?}",
                     self.timeout
-                )
-            })?
-            .map_err(|e| e.to_string())?;
+                )),
+            }
+        }
+        let listing = listing.ok_or_else(|| tried.join("; "))?;
         // Only a list the trusted key signed says what is public: a forged one could list
         // the address of a guessed private message. On first contact the shown key is pinned
         // only once its own list verified.

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use edgeprompt_edge::layer_stream::PromptKv;
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::peer::PeerService;
-use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Resolved, Source, UnknownSystem};
+use edgeprompt_edge::prefixes::{
+    rendezvous, PrefixConfig, Prefixes, Resolved, Source, UnknownSystem,
+};
 use edgeprompt_edge::scheduler::{Batcher, Event, Extras, Job, SchedulerConfig};
 use edgeprompt_edge::CloudTrust;
 use edgeprompt_engine::{Model, PrefixKv, SamplingParams};
@@ -208,6 +210,65 @@ fn cloud_faults_never_change_the_answer(m: Arc<Model>) {
             local >= 15,
             "most cuts should force local compute ({local})"
         );
+    });
+}
+
+/// Replicas of one cloud service: the replica a prompt asks first dies at any point of its
+/// stream, and the next one (another cloud node signing with the same key) carries it on. The
+/// prompt comes from the cloud every time (never computed here), bit for bit, so does the
+/// answer.
+#[test]
+fn a_replica_dying_mid_stream_is_followed_by_the_next() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, prompt) = edge_ids(&m, SUPPORT, USER);
+    let node = || {
+        let n = edgeprompt_cloud::CloudNode::new(m.clone(), &common::prompt_specs(), 256 << 20)
+            .unwrap()
+            .with_signing(edgeprompt_kv::SealKey::from_seed([5; 32]));
+        Arc::new(n)
+    };
+    rt.block_on(async {
+        let (a, b) = (node(), node());
+        let first = common::serve_cloud(a.clone()).await;
+        let second = common::serve_cloud(b.clone()).await;
+        let upstream: SocketAddr = first.trim_start_matches("http://").parse().unwrap();
+        let (reference, want, total) = no_fault(&m, upstream, &cloud_ids, &prompt).await;
+        let address =
+            hex::decode(edgeprompt_kv::content_address(&m.fingerprint, &cloud_ids)).unwrap();
+        for k in 1..=10u64 {
+            let cut = total * k / 11;
+            // A proxy to the first replica that every key of this prompt asks first.
+            let dying = loop {
+                let url = cutting_proxy(upstream, cut, Arc::new(AtomicU64::new(0))).await;
+                let both = [url.clone(), second.clone()];
+                let home = |key: &[u8]| rendezvous(&both, key)[0] == url;
+                if home(&address) && home(b"support") {
+                    break url;
+                }
+            };
+            let cfg = PrefixConfig {
+                cloud_url: Some(dying),
+                cloud_replicas: vec![second.clone()],
+                ..common::prefix_config("")
+            };
+            let p = Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap();
+            let got = p.for_system(&cloud_ids).await.unwrap();
+            let what = format!("cut after {cut} of {total} bytes");
+            assert_eq!(got.source, Source::Cloud, "{what}");
+            assert!(
+                same_kv(&got.prefix, &reference.prefix),
+                "{what}: KV differs"
+            );
+            assert_eq!(
+                answer(&m, got.prefix, &prompt),
+                want,
+                "{what}: answer differs"
+            );
+        }
+        // Both replicas served; neither computed the prompt more than once.
+        assert!(a.prefills() <= 1 && b.prefills() <= 1);
+        assert_eq!(b.prefills(), 1, "the second replica never streamed");
     });
 }
 

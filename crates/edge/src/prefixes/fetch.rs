@@ -13,15 +13,21 @@ use crate::layer_stream::{LayerStream, Wire};
 use crate::{CloudClient, EdgeError};
 
 impl Prefixes {
+    /// From the first of `urls` that answers (a peer, or the cloud's replicas in this
+    /// prompt's order); a replica that fails mid-stream is followed by the next, whose stream
+    /// must be the same bits.
     pub(super) async fn fetch(
         &self,
-        url: &str,
+        urls: &[String],
         prompt: PromptRef,
         ids: Option<&[u32]>,
         slot: Option<&Arc<Slot>>,
         first: usize,
     ) -> Result<(PrefixKv, Option<Seal>, Wire), EdgeError> {
-        let to_cloud = self.cfg.cloud_url.as_deref() == Some(url);
+        let Some(url) = urls.first() else {
+            return Err(EdgeError::Stream("nowhere to fetch from".into()));
+        };
+        let to_cloud = self.is_cloud(url);
         let auto = self.cfg.auto_codec.as_ref().filter(|_| to_cloud);
         let codec = match auto {
             // A peer relays what it holds, as f16.
@@ -73,39 +79,40 @@ impl Prefixes {
         let header_deadline = deadlines
             .header
             .max(link.map_or(Duration::ZERO, |l| l.rtt * 20));
-        let mut client = CloudClient::connect_with(url, security)
-            .await?
-            .trusting(trust)
-            .header_timeout(header_deadline);
-        let (header, mut rx) = client
-            .fetch_from(&self.model, prompt, &[codec], false, first)
-            .await
-            .inspect_err(|e| tracing::warn!("fetch from {url}: {e}"))?;
-        let codec_ok = |c: Codec| self.takes_codec(c);
         let wire_codec = match to_cloud {
             true => codec,
             false => Codec::F16,
         };
-        if header.codec != wire_codec.name() {
-            return Err(EdgeError::Stream(format!(
-                "the stream is in {}; this edge asked for {}",
-                header.codec,
-                wire_codec.name()
-            )));
-        }
-        if to_cloud && header.manifest.codec != codec {
-            return Err(EdgeError::Stream(format!(
-                "the cloud sent {} KV; this edge asked for {}",
-                header.manifest.codec.name(),
-                codec.name()
-            )));
-        }
-        if !to_cloud && !codec_ok(header.manifest.codec) {
-            return Err(EdgeError::Stream(format!(
-                "the peer holds KV decoded from {}, which this edge does not take",
-                header.manifest.codec.name()
-            )));
-        }
+        let open = |url: String| {
+            let (prompt, trust) = (prompt.clone(), trust.clone());
+            async move {
+                let mut client = CloudClient::connect_with(&url, security)
+                    .await?
+                    .trusting(trust)
+                    .header_timeout(header_deadline);
+                let (header, rx) = client
+                    .fetch_from(&self.model, prompt, &[codec], false, first)
+                    .await
+                    .inspect_err(|e| tracing::warn!("fetch from {url}: {e}"))?;
+                self.check_stream(&header, to_cloud, wire_codec, codec, ids)?;
+                Ok::<_, EdgeError>((header, rx))
+            }
+        };
+        let mut tried = 0;
+        let (header, mut rx) = loop {
+            match open(urls[tried].clone()).await {
+                Ok(got) => break got,
+                Err(e) if tried + 1 < urls.len() => {
+                    tracing::warn!(
+                        "fetch from {}: {e}; asking {}",
+                        urls[tried],
+                        urls[tried + 1]
+                    );
+                    tried += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let header_at = Instant::now();
         let opened = Wire {
             up: header.request_bytes,
@@ -116,18 +123,6 @@ impl Prefixes {
         // after the first: the header shares its first packets (or a shaper's first buffer)
         // with the first layer, so timing from the header overstates a small fetch's rate.
         let mut wire: Option<(Instant, usize, Instant)> = None;
-        if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
-            return Err(EdgeError::Stream(
-                "the cloud's prompt tokens differ from this edge's tokenization".into(),
-            ));
-        }
-        // Mapped KV must never be kept where exact KV is expected (and served to peers).
-        let exact_expected = !self.lslm();
-        if header.mapped && exact_expected {
-            return Err(EdgeError::Stream(
-                "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
-            ));
-        }
         // What arrives counts against the prompt cache's budget while it arrives, like a
         // prompt computed here: a flood of fetches is refused, not held in memory unbounded.
         let bytes = cfg.prompt_bytes(header.token_ids.len());
@@ -159,23 +154,43 @@ impl Prefixes {
             let _held = computing;
             shallow_layers(&model, &ids, first, to.as_deref())
         });
-        let mut deep = Vec::with_capacity(header.n_layers);
+        let mut deep: Vec<Arc<edgeprompt_engine::LayerKv>> = Vec::with_capacity(header.n_layers);
         let mut signatures = Vec::with_capacity(header.n_layers);
-        for l in first..header.n_layers {
-            // A cloud that stalls, or drips, counts as down (the caller falls back), rather
-            // than holding every request on this prompt.
-            let next = (tokio::time::Instant::now() + deadlines.layer).min(until);
-            let a = tokio::time::timeout_at(next, rx.recv())
-                .await
-                .map_err(|_| {
-                    let why = match next == until {
-                        true => format!("the fetch took longer than {whole:?} (at layer {l})"),
-                        false => format!("no layer {l} within {:?}", deadlines.layer),
-                    };
-                    tracing::warn!("fetch from {url}: {why}; falling back");
-                    EdgeError::Stream(why)
-                })?
-                .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))??;
+        let mut l = first;
+        while l < header.n_layers {
+            let a = match next_layer(&mut rx, l, deadlines.layer, until, whole).await {
+                Ok(a) => a,
+                // The next replica streams the same prompt: its layers up to here must be
+                // the bits already taken; the stream goes on from there.
+                Err(e) if tried + 1 < urls.len() => {
+                    tried += 1;
+                    let (from, to) = (&urls[tried - 1], &urls[tried]);
+                    tracing::warn!("fetch from {from}: {e} at layer {l}; resuming from {to}");
+                    let (again, mut more) = open(to.clone()).await?;
+                    if again.token_ids != header.token_ids || again.manifest != header.manifest {
+                        return Err(EdgeError::Stream(format!(
+                            "{to} streams another prompt than {from}"
+                        )));
+                    }
+                    for (i, had) in deep.iter().enumerate() {
+                        let a =
+                            next_layer(&mut more, first + i, deadlines.layer, until, whole).await?;
+                        received += a.wire_bytes;
+                        if a.kv != **had {
+                            return Err(EdgeError::Stream(format!(
+                                "{to} sent other values for layer {} than {from}",
+                                first + i
+                            )));
+                        }
+                    }
+                    rx = more;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("fetch from {}: {e}; falling back", urls[tried]);
+                    return Err(e);
+                }
+            };
             self.metrics.cloud_bytes.inc_by(a.wire_bytes as u64);
             received += a.wire_bytes;
             wire = Some(match wire {
@@ -201,6 +216,7 @@ impl Prefixes {
                 signatures.push(a.seal);
             }
             deep.push(kv);
+            l += 1;
         }
         // Kept (and relayed) when every layer streamed was signed.
         let seal = signatures
@@ -362,4 +378,72 @@ fn shallow_layers(
         layers.push(kv);
     }
     Ok(layers)
+}
+
+impl Prefixes {
+    /// What a stream's header must be before any of its layers is taken: the codec asked for
+    /// (a peer relays f16 of a codec this edge takes), the prompt's tokens as this edge reads
+    /// them, and exact KV where exact KV is expected.
+    fn check_stream(
+        &self,
+        header: &crate::client::CloudHeader,
+        to_cloud: bool,
+        wire_codec: Codec,
+        codec: Codec,
+        ids: Option<&[u32]>,
+    ) -> Result<(), EdgeError> {
+        if header.codec != wire_codec.name() {
+            return Err(EdgeError::Stream(format!(
+                "the stream is in {}; this edge asked for {}",
+                header.codec,
+                wire_codec.name()
+            )));
+        }
+        if to_cloud && header.manifest.codec != codec {
+            return Err(EdgeError::Stream(format!(
+                "the cloud sent {} KV; this edge asked for {}",
+                header.manifest.codec.name(),
+                codec.name()
+            )));
+        }
+        if !to_cloud && !self.takes_codec(header.manifest.codec) {
+            return Err(EdgeError::Stream(format!(
+                "the peer holds KV decoded from {}, which this edge does not take",
+                header.manifest.codec.name()
+            )));
+        }
+        if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
+            return Err(EdgeError::Stream(
+                "the cloud's prompt tokens differ from this edge's tokenization".into(),
+            ));
+        }
+        // Mapped KV must never be kept where exact KV is expected (and served to peers).
+        if header.mapped && !self.lslm() {
+            return Err(EdgeError::Stream(
+                "the cloud sent a larger model's KV mapped through adapters (CE-LSLM); this edge asked for its own model's exact KV".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Layer `l` of a stream: a sender that stalls, or drips, counts as down (the caller tries
+/// another or falls back), rather than holding every request on this prompt.
+async fn next_layer(
+    rx: &mut tokio::sync::mpsc::Receiver<Result<crate::client::LayerArrival, EdgeError>>,
+    l: usize,
+    per_layer: Duration,
+    until: tokio::time::Instant,
+    whole: Duration,
+) -> Result<crate::client::LayerArrival, EdgeError> {
+    let next = (tokio::time::Instant::now() + per_layer).min(until);
+    tokio::time::timeout_at(next, rx.recv())
+        .await
+        .map_err(|_| {
+            EdgeError::Stream(match next == until {
+                true => format!("the fetch took longer than {whole:?} (at layer {l})"),
+                false => format!("no layer {l} within {per_layer:?}"),
+            })
+        })?
+        .ok_or_else(|| EdgeError::Stream("cloud stream closed early".into()))?
 }

@@ -11,6 +11,7 @@
 //! timing nor a response field tells whether someone else used it. Callers with neither (an
 //! open API without a salt) are one tenant: the server cannot tell them apart.
 
+use sha2::Digest;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -106,6 +107,10 @@ pub enum UnknownSystem {
 pub struct PrefixConfig {
     /// gRPC URL of the cloud node; none means every prefix is computed here.
     pub cloud_url: Option<String>,
+    /// More endpoints of the same cloud service (its replicas, signing with its key): each
+    /// prompt is asked of the endpoints in an order of its own (rendezvous hashing on its
+    /// address), so replicas share the prompts; one that fails is followed by the next.
+    pub cloud_replicas: Vec<String>,
     pub codec: Codec,
     pub unknown_system: UnknownSystem,
     /// Bytes of prompt KV kept in memory; idle prompts beyond it are dropped, oldest first.
@@ -153,6 +158,7 @@ impl Default for PrefixConfig {
     fn default() -> Self {
         Self {
             cloud_url: None,
+            cloud_replicas: Vec::new(),
             codec: Codec::F16,
             unknown_system: UnknownSystem::ComputeLocally,
             cache_bytes: 1 << 30,
@@ -376,6 +382,7 @@ impl Prefixes {
         let catalog = Catalog::new(
             model.clone(),
             cfg.cloud_url.clone(),
+            cfg.cloud_replicas.clone(),
             cfg.security.clone(),
             cfg.trust.clone(),
             cfg.deadlines.header,
@@ -437,6 +444,30 @@ impl Prefixes {
 
     pub fn has_cloud(&self) -> bool {
         self.cfg.cloud_url.is_some()
+    }
+
+    /// Whether `url` is one of the cloud's endpoints (not a peer).
+    fn is_cloud(&self, url: &str) -> bool {
+        self.cfg.cloud_url.as_deref() == Some(url)
+            || self.cfg.cloud_replicas.iter().any(|r| r == url)
+    }
+
+    /// The cloud's endpoints in the order a published prompt (by address, or by id) asks them:
+    /// highest rendezvous score first, so each prompt has a home replica and moves only if it
+    /// fails. Public names only: nothing private picks a replica.
+    fn cloud_order(&self, prompt: &PromptRef) -> Vec<String> {
+        let key: &[u8] = match prompt {
+            PromptRef::Id(id) => id.as_bytes(),
+            PromptRef::ContentAddress(a) => a,
+        };
+        let urls: Vec<String> = self
+            .cfg
+            .cloud_url
+            .iter()
+            .chain(&self.cfg.cloud_replicas)
+            .cloned()
+            .collect();
+        rendezvous(&urls, key)
     }
 
     /// Whether a system message the cloud cannot serve is computed here.
@@ -1167,7 +1198,10 @@ impl Prefixes {
                 true => &[],
             };
             for peer in peers {
-                match self.fetch(peer, by_address.clone(), ids, None, 0).await {
+                match self
+                    .fetch(std::slice::from_ref(peer), by_address.clone(), ids, None, 0)
+                    .await
+                {
                     Ok((prefix, seal, wire)) => {
                         return Ok(Got {
                             prefix,
@@ -1186,9 +1220,10 @@ impl Prefixes {
             (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
                 return Ok(local(self.compute(ids).await?));
             }
-            (Some(url), _) => {
+            (Some(_), _) => {
                 let first = first.min(self.model.cfg.n_layer - 1);
-                Some(self.fetch(url, prompt.clone(), ids, slot, first).await)
+                let urls = self.cloud_order(&prompt);
+                Some(self.fetch(&urls, prompt.clone(), ids, slot, first).await)
             }
             (None, _) => None,
         };
@@ -1232,6 +1267,49 @@ impl Prefixes {
             (None, None, PromptRef::ContentAddress(_)) => {
                 Err(LookupError::Failed("no cloud configured".into()))
             }
+        }
+    }
+}
+
+/// `urls` ordered for `key` by rendezvous hashing (highest SHA-256 of url, 0, key first): each
+/// key has a home, and removing an endpoint moves only the keys whose home it was.
+pub fn rendezvous(urls: &[String], key: &[u8]) -> Vec<String> {
+    let mut scored: Vec<([u8; 32], &String)> = urls
+        .iter()
+        .map(|u| {
+            let score = sha2::Sha256::new()
+                .chain_update(u.as_bytes())
+                .chain_update([0])
+                .chain_update(key)
+                .finalize();
+            (score.into(), u)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.cmp(&a.0));
+    scored.into_iter().map(|(_, u)| u.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rendezvous;
+
+    /// Keys spread over the replicas, and a replica that goes moves its own keys only.
+    #[test]
+    fn rendezvous_moves_only_the_keys_of_a_replica_that_goes() {
+        let urls: Vec<String> = (0..3).map(|i| format!("http://10.0.0.{i}:50051")).collect();
+        let keys: Vec<[u8; 8]> = (0..600u64).map(u64::to_le_bytes).collect();
+        let home = |urls: &[String], k: &[u8]| rendezvous(urls, k)[0].clone();
+        for u in &urls {
+            let n = keys.iter().filter(|k| &home(&urls, &k[..]) == u).count();
+            assert!((150..=250).contains(&n), "{u} is home to {n} of 600 keys");
+        }
+        let without: Vec<String> = urls[1..].to_vec();
+        for k in &keys {
+            let before = rendezvous(&urls, k);
+            let after = rendezvous(&without, k);
+            // The order of the others is kept: the next replica is the one failover took.
+            let kept: Vec<String> = before.into_iter().filter(|u| u != &urls[0]).collect();
+            assert_eq!(kept, after);
         }
     }
 }
