@@ -111,6 +111,11 @@ pub struct ServeArgs {
     /// gRPC URL of a peer edge asked before the cloud (repeatable).
     #[arg(long = "peer")]
     peers: Vec<String>,
+    /// The object store the cloud replicas keep published prompts in, read before the cloud:
+    /// `https://cdn.example/edgeprompt` (over HTTP, e.g. a CDN), or `s3://bucket/prefix` with
+    /// the `AWS_*` variables (a read-only key).
+    #[arg(long)]
+    kv_store: Option<String>,
     /// Serve this edge's cached cloud prompts to peers over gRPC on this address.
     #[arg(long)]
     peer_listen: Option<String>,
@@ -288,6 +293,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             cache_bytes: a.prefix_cache_mb << 20,
             disk_dir: a.cache_dir.clone(),
             peers: a.peers.clone(),
+            kv_store: match &a.kv_store {
+                Some(url) => Some(Arc::new(edgeprompt_kv::BucketStore::open(url)?)),
+                None => None,
+            },
             security,
             cloud_layers_from,
             auto_codec,

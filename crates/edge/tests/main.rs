@@ -28,6 +28,7 @@ mod private_cache;
 mod resilience;
 mod security;
 mod split_auto;
+mod store;
 mod structured;
 mod tenants;
 mod window;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use object_store::aws::AmazonS3Builder;
+use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
@@ -37,6 +38,13 @@ pub struct BucketStore {
     url: String,
 }
 
+impl std::fmt::Debug for BucketStore {
+    // The URL only: the store's options hold its credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BucketStore({})", self.url)
+    }
+}
+
 /// The TLS provider reqwest's rustls uses (ring, as tonic's): installed once per process.
 pub fn install_tls() {
     static ONCE: Once = Once::new();
@@ -49,7 +57,8 @@ pub fn install_tls() {
 impl BucketStore {
     /// `url`: `s3://bucket/prefix` (credentials, endpoint and region from the `AWS_*`
     /// variables, e.g. `AWS_ENDPOINT=http://127.0.0.1:8333` and `AWS_ALLOW_HTTP=true` for a
-    /// store without TLS) or `file:///dir`.
+    /// store without TLS), `https://host/prefix` (objects read over HTTP, e.g. through a CDN;
+    /// nothing is written there) or `file:///dir`.
     pub fn open(url: &str) -> Result<Self> {
         Self::open_with(url, std::env::vars().filter(|(k, _)| k.starts_with("AWS_")))
     }
@@ -65,21 +74,11 @@ impl BucketStore {
         let (scheme, root) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(&e))?;
         let store: Arc<dyn ObjectStore> = match scheme {
             ObjectStoreScheme::AmazonS3 => {
-                // Every request has a deadline, and a store that does not answer costs a
-                // request seconds, not minutes of retries: the caller computes instead.
-                let retry = RetryConfig {
-                    backoff: BackoffConfig::default(),
-                    max_retries: 3,
-                    retry_timeout: Duration::from_secs(10),
-                };
-                let client = ClientOptions::new()
-                    .with_timeout(Duration::from_secs(30))
-                    .with_connect_timeout(Duration::from_secs(5));
                 // The options after the client's: they may set its keys (`aws_allow_http`).
                 let builder = AmazonS3Builder::new()
                     .with_url(url)
-                    .with_client_options(client)
-                    .with_retry(retry);
+                    .with_client_options(client(false))
+                    .with_retry(retry());
                 let builder = options.into_iter().fold(builder, |b, (k, v)| {
                     match k.to_ascii_lowercase().parse() {
                         Ok(key) => b.with_config(key, v),
@@ -87,6 +86,17 @@ impl BucketStore {
                     }
                 });
                 Arc::new(builder.build().map_err(|e| bad(&e))?)
+            }
+            // A bucket read over plain HTTP(S), as from a CDN in front of it (read-only).
+            ObjectStoreScheme::Http => {
+                let base = &url[..parsed[..url::Position::BeforePath].len()];
+                let store = HttpBuilder::new()
+                    .with_url(base)
+                    .with_client_options(client(parsed.scheme() == "http"))
+                    .with_retry(retry())
+                    .build()
+                    .map_err(|e| bad(&e))?;
+                Arc::new(store)
             }
             ObjectStoreScheme::Local => Arc::new(LocalFileSystem::new()),
             other => {
@@ -171,6 +181,25 @@ impl BucketStore {
             bytes.extend_from_slice(&part);
         }
         read_prefix(&mut &bytes[..], expect).map(Some)
+    }
+}
+
+/// Every request has a deadline, and a store that does not answer costs a request seconds, not
+/// minutes of retries: the caller takes the prompt elsewhere instead.
+/// `plain`: HTTP without TLS is allowed (an `http://` URL that carries no credentials); an S3
+/// store sends its keys, and takes plain HTTP only when told (`aws_allow_http`).
+fn client(plain: bool) -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(Duration::from_secs(30))
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_allow_http(plain)
+}
+
+fn retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(10),
     }
 }
 

@@ -84,7 +84,7 @@ impl Prefixes {
             false => Codec::F16,
         };
         let open = |url: String| {
-            let (prompt, trust) = (prompt.clone(), trust.clone());
+            let prompt = prompt.clone();
             async move {
                 let mut client = CloudClient::connect_with(&url, security)
                     .await?

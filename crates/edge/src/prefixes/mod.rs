@@ -111,6 +111,10 @@ pub struct PrefixConfig {
     /// prompt is asked of the endpoints in an order of its own (rendezvous hashing on its
     /// address), so replicas share the prompts; one that fails is followed by the next.
     pub cloud_replicas: Vec<String>,
+    /// The object store the cloud replicas keep published prompts in (or a CDN in front of
+    /// it), read before the cloud: only published prompts, by address, each checked as from
+    /// the disk tier.
+    pub kv_store: Option<Arc<edgeprompt_kv::BucketStore>>,
     pub codec: Codec,
     pub unknown_system: UnknownSystem,
     /// Bytes of prompt KV kept in memory; idle prompts beyond it are dropped, oldest first.
@@ -159,6 +163,7 @@ impl Default for PrefixConfig {
         Self {
             cloud_url: None,
             cloud_replicas: Vec::new(),
+            kv_store: None,
             codec: Codec::F16,
             unknown_system: UnknownSystem::ComputeLocally,
             cache_bytes: 1 << 30,
@@ -186,6 +191,8 @@ pub enum Source {
     Memory,
     Disk,
     Peer,
+    /// The cloud's object store (or a CDN in front of it).
+    Store,
     Cloud,
     Local,
 }
@@ -196,6 +203,7 @@ impl Source {
             Source::Memory => "memory",
             Source::Disk => "disk",
             Source::Peer => "peer",
+            Source::Store => "store",
             Source::Cloud => "cloud",
             Source::Local => "local",
         }
@@ -1016,7 +1024,7 @@ impl Prefixes {
     fn keeps_on_disk(&self, source: Source, signed: bool, public: bool) -> bool {
         let readable = signed || !self.verifies();
         match source {
-            Source::Cloud => readable,
+            Source::Cloud | Source::Store => readable,
             Source::Peer => signed && self.verifies(),
             Source::Local => public && readable && !self.lslm(),
             Source::Memory | Source::Disk => false,
@@ -1042,35 +1050,75 @@ impl Prefixes {
             }
         };
         let address = key.split('-').next().unwrap_or(key);
-        let refuse = |why: String| {
-            tracing::warn!("disk tier: {key} refused: {why}; fetching it again");
-            None
+        let vetted = self
+            .vet(&format!("disk tier: {key}"), address, p, seal)
+            .await;
+        if let Err(Refused::Forged(_)) = &vetted {
+            // Not the trusted key's: dropped, not kept to be refused again.
+            if let Some(d) = &self.disk {
+                let _ = d.remove(key);
+            }
+        }
+        vetted.ok()
+    }
+
+    /// A published prompt from the cloud's object store (`kv_store`), checked as one from disk.
+    async fn read_store(&self, address: &str) -> Option<(PrefixKv, Option<Seal>)> {
+        let store = self.cfg.kv_store.as_ref()?;
+        let expect = Expect::of(&self.model.cfg);
+        let (p, seal) = match store.get(&self.model.fingerprint, address, &expect).await {
+            Ok(Some(x)) => x,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!("object store: {e}; asking the cloud");
+                return None;
+            }
+        };
+        self.vet(&format!("object store: {address}"), address, p, seal)
+            .await
+            .ok()
+    }
+
+    /// A stored prompt is taken only if it is the one `address` names (its ids hash to it),
+    /// fits this model, and, with the cloud's key, carries its signature on every layer.
+    async fn vet(
+        &self,
+        what: &str,
+        address: &str,
+        p: PrefixKv,
+        seal: Option<Seal>,
+    ) -> Result<(PrefixKv, Option<Seal>), Refused> {
+        let refuse = |why: Refused| {
+            tracing::warn!("{what} refused: {}; taking it from elsewhere", why.reason());
+            Err(why)
         };
         if let Err(e) = p.check_fits(&self.model.cfg, &self.model.fingerprint) {
-            return refuse(e.to_string());
+            return refuse(Refused::Unfit(e.to_string()));
         }
         if content_address(&p.fingerprint, &p.token_ids) != address {
-            return refuse("its token ids are not the prompt the file is named for".into());
+            return refuse(Refused::Unfit(
+                "its token ids are not the prompt it is named for".into(),
+            ));
         }
         let trust = match self.catalog.key().await {
             Ok(t) => t,
-            Err(e) => return refuse(e.to_string()),
+            Err(e) => return refuse(Refused::Unfit(e.to_string())),
         };
         if let Some(trust) = &trust {
             match &seal {
-                None => return refuse("unsigned, and this edge takes only signed KV".into()),
+                None => {
+                    return refuse(Refused::Unfit(
+                        "unsigned, and this edge takes only signed KV".into(),
+                    ))
+                }
                 Some(s) => {
                     if let Err(e) = s.verify_whole(trust, &p, |c| self.takes_codec(c)) {
-                        // Not the trusted key's: dropped, not kept to be refused again.
-                        if let Some(d) = &self.disk {
-                            let _ = d.remove(key);
-                        }
-                        return refuse(e.to_string());
+                        return refuse(Refused::Forged(e.to_string()));
                     }
                 }
             }
         }
-        Some((p, seal))
+        Ok((p, seal))
     }
 
     /// Keep a copy on disk (in the background; a failure only costs the next restart a fetch).
@@ -1140,7 +1188,8 @@ impl Prefixes {
         (total, held)
     }
 
-    /// The tiers below memory, in order: disk, peers, cloud, then compute here. A private
+    /// The tiers below memory, in order: disk, peers, the cloud's object store, the cloud,
+    /// then compute here. A private
     /// prompt goes straight to the last: no tier below memory ever sees it; a published one
     /// reached `Here` only reads the disk first.
     async fn fetch_or_compute(
@@ -1214,6 +1263,18 @@ impl Prefixes {
                 }
             }
         }
+        // The cloud's object store (a CDN, for many edges) before the cloud itself; a CE-LSLM
+        // edge takes its mix from the cloud.
+        if let (Some(a), false) = (address, self.lslm()) {
+            if let Some((prefix, seal)) = self.read_store(a).await {
+                return Ok(Got {
+                    prefix,
+                    source: Source::Store,
+                    seal,
+                    wire: Wire::default(),
+                });
+            }
+        }
         let first = self.cloud_first_layer(ids.map(<[u32]>::len));
         let fetched = match (&self.cfg.cloud_url, ids) {
             // The planner computes every layer here: the cloud has nothing to add.
@@ -1271,6 +1332,22 @@ impl Prefixes {
     }
 }
 
+/// Why a stored prompt was not taken.
+enum Refused {
+    /// Not this model's, not the prompt named, unsigned, or no key to check it with.
+    Unfit(String),
+    /// Signed, but not by the trusted key (or altered since).
+    Forged(String),
+}
+
+impl Refused {
+    fn reason(&self) -> &str {
+        match self {
+            Refused::Unfit(r) | Refused::Forged(r) => r,
+        }
+    }
+}
+
 /// `urls` ordered for `key` by rendezvous hashing (highest SHA-256 of url, 0, key first): each
 /// key has a home, and removing an endpoint moves only the keys whose home it was.
 pub fn rendezvous(urls: &[String], key: &[u8]) -> Vec<String> {
@@ -1285,7 +1362,7 @@ pub fn rendezvous(urls: &[String], key: &[u8]) -> Vec<String> {
             (score.into(), u)
         })
         .collect();
-    scored.sort_by(|a, b| b.0.cmp(&a.0));
+    scored.sort_by_key(|s| std::cmp::Reverse(s.0));
     scored.into_iter().map(|(_, u)| u.clone()).collect()
 }
 
