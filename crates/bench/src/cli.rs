@@ -27,6 +27,9 @@ pub enum Bench {
     Table(TableArgs),
     /// KV codecs: bytes vs f16 and what they change in the answer, per model.
     Codecs(CodecsArgs),
+    /// Bytes leaving the cloud against the number of edges: edges reading the object store vs
+    /// the cloud streaming to each (SeaweedFS on loopback).
+    Fanout(FanoutArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
     /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
@@ -169,6 +172,22 @@ pub struct SoakArgs {
     /// The `edgeprompt` binary the processes run (default: beside this one).
     #[arg(long)]
     edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct FanoutArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    edges: Vec<usize>,
+    /// Edges fetching at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Words in the cloud prompt's house rules (about 3 tokens each).
+    #[arg(long, default_value_t = 300)]
+    prompt_words: usize,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -568,6 +587,22 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::codecs::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/codecs.json and codecs.svg",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Fanout(a) => {
+            let s = edgeprompt_bench::fanout::Settings {
+                model: resolve(&a.model)?,
+                edges: a.edges.clone(),
+                concurrency: a.concurrency,
+                prompt_words: a.prompt_words,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::fanout::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/fanout.json",
                 r.rows.len(),
                 a.out.display()
             );

@@ -112,6 +112,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     crate::fleet::report::section(dir, &mut md);
     // The Xeon (family 6, model 207) it was measured on; other machines' runs join here.
     flood_section(dir, "xeon-207/", &mut md);
+    fanout_section(dir, "xeon-207/", &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));
@@ -137,6 +138,45 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
 
 /// Slow and never-reading clients against `edgeprompt serve` (`scripts/bench_flood.py`): the
 /// normal client's chats during the flood and the server's memory, bounds off and on.
+fn fanout_section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}fanout.json")) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Fan-out: edges reading the object store (`edgeprompt-bench fanout`)\n\n{}; model {}; one \
+         cloud node and SeaweedFS (`weed mini`) on loopback, a published prompt of {} tokens ({:.1} MB \
+         as one object), N edge lookups ({} at once) each behind a byte-counting link; `store`: edges \
+         read the object over HTTP (the filer, standing for a CDN), `grpc`: the cloud streams it to \
+         each (`{sub}fanout.json`).\n\n\
+         | edges | path | bytes from the cloud | MB from the store | seconds | exact |\n\
+         | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["prompt_tokens"],
+        f(&v["object_bytes"]) / 1e6,
+        v["concurrency"],
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let cloud = f(&r["cloud_bytes"]);
+        let shown = match cloud >= 1e6 {
+            true => format!("{:.1} MB", cloud / 1e6),
+            false => format!("{:.1} kB", cloud / 1e3),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {shown} | {:.1} | {:.2} | {} of {} |",
+            r["edges"],
+            r["path"].as_str().unwrap_or("?"),
+            f(&r["store_bytes"]) / 1e6,
+            f(&r["seconds"]),
+            r["exact"],
+            r["edges"],
+        );
+    }
+    md.push('\n');
+}
+
 fn flood_section(dir: &Path, sub: &str, md: &mut String) {
     let Some(v) = load(dir, &format!("{sub}flood.json")) else {
         return;

@@ -1,0 +1,198 @@
+//! `edgeprompt-bench fanout`: bytes leaving the cloud against the number of edges, when edges
+//! read a published prompt from the object store (as from a CDN) and when the cloud streams it
+//! to each over gRPC. Real processes and sockets on loopback: one cloud node, SeaweedFS
+//! (`weed mini`), and N edge lookups (the edge's `Prefixes`, each with its own memory), each
+//! behind a byte-counting link. Every edge's KV is checked bit for bit against the cloud's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
+use edgeprompt_engine::{Message, Model, PrefixKv};
+use edgeprompt_kv::{BucketStore, SealKey};
+use edgeprompt_link::{Link, Profile};
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    /// Edge counts, one run per count and path.
+    pub edges: Vec<usize>,
+    /// Edges fetching at once (each holds a prompt's KV while it fetches).
+    pub concurrency: usize,
+    /// Words of the cloud prompt (its tokens are reported).
+    pub prompt_words: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub edges: usize,
+    /// "store" (edges read the object store) or "grpc" (the cloud streams to each).
+    pub path: &'static str,
+    /// Bytes the cloud node sent (lists, headers, KV), all edges together.
+    pub cloud_bytes: u64,
+    /// Bytes the store sent.
+    pub store_bytes: u64,
+    pub seconds: f64,
+    /// Edges whose KV came from where the path says, equal to the cloud's bit for bit.
+    pub exact: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub prompt_tokens: usize,
+    /// The prompt's KV in the stored format (one object).
+    pub object_bytes: u64,
+    pub concurrency: usize,
+    pub rows: Vec<Row>,
+}
+
+fn err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Data(e.to_string())
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let model = Arc::new(Model::load(&s.model).map_err(err)?);
+    let rt = tokio::runtime::Runtime::new().map_err(err)?;
+    let weed = edgeprompt_testbed::weed();
+    rt.block_on(async {
+        let text: Vec<String> = (0..s.prompt_words)
+            .map(|i| format!("rule{i}"))
+            .collect();
+        let system = format!(
+            "You are the support assistant of Acme Rail. House rules: {}.",
+            text.join(", ")
+        );
+        let specs = [PromptSpec {
+            id: "support".into(),
+            system: system.clone(),
+            text: None,
+        }];
+        let bucket = edgeprompt_testbed::bucket(&weed, "fanout");
+        let node = Arc::new(
+            CloudNode::new(model.clone(), &specs, 1 << 30)
+                .map_err(err)?
+                .with_signing(SealKey::from_seed([8; 32]))
+                .with_bucket(bucket.clone()),
+        );
+        let exact = node.warm("support").await.map_err(|e| err(e.message()))?;
+        let cloud = serve(node.clone()).await?;
+        let cloud_link = Link::start("127.0.0.1:0", cloud, Profile::UNLIMITED)
+            .await
+            .map_err(err)?;
+        let store_link = Link::start(
+            "127.0.0.1:0",
+            format!("127.0.0.1:{}", weed.filer),
+            Profile::UNLIMITED,
+        )
+        .await
+        .map_err(err)?;
+        let cdn = format!(
+            "http://{}/buckets/edgeprompt-kv/fanout",
+            store_link.addr
+        );
+        let ids = cloud_ids(&model, &system)?;
+        let object_bytes = {
+            let mut b = Vec::new();
+            edgeprompt_kv::write_prefix(&mut b, &exact, None).map_err(err)?;
+            b.len() as u64
+        };
+        let mut rows = Vec::new();
+        for &n in &s.edges {
+            for path in ["store", "grpc"] {
+                let (c0, s0) = (cloud_link.counters.down(), store_link.counters.down());
+                let t0 = Instant::now();
+                let gate = Arc::new(tokio::sync::Semaphore::new(s.concurrency.max(1)));
+                let mut tasks = Vec::new();
+                for _ in 0..n {
+                    let cfg = PrefixConfig {
+                        cloud_url: Some(format!("http://{}", cloud_link.addr)),
+                        kv_store: match path {
+                            "store" => Some(Arc::new(BucketStore::open_with(&cdn, []).map_err(err)?)),
+                            _ => None,
+                        },
+                        cache_bytes: 256 << 20,
+                        ..Default::default()
+                    };
+                    let (m, ids, exact, gate) = (model.clone(), ids.clone(), exact.clone(), gate.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let _turn = gate.acquire_owned().await;
+                        let p = Prefixes::new(m, cfg, Arc::new(Metrics::new())).ok()?;
+                        let got = p.for_system(&ids).await.ok()?;
+                        let want = match path {
+                            "store" => Source::Store,
+                            _ => Source::Cloud,
+                        };
+                        Some(got.source == want && same(&got.prefix, &exact))
+                    }));
+                }
+                let mut ok = 0;
+                for t in tasks {
+                    ok += usize::from(t.await.ok().flatten() == Some(true));
+                }
+                let row = Row {
+                    edges: n,
+                    path,
+                    cloud_bytes: cloud_link.counters.down() - c0,
+                    store_bytes: store_link.counters.down() - s0,
+                    seconds: t0.elapsed().as_secs_f64(),
+                    exact: ok,
+                };
+                eprintln!(
+                    "{n} edges via {path}: cloud sent {:.1} MB, store {:.1} MB, {:.2} s, {ok} exact",
+                    row.cloud_bytes as f64 / 1e6,
+                    row.store_bytes as f64 / 1e6,
+                    row.seconds
+                );
+                rows.push(row);
+            }
+        }
+        let report = Report {
+            machine: Machine::detect(),
+            model: model.cfg.name.clone(),
+            prompt_tokens: ids.len(),
+            object_bytes,
+            concurrency: s.concurrency,
+            rows,
+        };
+        std::fs::create_dir_all(&s.out).map_err(err)?;
+        let json = serde_json::to_string_pretty(&report).map_err(err)?;
+        std::fs::write(s.out.join("fanout.json"), json).map_err(err)?;
+        Ok(report)
+    })
+}
+
+/// The cloud's gRPC service on a loopback port: its address.
+async fn serve(node: Arc<CloudNode>) -> Result<String, BenchError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CloudService::server(node))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Ok(addr.to_string())
+}
+
+/// The cloud part of a chat with this system message, as an edge tokenizes it.
+fn cloud_ids(model: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
+    let chat = model.chat.as_ref().ok_or_else(|| err("a chat model"))?;
+    let split = chat
+        .split(system, &[Message::new("user", "hello")])
+        .map_err(err)?;
+    model.tokenizer.encode(&split.cloud).map_err(err)
+}
+
+fn same(a: &PrefixKv, b: &PrefixKv) -> bool {
+    a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
+}
