@@ -30,6 +30,9 @@ pub enum Bench {
     /// Bytes leaving the cloud against the number of edges: edges reading the object store vs
     /// the cloud streaming to each (SeaweedFS on loopback).
     Fanout(FanoutArgs),
+    /// The scale-out curve: 1, 2, 3 cloud replicas behind one object store and one Redis;
+    /// prefills against distinct prompts, completed lookups and their p99.
+    Replicas(ReplicasArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
     /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
@@ -172,6 +175,24 @@ pub struct SoakArgs {
     /// The `edgeprompt` binary the processes run (default: beside this one).
     #[arg(long)]
     edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ReplicasArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    replicas: Vec<usize>,
+    #[arg(long, default_value_t = 12)]
+    prompts: usize,
+    #[arg(long, default_value_t = 96)]
+    lookups: usize,
+    #[arg(long, default_value_t = 100)]
+    prompt_words: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -587,6 +608,24 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             let r = edgeprompt_bench::codecs::run(&s)?;
             eprintln!(
                 "wrote {} rows to {}/codecs.json and codecs.svg",
+                r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::Replicas(a) => {
+            let s = edgeprompt_bench::replicas::Settings {
+                model: resolve(&a.model)?,
+                replicas: a.replicas.clone(),
+                prompts: a.prompts.max(1),
+                lookups: a.lookups,
+                prompt_words: a.prompt_words,
+                seed: a.seed,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::replicas::run(&s)?;
+            eprintln!(
+                "wrote {} rows to {}/replicas.json",
                 r.rows.len(),
                 a.out.display()
             );

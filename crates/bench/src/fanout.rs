@@ -8,15 +8,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use edgeprompt_cloud::{CloudNode, CloudService, PromptSpec};
+use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::metrics::Metrics;
 use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
-use edgeprompt_engine::{Message, Model, PrefixKv};
+use edgeprompt_engine::Model;
 use edgeprompt_kv::{BucketStore, SealKey};
 use edgeprompt_link::{Link, Profile};
 use serde::Serialize;
 
 use crate::machine::Machine;
+use crate::nodes::{cloud_ids, same_kv, serve};
 use crate::BenchError;
 
 pub struct Settings {
@@ -85,7 +86,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         );
         let exact = node.warm("support").await.map_err(|e| err(e.message()))?;
         let cloud = serve(node.clone()).await?;
-        let cloud_link = Link::start("127.0.0.1:0", cloud, Profile::UNLIMITED)
+        let cloud_link = Link::start("127.0.0.1:0", cloud.to_string(), Profile::UNLIMITED)
             .await
             .map_err(err)?;
         let store_link = Link::start(
@@ -131,7 +132,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                             "store" => Source::Store,
                             _ => Source::Cloud,
                         };
-                        Some(got.source == want && same(&got.prefix, &exact))
+                        Some(got.source == want && same_kv(&got.prefix, &exact))
                     }));
                 }
                 let mut ok = 0;
@@ -168,31 +169,4 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         std::fs::write(s.out.join("fanout.json"), json).map_err(err)?;
         Ok(report)
     })
-}
-
-/// The cloud's gRPC service on a loopback port: its address.
-async fn serve(node: Arc<CloudNode>) -> Result<String, BenchError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(err)?;
-    let addr = listener.local_addr().map_err(err)?;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CloudService::server(node))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    Ok(addr.to_string())
-}
-
-/// The cloud part of a chat with this system message, as an edge tokenizes it.
-fn cloud_ids(model: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
-    let chat = model.chat.as_ref().ok_or_else(|| err("a chat model"))?;
-    let split = chat
-        .split(system, &[Message::new("user", "hello")])
-        .map_err(err)?;
-    model.tokenizer.encode(&split.cloud).map_err(err)
-}
-
-fn same(a: &PrefixKv, b: &PrefixKv) -> bool {
-    a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
 }

@@ -14,6 +14,7 @@ pub mod grammar;
 pub mod lslm;
 pub mod nodes;
 pub mod plot;
+pub mod replicas;
 pub mod report;
 pub mod serve;
 pub mod soak;

@@ -53,15 +53,36 @@ fn specs(model: &Model, prompts: &[(String, String)]) -> Vec<PromptSpec> {
         .collect()
 }
 
-async fn serve_warm(node: CloudNode) -> Result<SocketAddr, BenchError> {
-    let node = Arc::new(node);
+/// `node`'s gRPC service on a loopback port (nothing prefilled first).
+pub async fn serve(node: Arc<CloudNode>) -> Result<SocketAddr, BenchError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(CloudService::server(node.clone()))
+            .add_service(CloudService::server(node))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
+    Ok(addr)
+}
+
+/// The cloud part of a chat with this system message, as an edge tokenizes it.
+pub fn cloud_ids(model: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
+    let data = |e: &dyn std::fmt::Display| BenchError::Data(e.to_string());
+    let chat = model.chat.as_ref().ok_or_else(|| data(&"a chat model"))?;
+    let split = chat
+        .split(system, &[edgeprompt_engine::Message::new("user", "hello")])
+        .map_err(|e| data(&e))?;
+    model.tokenizer.encode(&split.cloud).map_err(|e| data(&e))
+}
+
+/// Two prompts' KV bit for bit.
+pub fn same_kv(a: &edgeprompt_engine::PrefixKv, b: &edgeprompt_engine::PrefixKv) -> bool {
+    a.token_ids == b.token_ids && a.layers.iter().zip(&b.layers).all(|(x, y)| x == y)
+}
+
+async fn serve_warm(node: CloudNode) -> Result<SocketAddr, BenchError> {
+    let node = Arc::new(node);
+    let addr = serve(node.clone()).await?;
     for id in node.prompt_ids() {
         node.warm(&id)
             .await

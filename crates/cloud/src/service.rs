@@ -335,11 +335,18 @@ impl CloudNode {
             let seal = self.layer_seal(&manifest);
             let _ = crate::stream::send_layer(&tx, l, &layer, starts[l], codec, zstd, seal).await;
         }
-        let kv = Arc::new(
-            compute
-                .await
-                .map_err(|e| Status::internal(e.to_string()))??,
-        );
+        let computed = compute
+            .await
+            .map_err(|e| Status::internal(e.to_string()))
+            .and_then(|r| r);
+        let kv = match computed {
+            Ok(kv) => Arc::new(kv),
+            Err(e) => {
+                // Others waiting on this node's lease need not wait for it to run out.
+                self.shared.release(&p.address).await;
+                return Err(e);
+            }
+        };
         self.cache.put(&p.address, kv.clone());
         self.prefills.fetch_add(1, Ordering::Relaxed);
         if !self.shared.is_empty() {

@@ -13,28 +13,53 @@ use edgeprompt_kv::{BucketStore, Expect, RedisStore, Seal, Stored};
 pub struct SharedTiers {
     pub redis: Option<Arc<RedisStore>>,
     pub bucket: Option<Arc<BucketStore>>,
-    /// This node's name on the leases it takes (random: only the node needs to know it).
-    holder: String,
+    /// This node's name on the leases it takes (random: only the node needs to know it);
+    /// none if the system gave no randomness: the node then takes no lease.
+    holder: Option<String>,
 }
 
 impl Default for SharedTiers {
     fn default() -> Self {
         let mut id = [0u8; 8];
-        // A fixed name if the system has no randomness: leases then only expire.
-        let _ = getrandom::fill(&mut id);
         Self {
             redis: None,
             bucket: None,
-            holder: hex::encode(id),
+            holder: getrandom::fill(&mut id).ok().map(|()| hex::encode(id)),
         }
     }
 }
 
-/// How long a prefill lease holds; a node waiting on another's lease computes the prompt
-/// itself past it (a holder that died, or one slower than this).
-pub const LEASE: Duration = Duration::from_secs(60);
-/// How often a node waiting on a lease looks for the prompt.
+/// How long a prefill lease holds: under the edges' 30 s wait for a layer, since a node
+/// waiting on another's lease has sent its header and nothing else. A node waiting on a lease
+/// computes the prompt itself past it (a holder that died, or one slower than this).
+pub const LEASE: Duration = Duration::from_secs(20);
+/// How often a node waiting on a lease asks whether it is still held.
 const LEASE_POLL: Duration = Duration::from_millis(100);
+/// Longest wait for one Redis call as a whole (the client's socket deadlines bound each read,
+/// not a value sent slowly).
+const REDIS_CALL: Duration = Duration::from_secs(10);
+
+/// `f` on a blocking thread, within `REDIS_CALL`; any failure is logged and is `None`.
+async fn redis_call<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> edgeprompt_kv::Result<T> + Send + 'static,
+) -> Option<T> {
+    match tokio::time::timeout(REDIS_CALL, tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(Ok(v))) => Some(v),
+        Ok(Ok(Err(e))) => {
+            tracing::warn!("shared tier redis: {what}: {e}");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("shared tier redis: {what}: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("shared tier redis: {what}: no answer within {REDIS_CALL:?}");
+            None
+        }
+    }
+}
 
 /// Where a shared prompt was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +95,11 @@ impl SharedTiers {
     ) -> Option<(Tier, Arc<PrefixKv>)> {
         if let Some(redis) = self.redis.clone() {
             let (key, e) = (address.to_string(), expect.clone());
-            match tokio::task::spawn_blocking(move || redis.get(&key, &e)).await {
-                Ok(Ok(Some(entry))) => {
-                    if let Some(kv) = accept(Tier::Redis, entry) {
-                        return Some((Tier::Redis, kv));
-                    }
-                }
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::warn!("shared tier redis: {e}"),
-                Err(e) => tracing::warn!("shared tier redis: {e}"),
+            let got = redis_call("read", move || redis.get(&key, &e))
+                .await
+                .flatten();
+            if let Some(kv) = got.and_then(|entry| accept(Tier::Redis, entry)) {
+                return Some((Tier::Redis, kv));
             }
         }
         if let Some(bucket) = &self.bucket {
@@ -95,10 +116,11 @@ impl SharedTiers {
         None
     }
 
-    /// Before prefilling `address`: take its lease in Redis, or wait while another node holds
-    /// it and take the prompt from the tiers once that node stored it. `Some` is that prompt;
-    /// `None` means prefill here (the lease taken, no Redis, Redis failing, or the lease run
-    /// out). So a prompt is prefilled once across the nodes sharing a Redis.
+    /// Before prefilling `address` (found in no tier): take its lease in Redis, or wait while
+    /// another node holds it and take the prompt from the tiers once that node gave the lease
+    /// back. `Some` is that prompt; `None` means prefill here (the lease taken, no Redis, Redis
+    /// failing, or the lease run out). So a prompt is prefilled once across the nodes sharing
+    /// a Redis.
     pub async fn claim(
         &self,
         fingerprint: &str,
@@ -106,40 +128,45 @@ impl SharedTiers {
         expect: &Expect,
         accept: &(dyn Fn(Tier, Entry) -> Option<Arc<PrefixKv>> + Sync),
     ) -> Option<(Tier, Arc<PrefixKv>)> {
-        let redis = self.redis.clone()?;
+        let (redis, holder) = (self.redis.clone()?, self.holder.clone()?);
         let t0 = Instant::now();
-        loop {
-            let (r, key, holder) = (redis.clone(), address.to_string(), self.holder.clone());
-            match tokio::task::spawn_blocking(move || r.lease(&key, &holder, LEASE)).await {
-                Ok(Ok(true)) => return None,
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!("shared tier redis: lease of {address}: {e}; computing");
-                    return None;
+        while t0.elapsed() < LEASE {
+            let (r, key, h) = (redis.clone(), address.to_string(), holder.clone());
+            let taken = redis_call("lease", move || r.lease(&key, &h, LEASE)).await?;
+            if taken {
+                // A holder may have stored it and gone between the last look and the lease.
+                let found = self.find(fingerprint, address, expect, accept).await;
+                if found.is_some() {
+                    self.release(address).await;
                 }
-                Err(e) => {
-                    tracing::warn!("shared tier redis: lease of {address}: {e}; computing");
-                    return None;
-                }
+                return found;
             }
-            // Another node is prefilling it: wait for its copy (or for its lease to go).
-            while t0.elapsed() < LEASE {
+            // Another node is prefilling it: wait for its lease to go (it stores first), then
+            // look once; a lease gone without a copy is taken here.
+            loop {
                 tokio::time::sleep(LEASE_POLL).await;
-                if let Some(found) = self.find(fingerprint, address, expect, accept).await {
-                    return Some(found);
-                }
                 let (r, key) = (redis.clone(), address.to_string());
-                match tokio::task::spawn_blocking(move || r.leased(&key)).await {
-                    Ok(Ok(true)) => {}
-                    // Given back or expired without a copy stored: take it.
-                    Ok(Ok(false)) => break,
-                    _ => return None,
+                if !redis_call("lease", move || r.leased(&key)).await? {
+                    break;
+                }
+                if t0.elapsed() >= LEASE {
+                    break;
                 }
             }
-            if t0.elapsed() >= LEASE {
-                tracing::warn!("shared tier: {address} still leased after {LEASE:?}; computing");
-                return None;
+            if let Some(found) = self.find(fingerprint, address, expect, accept).await {
+                return Some(found);
             }
+        }
+        tracing::warn!("shared tier: {address} still leased after {LEASE:?}; computing");
+        None
+    }
+
+    /// Give back the lease of `address` if this node holds it (a compare-and-delete: past
+    /// its time another node may hold it).
+    pub async fn release(&self, address: &str) {
+        if let (Some(redis), Some(holder)) = (self.redis.clone(), self.holder.clone()) {
+            let key = address.to_string();
+            redis_call("release", move || redis.release(&key, &holder)).await;
         }
     }
 
@@ -156,11 +183,7 @@ impl SharedTiers {
     ) {
         if let (Some(redis), false) = (self.redis.clone(), from == Some(Tier::Redis)) {
             let (key, kv, seal) = (address.to_string(), kv.clone(), seal.clone());
-            match tokio::task::spawn_blocking(move || redis.put(&key, &kv, seal.as_ref())).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!("shared tier redis: could not store {address}: {e}"),
-                Err(e) => tracing::warn!("shared tier redis: could not store {address}: {e}"),
-            }
+            redis_call("store", move || redis.put(&key, &kv, seal.as_ref())).await;
         }
         if let (Some(bucket), None) = (&self.bucket, from) {
             match bucket.put(address, &kv, seal.as_ref()).await {
@@ -172,13 +195,8 @@ impl SharedTiers {
             }
         }
         // A prefill's lease (if this node took one) is done with once the copies are stored.
-        if let (Some(redis), None) = (self.redis.clone(), from) {
-            let (key, holder) = (address.to_string(), self.holder.clone());
-            if let Ok(Err(e)) =
-                tokio::task::spawn_blocking(move || redis.release(&key, &holder)).await
-            {
-                tracing::warn!("shared tier redis: releasing the lease of {address}: {e}");
-            }
+        if from.is_none() {
+            self.release(address).await;
         }
     }
 }

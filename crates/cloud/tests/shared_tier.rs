@@ -232,3 +232,45 @@ fn hostile_redis_values_are_refused_and_recomputed() {
         }
     });
 }
+
+/// A node took a prompt's lease and died before storing it: the next node waits for the lease
+/// to run out, then computes the prompt itself (once), exactly, and gives its own lease back.
+#[test]
+fn a_lease_whose_holder_died_runs_out_and_the_prompt_is_computed() {
+    let (_redis, url) = redis();
+    let m = model();
+    let specs = [PromptSpec {
+        id: "support".into(),
+        system: "You are the support assistant of Acme Rail.".into(),
+        text: None,
+    }];
+    let exact_node = Arc::new(CloudNode::new(m.clone(), &specs, 64 << 20).unwrap());
+    let store = RedisStore::open(&url, "edgeprompt").unwrap();
+    let node = Arc::new(
+        CloudNode::new(m.clone(), &specs, 64 << 20)
+            .unwrap()
+            .with_shared(Arc::new(RedisStore::open(&url, "edgeprompt").unwrap())),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let exact = exact_node.warm("support").await.unwrap();
+        let address = edgeprompt_kv::content_address(&m.fingerprint, &exact.token_ids);
+        let lease = store.lease_key(&address);
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("SET")
+            .arg(&lease)
+            .arg("a-node-that-died")
+            .arg("PX")
+            .arg(1500)
+            .exec(&mut conn)
+            .unwrap();
+        let got = node.warm("support").await.unwrap();
+        assert_eq!(node.prefills(), 1);
+        assert!(got.layers.iter().zip(&exact.layers).all(|(a, b)| a == b));
+        let left: bool = redis::cmd("EXISTS").arg(&lease).query(&mut conn).unwrap();
+        assert!(!left, "the node kept its lease after storing the prompt");
+    });
+}

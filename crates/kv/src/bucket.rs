@@ -71,6 +71,13 @@ impl BucketStore {
         install_tls();
         let bad = |e: &dyn std::fmt::Display| KvError::Store(format!("object store {url}: {e}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+        // Credentials come from the options, never the URL (which is logged, and would go in
+        // the clear over http://).
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(KvError::Store(
+                "object store URL with credentials in it: give them in the AWS_* variables".into(),
+            ));
+        }
         let (scheme, root) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(&e))?;
         let store: Arc<dyn ObjectStore> = match scheme {
             ObjectStoreScheme::AmazonS3 => {
@@ -166,7 +173,8 @@ impl BucketStore {
                 got.meta.size
             )));
         }
-        let mut bytes = Vec::with_capacity(got.meta.size as usize);
+        // Grown as bytes arrive: a size the store merely claims reserves nothing.
+        let mut bytes = Vec::new();
         let mut body = got.into_stream();
         while let Some(part) = tokio::time::timeout(READ_STALL, body.next())
             .await

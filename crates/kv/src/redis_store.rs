@@ -64,7 +64,8 @@ impl RedisStore {
         format!("{}:kv:{{{address}}}", self.namespace)
     }
 
-    fn lease_key(&self, address: &str) -> String {
+    /// The key of the lease to prefill `address`.
+    pub fn lease_key(&self, address: &str) -> String {
         format!("{}:lease:{{{address}}}", self.namespace)
     }
 
@@ -138,20 +139,17 @@ impl RedisStore {
             .map_err(err("EXISTS"))
     }
 
-    /// Give the lease back if `holder` still has it (past its time another node may).
+    /// Give the lease back if `holder` still has it (past its time another node may): one
+    /// compare-and-delete on the server.
     pub fn release(&self, address: &str, holder: &str) -> Result<()> {
-        let key = self.lease_key(address);
-        let mut conn = self.conn()?;
-        let now: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query(&mut *conn)
-            .map_err(err("GET"))?;
-        if now.as_deref() == Some(holder) {
-            redis::cmd("DEL")
-                .arg(&key)
-                .exec(&mut *conn)
-                .map_err(err("DEL"))?;
-        }
-        Ok(())
+        const RELEASE: &str =
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+        redis::cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg(self.lease_key(address))
+            .arg(holder)
+            .exec(&mut *self.conn()?)
+            .map_err(err("EVAL"))
     }
 }

@@ -14,15 +14,6 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for s in &mut self.servers {
-            let _ = s.child.kill();
-            let _ = s.child.wait();
-        }
-    }
-}
-
 impl Cluster {
     pub fn urls(&self) -> Vec<String> {
         self.servers
@@ -173,4 +164,31 @@ pub fn holders(ports: &[u16], key: &str) -> (u16, u16) {
         .find(|&p| info(p, "replication").contains(&format!("master_port:{master}\r")))
         .unwrap();
     (master, replica)
+}
+
+/// One `redis-server` on a free loopback port, and its URL.
+pub fn single() -> (Server, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server not found: apt-get install redis-server (.ci/run does)");
+    let server = Server { child, port };
+    wait_for("redis-server up", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (server, format!("redis://127.0.0.1:{port}/"))
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -166,24 +166,40 @@ impl Prefixes {
                     tried += 1;
                     let (from, to) = (&urls[tried - 1], &urls[tried]);
                     tracing::warn!("fetch from {from}: {e} at layer {l}; resuming from {to}");
-                    let (again, mut more) = open(to.clone()).await?;
-                    if again.token_ids != header.token_ids || again.manifest != header.manifest {
-                        return Err(EdgeError::Stream(format!(
-                            "{to} streams another prompt than {from}"
-                        )));
-                    }
-                    for (i, had) in deep.iter().enumerate() {
-                        let a =
-                            next_layer(&mut more, first + i, deadlines.layer, until, whole).await?;
-                        received += a.wire_bytes;
-                        if a.kv != **had {
+                    let resumed = async {
+                        let (again, mut more) = open(to.clone()).await?;
+                        if again.token_ids != header.token_ids || again.manifest != header.manifest
+                        {
                             return Err(EdgeError::Stream(format!(
-                                "{to} sent other values for layer {} than {from}",
-                                first + i
+                                "{to} streams another prompt than {from}"
                             )));
                         }
+                        let mut replayed = 0;
+                        for (i, had) in deep.iter().enumerate() {
+                            let a = next_layer(&mut more, first + i, deadlines.layer, until, whole)
+                                .await?;
+                            replayed += a.wire_bytes;
+                            if a.kv != **had {
+                                return Err(EdgeError::Stream(format!(
+                                    "{to} sent other values for layer {} than {from}",
+                                    first + i
+                                )));
+                            }
+                        }
+                        Ok((more, replayed))
+                    };
+                    match resumed.await {
+                        Ok((more, replayed)) => {
+                            self.metrics.cloud_bytes.inc_by(replayed as u64);
+                            received += replayed;
+                            rx = more;
+                        }
+                        // On to the replica after it (a closed stream fails at once).
+                        Err(e) => {
+                            tracing::warn!("resuming from {to}: {e}");
+                            rx = tokio::sync::mpsc::channel(1).1;
+                        }
                     }
-                    rx = more;
                     continue;
                 }
                 Err(e) => {
@@ -273,7 +289,7 @@ impl Prefixes {
     /// Reserve `bytes` of the prompt cache's budget for a prompt arriving or being computed
     /// (`local`: computed here, which is also bounded in number); given back when the guard
     /// drops, however the work ends (the guard goes with the work, not the request).
-    fn hold(&self, bytes: usize, local: bool) -> Result<Held, LookupError> {
+    pub(super) fn hold(&self, bytes: usize, local: bool) -> Result<Held, LookupError> {
         if bytes > self.cfg.cache_bytes {
             return Err(LookupError::TooLong(format!(
                 "the cloud prompt's KV ({} MB) is larger than this edge's prompt cache ({} MB)",

@@ -464,9 +464,20 @@ impl Prefixes {
     /// highest rendezvous score first, so each prompt has a home replica and moves only if it
     /// fails. Public names only: nothing private picks a replica.
     fn cloud_order(&self, prompt: &PromptRef) -> Vec<String> {
-        let key: &[u8] = match prompt {
-            PromptRef::Id(id) => id.as_bytes(),
-            PromptRef::ContentAddress(a) => a,
+        // By address, so a prompt asked by id or by its text has one home; by id only when
+        // the list has not named it.
+        let listed = match prompt {
+            PromptRef::Id(id) => self
+                .catalog
+                .current()
+                .named(id)
+                .and_then(|l| hex::decode(&l.address).ok()),
+            PromptRef::ContentAddress(_) => None,
+        };
+        let key: &[u8] = match (prompt, &listed) {
+            (_, Some(a)) => a,
+            (PromptRef::Id(id), None) => id.as_bytes(),
+            (PromptRef::ContentAddress(a), None) => a,
         };
         let urls: Vec<String> = self
             .cfg
@@ -1062,10 +1073,20 @@ impl Prefixes {
         vetted.ok()
     }
 
-    /// A published prompt from the cloud's object store (`kv_store`), checked as one from disk.
-    async fn read_store(&self, address: &str) -> Option<(PrefixKv, Option<Seal>)> {
+    /// A published prompt from the cloud's object store (`kv_store`), checked as one from disk:
+    /// read no longer than a prompt of `tokens` tokens (the list's count) can be, and held
+    /// against the prompt cache's budget while it arrives.
+    async fn read_store(&self, address: &str, tokens: usize) -> Option<(PrefixKv, Option<Seal>)> {
         let store = self.cfg.kv_store.as_ref()?;
-        let expect = Expect::of(&self.model.cfg);
+        let mut expect = Expect::of(&self.model.cfg);
+        expect.max_tokens = expect.max_tokens.min(tokens);
+        let _held = match self.hold(self.model.cfg.prompt_bytes(tokens), false) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::info!("object store: {address} not read now: {e}");
+                return None;
+            }
+        };
         let (p, seal) = match store.get(&self.model.fingerprint, address, &expect).await {
             Ok(Some(x)) => x,
             Ok(None) => return None,
@@ -1265,8 +1286,11 @@ impl Prefixes {
         }
         // The cloud's object store (a CDN, for many edges) before the cloud itself; a CE-LSLM
         // edge takes its mix from the cloud.
-        if let (Some(a), false) = (address, self.lslm()) {
-            if let Some((prefix, seal)) = self.read_store(a).await {
+        let listed = address.and_then(|a| self.catalog.current().at(a).map(|l| l.tokens));
+        if let (Some(a), Some(tokens), false) =
+            (address, ids.map(<[u32]>::len).or(listed), self.lslm())
+        {
+            if let Some((prefix, seal)) = self.read_store(a, tokens).await {
                 return Ok(Got {
                     prefix,
                     source: Source::Store,

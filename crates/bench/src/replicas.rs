@@ -1,0 +1,182 @@
+//! `edgeprompt-bench replicas`: the scale-out curve. 1, 2, 3 ... cloud replicas behind one
+//! object store (SeaweedFS) and one Redis, all on loopback; edges ask for published prompts
+//! (each prompt's replica picked by rendezvous hashing). Counted: prefills across the replicas
+//! (the lease makes it the number of distinct prompts), what each replica served, completed
+//! lookups and their latency (an edge's time to the prompt's KV, its TTFT before the private
+//! part), every KV checked bit for bit against a single node's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use edgeprompt_cloud::{CloudNode, PromptSpec};
+use edgeprompt_edge::metrics::Metrics;
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
+use edgeprompt_engine::{Model, PrefixKv};
+use edgeprompt_kv::{RedisStore, SealKey};
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::nodes::{cloud_ids, same_kv, serve};
+use crate::BenchError;
+
+pub struct Settings {
+    pub model: PathBuf,
+    pub replicas: Vec<usize>,
+    /// Distinct published prompts.
+    pub prompts: usize,
+    /// Edge lookups per run, all started at once, each for a prompt drawn with `seed`.
+    pub lookups: usize,
+    pub prompt_words: usize,
+    pub seed: u64,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub replicas: usize,
+    /// Prefills across the replicas (goal: `prompts`).
+    pub prefills: usize,
+    /// Prompts each replica found in a shared tier instead of prefilling.
+    pub shared_hits: Vec<usize>,
+    pub completed: usize,
+    pub exact: usize,
+    pub p50_s: f64,
+    pub p99_s: f64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: String,
+    pub prompts: usize,
+    pub lookups: usize,
+    pub prompt_tokens: usize,
+    pub rows: Vec<Row>,
+}
+
+fn err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Data(e.to_string())
+}
+
+pub fn run(s: &Settings) -> Result<Report, BenchError> {
+    let model = Arc::new(Model::load(&s.model).map_err(err)?);
+    let rt = tokio::runtime::Runtime::new().map_err(err)?;
+    let weed = edgeprompt_testbed::weed();
+    let (_redis, redis_url) = edgeprompt_testbed::redis::single();
+    let specs: Vec<PromptSpec> = (0..s.prompts)
+        .map(|p| PromptSpec {
+            id: format!("p{p}"),
+            system: format!(
+                "You are assistant number {p} of Acme Rail. House rules: {}.",
+                (0..s.prompt_words)
+                    .map(|i| format!("rule{p}x{i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            text: None,
+        })
+        .collect();
+    let ids: Vec<Vec<u32>> = specs
+        .iter()
+        .map(|p| cloud_ids(&model, &p.system))
+        .collect::<Result<_, _>>()?;
+    // The reference: each prompt's KV on a single node with no tier.
+    let reference: Vec<Arc<PrefixKv>> = rt.block_on(async {
+        let solo = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30).map_err(err)?);
+        let mut out = Vec::new();
+        for p in &specs {
+            out.push(solo.warm(&p.id).await.map_err(|e| err(e.message()))?);
+        }
+        Ok::<_, BenchError>(out)
+    })?;
+    let mut rng = s.seed | 1;
+    let draws: Vec<usize> = (0..s.lookups)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % s.prompts as u64) as usize
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for &r in &s.replicas {
+        let row = rt.block_on(async {
+            // A deployment of its own per run: cold tiers.
+            let ns = format!("scale-{r}");
+            let mut nodes = Vec::new();
+            let mut urls = Vec::new();
+            for _ in 0..r {
+                let n = Arc::new(
+                    CloudNode::new(model.clone(), &specs, 4 << 30)
+                        .map_err(err)?
+                        .with_signing(SealKey::from_seed([9; 32]))
+                        .with_shared(Arc::new(RedisStore::open(&redis_url, &ns).map_err(err)?))
+                        .with_bucket(edgeprompt_testbed::bucket(&weed, &ns)),
+                );
+                urls.push(format!("http://{}", serve(n.clone()).await?));
+                nodes.push(n);
+            }
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for &d in &draws {
+                let cfg = PrefixConfig {
+                    cloud_url: Some(urls[0].clone()),
+                    cloud_replicas: urls[1..].to_vec(),
+                    cache_bytes: 256 << 20,
+                    ..Default::default()
+                };
+                let (m, ids, want) = (model.clone(), ids[d].clone(), reference[d].clone());
+                tasks.push(tokio::spawn(async move {
+                    let asked = Instant::now();
+                    let p = Prefixes::new(m, cfg, Arc::new(Metrics::new())).ok()?;
+                    let got = p.for_system(&ids).await.ok()?;
+                    Some((asked.elapsed().as_secs_f64(), same_kv(&got.prefix, &want)))
+                }));
+            }
+            let mut lat = Vec::new();
+            let mut exact = 0;
+            for t in tasks {
+                if let Ok(Some((secs, ok))) = t.await {
+                    lat.push(secs);
+                    exact += usize::from(ok);
+                }
+            }
+            lat.sort_by(f64::total_cmp);
+            let at = |q: f64| {
+                lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            let row = Row {
+                replicas: r,
+                prefills: nodes.iter().map(|n| n.prefills()).sum(),
+                shared_hits: nodes.iter().map(|n| n.shared_hits()).collect(),
+                completed: lat.len(),
+                exact,
+                p50_s: at(0.5),
+                p99_s: at(0.99),
+                seconds: t0.elapsed().as_secs_f64(),
+            };
+            Ok::<_, BenchError>(row)
+        })?;
+        eprintln!(
+            "{r} replicas: {} prefills for {} prompts, shared hits {:?}, {} of {} done ({} exact), p50 {:.2} s p99 {:.2} s",
+            row.prefills, s.prompts, row.shared_hits, row.completed, s.lookups, row.exact, row.p50_s, row.p99_s
+        );
+        rows.push(row);
+    }
+    let report = Report {
+        machine: Machine::detect(),
+        model: model.cfg.name.clone(),
+        prompts: s.prompts,
+        lookups: s.lookups,
+        prompt_tokens: ids.iter().map(Vec::len).sum::<usize>() / ids.len().max(1),
+        rows,
+    };
+    std::fs::create_dir_all(&s.out).map_err(err)?;
+    let json = serde_json::to_string_pretty(&report).map_err(err)?;
+    std::fs::write(s.out.join("replicas.json"), json).map_err(err)?;
+    Ok(report)
+}
