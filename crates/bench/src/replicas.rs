@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use edgeprompt_cloud::guard::Limits;
 use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_edge::metrics::Metrics;
-use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes};
+use edgeprompt_edge::prefixes::{PrefixConfig, Prefixes, Source};
 use edgeprompt_engine::{Model, PrefixKv};
 use edgeprompt_kv::{RedisStore, SealKey};
 use serde::Serialize;
@@ -40,6 +41,8 @@ pub struct Row {
     /// Prompts each replica found in a shared tier instead of prefilling.
     pub shared_hits: Vec<usize>,
     pub completed: usize,
+    /// Lookups whose KV came from the cloud (the rest computed at the edge after a refusal).
+    pub from_cloud: usize,
     pub exact: usize,
     pub p50_s: f64,
     pub p99_s: f64,
@@ -112,6 +115,15 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     CloudNode::new(model.clone(), &specs, 4 << 30)
                         .map_err(err)?
                         .with_signing(SealKey::from_seed([9; 32]))
+                        // Every simulated edge is 127.0.0.1: no per-client rate between them.
+                        .with_guard(
+                            Limits {
+                                max_streams: 1024,
+                                per_client_rate: 1e6,
+                                per_client_burst: 1e6,
+                            },
+                            None,
+                        )
                         .with_shared(Arc::new(RedisStore::open(&redis_url, &ns).map_err(err)?))
                         .with_bucket(edgeprompt_testbed::bucket(&weed, &ns)),
                 );
@@ -132,15 +144,21 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     let asked = Instant::now();
                     let p = Prefixes::new(m, cfg, Arc::new(Metrics::new())).ok()?;
                     let got = p.for_system(&ids).await.ok()?;
-                    Some((asked.elapsed().as_secs_f64(), same_kv(&got.prefix, &want)))
+                    let cloud = got.source == Source::Cloud;
+                    Some((
+                        asked.elapsed().as_secs_f64(),
+                        same_kv(&got.prefix, &want),
+                        cloud,
+                    ))
                 }));
             }
             let mut lat = Vec::new();
-            let mut exact = 0;
+            let (mut exact, mut from_cloud) = (0, 0);
             for t in tasks {
-                if let Ok(Some((secs, ok))) = t.await {
+                if let Ok(Some((secs, ok, cloud))) = t.await {
                     lat.push(secs);
                     exact += usize::from(ok);
+                    from_cloud += usize::from(cloud);
                 }
             }
             lat.sort_by(f64::total_cmp);
@@ -154,6 +172,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 prefills: nodes.iter().map(|n| n.prefills()).sum(),
                 shared_hits: nodes.iter().map(|n| n.shared_hits()).collect(),
                 completed: lat.len(),
+                from_cloud,
                 exact,
                 p50_s: at(0.5),
                 p99_s: at(0.99),
@@ -162,8 +181,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             Ok::<_, BenchError>(row)
         })?;
         eprintln!(
-            "{r} replicas: {} prefills for {} prompts, shared hits {:?}, {} of {} done ({} exact), p50 {:.2} s p99 {:.2} s",
-            row.prefills, s.prompts, row.shared_hits, row.completed, s.lookups, row.exact, row.p50_s, row.p99_s
+            "{r} replicas: {} prefills for {} prompts, shared hits {:?}, {} of {} done ({} from the cloud, {} exact), p50 {:.2} s p99 {:.2} s",
+            row.prefills, s.prompts, row.shared_hits, row.completed, s.lookups, row.from_cloud, row.exact, row.p50_s, row.p99_s
         );
         rows.push(row);
     }

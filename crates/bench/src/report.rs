@@ -113,6 +113,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     // The Xeon (family 6, model 207) it was measured on; other machines' runs join here.
     flood_section(dir, "xeon-207/", &mut md);
     fanout_section(dir, "xeon-207/", &mut md);
+    replicas_section(dir, "xeon-207/", &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));
@@ -138,6 +139,49 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
 
 /// Slow and never-reading clients against `edgeprompt serve` (`scripts/bench_flood.py`): the
 /// normal client's chats during the flood and the server's memory, bounds off and on.
+fn replicas_section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}replicas.json")) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Scale-out: cloud replicas behind one store (`edgeprompt-bench replicas`)\n\n{}; model {}; \
+         R cloud replicas (in one process, real gRPC) sharing one `redis-server` and SeaweedFS, \
+         cold for each R; {} edge lookups started at once over {} published prompts of {} tokens \
+         (each prompt's replica by rendezvous hashing); latency is an edge's time to the prompt's \
+         whole KV (`{sub}replicas.json`).\n\n\
+         | replicas | prefills | shared-tier hits per replica | completed | from the cloud | exact | p50 s | p99 s | wall s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["lookups"],
+        v["prompts"],
+        v["prompt_tokens"],
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let hits: Vec<String> = r["shared_hits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|h| h.to_string())
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            r["replicas"],
+            r["prefills"],
+            hits.join(" / "),
+            r["completed"],
+            r["from_cloud"],
+            r["exact"],
+            f(&r["p50_s"]),
+            f(&r["p99_s"]),
+            f(&r["seconds"]),
+        );
+    }
+    md.push('\n');
+}
+
 fn fanout_section(dir: &Path, sub: &str, md: &mut String) {
     let Some(v) = load(dir, &format!("{sub}fanout.json")) else {
         return;
