@@ -79,3 +79,10 @@ pub fn setup(
     let model = std::sync::Arc::new(edgeprompt_engine::Model::load(model)?);
     Ok((machine, model))
 }
+
+/// An HTTP client for the load generators, TLS through the product's rustls provider (ring),
+/// installed first: reqwest is built without a provider of its own.
+pub fn http() -> reqwest::ClientBuilder {
+    edgeprompt_kv::bucket::install_tls();
+    reqwest::Client::builder()
+}

@@ -23,7 +23,5 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    // The load generators' HTTPS (reqwest on rustls) uses the product's provider.
-    edgeprompt_kv::bucket::install_tls();
     cli::run(Args::parse().bench)
 }

@@ -244,7 +244,7 @@ fn with_sources(e: &dyn std::error::Error) -> String {
 /// millisecond). llama-server may close a kept-alive connection just as a request is sent on
 /// it, and that request fails without reaching the server.
 pub fn client() -> Result<reqwest::Client, BenchError> {
-    reqwest::Client::builder()
+    crate::http()
         .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| BenchError::Data(e.to_string()))

@@ -76,7 +76,7 @@ async fn drive(
     w: &Workload,
     link: Option<&Link>,
 ) -> Result<Outcome, BenchError> {
-    let client = reqwest::Client::new();
+    let client = crate::http().build().unwrap_or_default();
     let (up0, down0) = link.map_or((0, 0), |l| (l.counters.up(), l.counters.down()));
     let mut o = Outcome {
         ttft: vec![],
@@ -136,7 +136,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         // Cloud-only: a server beside the cloud's KV (warmed), reached through the link.
         let beside = nodes::edge(&model, &s.model_id, Some(cloud.clone()), Codec::F16).await?;
         for sys in &w.cloud {
-            one(&reqwest::Client::new(), &beside, &s.model_id, sys, "Hi.", 1).await.map_err(BenchError::Data)?;
+            one(&crate::http().build().unwrap_or_default(), &beside, &s.model_id, sys, "Hi.", 1).await.map_err(BenchError::Data)?;
         }
         let beside_addr = beside.trim_start_matches("http://").trim_end_matches("/v1").to_string();
         let link = Link::start("127.0.0.1:0", beside_addr, profile).await?;

@@ -194,7 +194,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 let served = match model.chat {
                     Some(_) => {
                         let edge = nodes::edge(&model, "bench", Some(url.clone()), s.codec).await?;
-                        let (sample, _) = crate::serve::one(&reqwest::Client::new(), &edge, "bench", &c.system, &user, 1)
+                        let (sample, _) = crate::serve::one(&crate::http().build().unwrap_or_default(), &edge, "bench", &c.system, &user, 1)
                             .await
                             .map_err(BenchError::Data)?;
                         Some(sample.ttft_s)
@@ -205,7 +205,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     Some(_) => {
                         let auto = Arc::new(AutoSplit::new(&model, 0, per_token_layer));
                         let edge = nodes::edge_with(&model, "bench", Some(url.clone()), s.codec, Some(auto.clone()), Default::default()).await?;
-                        let http = reqwest::Client::new();
+                        let http = crate::http().build().unwrap_or_default();
                         crate::serve::one(&http, &edge, "bench", &warm, &user, 1).await.map_err(BenchError::Data)?;
                         let split = auto.choose(Some(c.cloud_ids.len())).split;
                         let (sample, _) = crate::serve::one(&http, &edge, "bench", &c.system, &user, 1)

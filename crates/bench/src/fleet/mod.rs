@@ -491,7 +491,7 @@ fn usage(n: &Nodes) -> Vec<f64> {
 
 /// Each cloud prompt once at each server; the wire bytes per cloud-prompt token of the fetches.
 async fn warm_up(n: &Nodes, model: &str, w: &Workload) -> Result<Vec<f64>, BenchError> {
-    let client = reqwest::Client::new();
+    let client = crate::http().build().unwrap_or_default();
     let mut per_token = Vec::new();
     for url in &n.urls {
         for sys in &w.cloud {
@@ -528,7 +528,7 @@ async fn probe(
     setup: &Setup,
 ) -> Result<Overhead, BenchError> {
     use edgeprompt_planner::fleet::server::{Batcher, Job, StepCost, Work};
-    let client = reqwest::Client::new();
+    let client = crate::http().build().unwrap_or_default();
     let ask = |server: usize, r: &crate::workload::Request| {
         let (client, url, model) = (client.clone(), n.urls[server].clone(), model.to_string());
         let (sys, user, max) = (w.cloud[r.cloud].clone(), r.user.clone(), s.max_tokens);
@@ -675,7 +675,7 @@ async fn load(
     s: &Settings,
 ) -> Result<Vec<Record>, BenchError> {
     let mut rng = StdRng::seed_from_u64(s.seed ^ rate.to_bits());
-    let client = reqwest::Client::builder()
+    let client = crate::http()
         .timeout(Duration::from_secs(900))
         .build()
         .map_err(|e| BenchError::Data(e.to_string()))?;

@@ -44,7 +44,7 @@ fn fold(seen: &[(u64, u64)]) -> Queue {
 /// Samples every server (`http://host:port`, no `/v1`) until `stop` is set; one `Queue` per
 /// server, `None` where no sample could be read.
 pub async fn watch(servers: Vec<String>, stop: Arc<AtomicBool>) -> Vec<Option<Queue>> {
-    let http = reqwest::Client::new();
+    let http = crate::http().build().unwrap_or_default();
     let mut seen = vec![Vec::new(); servers.len()];
     let mut tick = tokio::time::interval(EVERY);
     while !stop.load(Ordering::Relaxed) {

@@ -307,7 +307,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let (outcomes, records, samples, rss0) =
         rt.block_on(drive(s, &cluster, &model, &specs, &faults))?;
     let edges = rt.block_on(async {
-        let http = reqwest::Client::new();
+        let http = crate::http().build().unwrap_or_default();
         samples::edge_counts(&http, &cluster.edge_urls).await
     });
     let edge_exit_codes = cluster.stop_edges();
@@ -397,7 +397,7 @@ async fn drive(
     specs: &[Spec],
     faults: &[chaos::Fault],
 ) -> Result<(Vec<Ended>, Vec<FaultRecord>, Vec<Sample>, Vec<u64>), BenchError> {
-    let http = reqwest::Client::builder()
+    let http = crate::http()
         .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| BenchError::Data(e.to_string()))?;
