@@ -56,13 +56,9 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-fn err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Data(e.to_string())
-}
-
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let model = Arc::new(Model::load(&s.model).map_err(err)?);
-    let rt = tokio::runtime::Runtime::new().map_err(err)?;
+    let model = Arc::new(Model::load(&s.model).map_err(BenchError::data)?);
+    let rt = tokio::runtime::Runtime::new().map_err(BenchError::data)?;
     let weed = edgeprompt_testbed::weed();
     rt.block_on(async {
         let text: Vec<String> = (0..s.prompt_words)
@@ -80,22 +76,22 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         let bucket = edgeprompt_testbed::bucket(&weed, "fanout");
         let node = Arc::new(
             CloudNode::new(model.clone(), &specs, 1 << 30)
-                .map_err(err)?
+                .map_err(BenchError::data)?
                 .with_signing(SealKey::from_seed([8; 32]))
                 .with_bucket(bucket.clone()),
         );
-        let exact = node.warm("support").await.map_err(|e| err(e.message()))?;
+        let exact = node.warm("support").await.map_err(|e| BenchError::data(e.message()))?;
         let cloud = serve(node.clone()).await?;
         let cloud_link = Link::start("127.0.0.1:0", cloud.to_string(), Profile::UNLIMITED)
             .await
-            .map_err(err)?;
+            .map_err(BenchError::data)?;
         let store_link = Link::start(
             "127.0.0.1:0",
             format!("127.0.0.1:{}", weed.filer),
             Profile::UNLIMITED,
         )
         .await
-        .map_err(err)?;
+        .map_err(BenchError::data)?;
         let cdn = format!(
             "http://{}/buckets/edgeprompt-kv/fanout",
             store_link.addr
@@ -103,7 +99,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         let ids = cloud_ids(&model, &system)?;
         let object_bytes = {
             let mut b = Vec::new();
-            edgeprompt_kv::write_prefix(&mut b, &exact, None).map_err(err)?;
+            edgeprompt_kv::write_prefix(&mut b, &exact, None).map_err(BenchError::data)?;
             b.len() as u64
         };
         let mut rows = Vec::new();
@@ -117,7 +113,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     let cfg = PrefixConfig {
                         cloud_url: Some(format!("http://{}", cloud_link.addr)),
                         kv_store: match path {
-                            "store" => Some(Arc::new(BucketStore::open_with(&cdn, []).map_err(err)?)),
+                            "store" => Some(Arc::new(BucketStore::open_with(&cdn, []).map_err(BenchError::data)?)),
                             _ => None,
                         },
                         cache_bytes: 256 << 20,
@@ -164,9 +160,9 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             concurrency: s.concurrency,
             rows,
         };
-        std::fs::create_dir_all(&s.out).map_err(err)?;
-        let json = serde_json::to_string_pretty(&report).map_err(err)?;
-        std::fs::write(s.out.join("fanout.json"), json).map_err(err)?;
+        std::fs::create_dir_all(&s.out).map_err(BenchError::data)?;
+        let json = serde_json::to_string_pretty(&report).map_err(BenchError::data)?;
+        std::fs::write(s.out.join("fanout.json"), json).map_err(BenchError::data)?;
         Ok(report)
     })
 }

@@ -80,6 +80,13 @@ pub fn setup(
     Ok((machine, model))
 }
 
+impl BenchError {
+    /// Any other failure, as its message.
+    pub fn data(e: impl std::fmt::Display) -> Self {
+        BenchError::Data(e.to_string())
+    }
+}
+
 /// An HTTP client for the load generators, TLS through the product's rustls provider (ring),
 /// installed first: reqwest is built without a provider of its own.
 pub fn http() -> reqwest::ClientBuilder {

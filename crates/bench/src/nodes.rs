@@ -67,12 +67,17 @@ pub async fn serve(node: Arc<CloudNode>) -> Result<SocketAddr, BenchError> {
 
 /// The cloud part of a chat with this system message, as an edge tokenizes it.
 pub fn cloud_ids(model: &Model, system: &str) -> Result<Vec<u32>, BenchError> {
-    let data = |e: &dyn std::fmt::Display| BenchError::Data(e.to_string());
-    let chat = model.chat.as_ref().ok_or_else(|| data(&"a chat model"))?;
+    let chat = model
+        .chat
+        .as_ref()
+        .ok_or_else(|| BenchError::data("a chat model"))?;
     let split = chat
         .split(system, &[edgeprompt_engine::Message::new("user", "hello")])
-        .map_err(|e| data(&e))?;
-    model.tokenizer.encode(&split.cloud).map_err(|e| data(&e))
+        .map_err(BenchError::data)?;
+    model
+        .tokenizer
+        .encode(&split.cloud)
+        .map_err(BenchError::data)
 }
 
 /// Two prompts' KV bit for bit.

@@ -59,13 +59,9 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-fn err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Data(e.to_string())
-}
-
 pub fn run(s: &Settings) -> Result<Report, BenchError> {
-    let model = Arc::new(Model::load(&s.model).map_err(err)?);
-    let rt = tokio::runtime::Runtime::new().map_err(err)?;
+    let model = Arc::new(Model::load(&s.model).map_err(BenchError::data)?);
+    let rt = tokio::runtime::Runtime::new().map_err(BenchError::data)?;
     let weed = edgeprompt_testbed::weed();
     let (_redis, redis_url) = edgeprompt_testbed::redis::single();
     let specs: Vec<PromptSpec> = (0..s.prompts)
@@ -87,10 +83,15 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         .collect::<Result<_, _>>()?;
     // The reference: each prompt's KV on a single node with no tier.
     let reference: Vec<Arc<PrefixKv>> = rt.block_on(async {
-        let solo = Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30).map_err(err)?);
+        let solo =
+            Arc::new(CloudNode::new(model.clone(), &specs, 4 << 30).map_err(BenchError::data)?);
         let mut out = Vec::new();
         for p in &specs {
-            out.push(solo.warm(&p.id).await.map_err(|e| err(e.message()))?);
+            out.push(
+                solo.warm(&p.id)
+                    .await
+                    .map_err(|e| BenchError::data(e.message()))?,
+            );
         }
         Ok::<_, BenchError>(out)
     })?;
@@ -113,7 +114,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             for _ in 0..r {
                 let n = Arc::new(
                     CloudNode::new(model.clone(), &specs, 4 << 30)
-                        .map_err(err)?
+                        .map_err(BenchError::data)?
                         .with_signing(SealKey::from_seed([9; 32]))
                         // Every simulated edge is 127.0.0.1: no per-client rate between them.
                         .with_guard(
@@ -124,7 +125,9 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                             },
                             None,
                         )
-                        .with_shared(Arc::new(RedisStore::open(&redis_url, &ns).map_err(err)?))
+                        .with_shared(Arc::new(
+                            RedisStore::open(&redis_url, &ns).map_err(BenchError::data)?,
+                        ))
                         .with_bucket(edgeprompt_testbed::bucket(&weed, &ns)),
                 );
                 urls.push(format!("http://{}", serve(n.clone()).await?));
@@ -194,8 +197,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         prompt_tokens: ids.iter().map(Vec::len).sum::<usize>() / ids.len().max(1),
         rows,
     };
-    std::fs::create_dir_all(&s.out).map_err(err)?;
-    let json = serde_json::to_string_pretty(&report).map_err(err)?;
-    std::fs::write(s.out.join("replicas.json"), json).map_err(err)?;
+    std::fs::create_dir_all(&s.out).map_err(BenchError::data)?;
+    let json = serde_json::to_string_pretty(&report).map_err(BenchError::data)?;
+    std::fs::write(s.out.join("replicas.json"), json).map_err(BenchError::data)?;
     Ok(report)
 }
