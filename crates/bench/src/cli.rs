@@ -33,6 +33,9 @@ pub enum Bench {
     /// The scale-out curve: 1, 2, 3 cloud replicas behind one object store and one Redis;
     /// prefills against distinct prompts, completed lookups and their p99.
     Replicas(ReplicasArgs),
+    /// Failover under load: three cloud replicas, SeaweedFS (three volume servers) and a Redis
+    /// Cluster as processes; a volume server, a Redis master and a replica killed in turn.
+    Failover(FailoverArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
     /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
@@ -170,6 +173,33 @@ pub struct SoakArgs {
     private_cache_mb: usize,
     #[arg(long, default_value_t = 32)]
     max_queue: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The `edgeprompt` binary the processes run (default: beside this one).
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct FailoverArgs {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Length of the load (the faults come at 1/4, 1/2 and 3/4 of it).
+    #[arg(long, default_value_t = 120.0)]
+    secs: f64,
+    /// Poisson arrivals per second over both edges.
+    #[arg(long, default_value_t = 2.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    #[arg(long, default_value_t = 384)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 32)]
+    user_len: usize,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// The `edgeprompt` binary the processes run (default: beside this one).
@@ -631,6 +661,30 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Bench::Failover(a) => {
+            let s = edgeprompt_bench::failover::Settings {
+                model: resolve(&a.model)?,
+                edgeprompt: beside(a.edgeprompt)?,
+                sharegpt: sharegpt()?,
+                secs: a.secs,
+                rate: a.rate,
+                prompts: a.prompts.max(1),
+                cloud_len: a.cloud_len,
+                user_len: a.user_len,
+                max_tokens: a.max_tokens,
+                seed: a.seed,
+                client_timeout_secs: 180,
+                dir: std::env::temp_dir()
+                    .join(format!("edgeprompt-failover-{}", std::process::id())),
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::failover::run(&s)?;
+            let _ = std::fs::remove_dir_all(&s.dir);
+            eprintln!("wrote {}/failover.json", a.out.display());
+            let bad = r.violations();
+            anyhow::ensure!(bad.is_empty(), "failover: {}", bad.join("; "));
+            Ok(())
+        }
         Bench::Fanout(a) => {
             let s = edgeprompt_bench::fanout::Settings {
                 model: resolve(&a.model)?,
@@ -802,18 +856,9 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::Soak(a) => {
-            let edgeprompt = match a.edgeprompt {
-                Some(p) => p,
-                None => std::env::current_exe()?.with_file_name("edgeprompt"),
-            };
-            anyhow::ensure!(
-                edgeprompt.exists(),
-                "{} not found: build it with `cargo build --release --bin edgeprompt` or pass --edgeprompt",
-                edgeprompt.display()
-            );
             let s = edgeprompt_bench::soak::Settings {
                 model: resolve(&a.model)?,
-                edgeprompt,
+                edgeprompt: beside(a.edgeprompt)?,
                 sharegpt: sharegpt()?,
                 secs: a.secs,
                 rate: a.rate,
@@ -988,4 +1033,18 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The `edgeprompt` binary: the one given, or the one beside this.
+fn beside(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let p = match given {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("edgeprompt"),
+    };
+    anyhow::ensure!(
+        p.exists(),
+        "{} not found: build it with `cargo build --release --bin edgeprompt` or pass --edgeprompt",
+        p.display()
+    );
+    Ok(p)
 }

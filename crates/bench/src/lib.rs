@@ -8,6 +8,7 @@ pub mod chat;
 pub mod codecs;
 pub mod decode;
 pub mod engine;
+pub mod failover;
 pub mod fanout;
 pub mod fleet;
 pub mod grammar;

@@ -114,6 +114,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     flood_section(dir, "xeon-207/", &mut md);
     fanout_section(dir, "xeon-207/", &mut md);
     replicas_section(dir, "xeon-207/", &mut md);
+    failover_section(dir, "xeon-207/", &mut md);
     // Sections link their plots as `results/<name>.svg` (docs/results.md beside docs/results/);
     // for any other pair of places, the plots' directory as seen from `out`.
     let at = out.parent().unwrap_or(Path::new(""));
@@ -137,8 +138,6 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     Ok(md)
 }
 
-/// Slow and never-reading clients against `edgeprompt serve` (`scripts/bench_flood.py`): the
-/// normal client's chats during the flood and the server's memory, bounds off and on.
 fn replicas_section(dir: &Path, sub: &str, md: &mut String) {
     let Some(v) = load(dir, &format!("{sub}replicas.json")) else {
         return;
@@ -177,6 +176,71 @@ fn replicas_section(dir: &Path, sub: &str, md: &mut String) {
             f(&r["p50_s"]),
             f(&r["p99_s"]),
             f(&r["seconds"]),
+        );
+    }
+    md.push('\n');
+}
+
+fn failover_section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}failover.json")) else {
+        return;
+    };
+    let outcomes = v["outcomes"].to_string();
+    let _ = writeln!(
+        md,
+        "## Failover under load (`edgeprompt-bench failover`)\n\n{}; model {}; every part a \
+         process on loopback: SeaweedFS (master, filer and S3 gateway; three volume servers, every \
+         object on two), a six-node Redis Cluster, three cloud replicas sharing both (memory for 2 \
+         of the {} prompts of {} tokens), two edges (caches for 2 prompts; edge 0 reads the store, \
+         edge 1 only the replicas); {:.0} s of Poisson chats at {} req/s, {} output tokens; faults \
+         at 1/4, 1/2, 3/4, none restarted. Sent {}, outcomes {}, answers equal to the single \
+         node's {} of {}, panics {} (`{sub}failover.json`). *Back*: the broken part working again \
+         (store: every object read whole; Redis: replica promoted, cluster ok); *normal after*: \
+         the last request slower than twice the healthy p99 ended this long after the kill.\n\n\
+         | from | fault | requests | failed | p50 s | p99 s | max s | back s | normal after s | edge 0 sources | edge 1 sources | replicas' tier reads | fetches moved off replica 0 |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["prompts"],
+        v["prompt_tokens"],
+        f(&v["secs"]),
+        v["rate"],
+        v["max_tokens"].as_u64().map_or("?".into(), |x| x.to_string()),
+        v["sent"],
+        outcomes,
+        v["answers_identical"],
+        v["answers_compared"],
+        v["panics"].as_array().map_or(0, Vec::len),
+    );
+    let map = |m: &serde_json::Value| {
+        m.as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    for p in v["phases"].as_array().into_iter().flatten() {
+        let back = p["component_recovery_s"]
+            .as_f64()
+            .map_or("-".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            md,
+            "| {:.0} s | {} | {} | {} | {:.2} | {:.2} | {:.2} | {back} | {:.2} | {} | {} | {} | {} |",
+            f(&p["at_s"]),
+            p["fault"].as_str().unwrap_or("?").replace('_', " "),
+            p["requests"],
+            p["failed"],
+            f(&p["p50_s"]),
+            f(&p["p99_s"]),
+            f(&p["max_s"]),
+            f(&p["served_normally_after_s"]),
+            map(&p["edge_sources"][0]),
+            map(&p["edge_sources"][1]),
+            map(&p["replica_tier_reads"]),
+            p["fetches_moved_off_replica0"],
         );
     }
     md.push('\n');
@@ -221,6 +285,8 @@ fn fanout_section(dir: &Path, sub: &str, md: &mut String) {
     md.push('\n');
 }
 
+/// Slow and never-reading clients against `edgeprompt serve` (`scripts/bench_flood.py`): the
+/// normal client's chats during the flood and the server's memory, bounds off and on.
 fn flood_section(dir: &Path, sub: &str, md: &mut String) {
     let Some(v) = load(dir, &format!("{sub}flood.json")) else {
         return;

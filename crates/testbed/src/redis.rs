@@ -43,6 +43,14 @@ pub fn info(port: u16, section: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The keys matching `pattern` on one node (a master holds its slots' keys).
+pub fn keys(port: u16, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut conn(port))
+        .unwrap_or_default()
+}
+
 pub fn cluster_ok(port: u16) -> bool {
     redis::cmd("CLUSTER")
         .arg("INFO")

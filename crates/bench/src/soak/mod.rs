@@ -7,7 +7,7 @@
 //! and the edges' memory bounds are sampled every second.
 
 pub mod chaos;
-mod client;
+pub(crate) mod client;
 pub(crate) mod cluster;
 pub(crate) mod procs;
 pub mod report;
@@ -488,7 +488,7 @@ async fn drive(
 }
 
 /// Every completed answer against the same request generated greedily on one node here.
-fn check_answers(
+pub(crate) fn check_answers(
     model: &Model,
     specs: &[Spec],
     outcomes: &[Ended],
