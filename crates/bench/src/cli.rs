@@ -44,6 +44,9 @@ pub enum Bench {
     Fleet(FleetArgs),
     /// The fleet simulator at CE-LSLM Fig. 7's scale and the deployer's questions (100 and 1000 edges), on costs fitted here.
     FleetGrid(FleetGridArgs),
+    /// The fleet simulator with the object store and replicas against the fan-out and
+    /// scale-out runs, then at 10^4-10^6 edges: replicas and store egress for a rollout.
+    FleetScaleout(FleetScaleoutArgs),
     /// The fleet simulator's costs for one model on this process's cores (fitted forward passes).
     FleetCosts(FleetCostsArgs),
     /// docs/results.md (and the planner validation plot) generated from the JSON in docs/results/.
@@ -178,6 +181,22 @@ pub struct SoakArgs {
     /// The `edgeprompt` binary the processes run (default: beside this one).
     #[arg(long)]
     edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct FleetScaleoutArgs {
+    /// Where the fan-out, scale-out and SmolLM2 cost runs are.
+    #[arg(long, default_value = "docs/results/xeon-207")]
+    runs: PathBuf,
+    #[arg(long, default_value = "docs/results/fleet-grid.json")]
+    grid: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    edges: Vec<usize>,
+    /// Seconds of load simulated per fleet.
+    #[arg(long, default_value_t = 120.0)]
+    secs: f64,
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -657,6 +676,22 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             eprintln!(
                 "wrote {} rows to {}/replicas.json",
                 r.rows.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Bench::FleetScaleout(a) => {
+            let s = edgeprompt_bench::fleet::scaleout::Settings {
+                runs: a.runs,
+                grid: a.grid,
+                edges: a.edges,
+                secs: a.secs,
+                out: a.out.clone(),
+            };
+            let r = edgeprompt_bench::fleet::scaleout::run(&s)?;
+            eprintln!(
+                "worst predicted error {:.1} %; wrote {}/fleet-scaleout.json",
+                r.worst_predicted_error * 100.0,
                 a.out.display()
             );
             Ok(())

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use edgeprompt_planner::fleet::model::{Costs, Fleet, Link, Mode};
-use edgeprompt_planner::fleet::scenario::{plan, Load, Plan};
+use edgeprompt_planner::fleet::model::{Costs, Fleet, Home, Link, Mode, Store};
+use edgeprompt_planner::fleet::scenario::{plan, plan_store, Load, Plan};
 use serde::Deserialize;
 
 #[derive(clap::Args)]
@@ -44,6 +44,22 @@ pub struct PlanArgs {
     /// Cloud nodes share prefilled prompts through Redis (10 Gbit/s).
     #[arg(long)]
     shared_tier: bool,
+    /// Edges are given every cloud node (`serve --cloud a,b,c`): each prompt has one home node,
+    /// which alone prefills and sends it.
+    #[arg(long)]
+    every_replica: bool,
+    /// Edges read published prompts from an object store (or a CDN in front of it) before
+    /// the cloud: also size its egress (the least of 1, 2, 5 ... 5000 Gbit/s that keeps up).
+    #[arg(long)]
+    store: bool,
+    /// The store's time to an object's first byte, in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    store_rtt_ms: f64,
+    /// Edges start without the prompts (a new deployment, or a new version of the prompts
+    /// reaching every edge at once): every edge's first request on each prompt fetches it.
+    /// Default: steady state, every edge holds them.
+    #[arg(long)]
+    rollout: bool,
     /// Cores of a cloud node: 2 (as measured) or 16 (8x the arithmetic, 3x the bandwidth).
     #[arg(long, default_value_t = 2)]
     cloud_cores: usize,
@@ -57,6 +73,11 @@ pub struct PlanArgs {
     #[arg(long, default_value = "docs/results/fleet-grid.json")]
     costs: PathBuf,
 }
+
+/// Store egress sizes tried, Gbit/s.
+const STORE_GBIT: [f64; 13] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
 
 /// `fleet-grid.json` is about 80 KB; anything far larger is not one.
 const MAX_COSTS_BYTES: u64 = 16 << 20;
@@ -114,6 +135,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         cloud_egress: Some(a.egress_gbit * 1e9 / 8.0),
         peer_link: a.peers.then_some(Link::PEERS),
         tier_link: a.shared_tier.then_some(Link::TIER),
+        home: match a.every_replica {
+            true => Home::Prompt,
+            false => Home::Edge,
+        },
         ..Fleet::new(a.edges, c.edge_costs, cloud, link)
     };
     let pair = (
@@ -132,6 +157,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         fresh: a.fresh,
         lengths: vec![pair],
         seed: 1,
+        rollout: a.rollout,
     };
     println!(
         "{} edges ({}, 2 cores each) at {} req/s over {} cloud prompts of {} tokens, {:.0} % fresh; {} private and {} output tokens a request; {} link",
@@ -145,6 +171,38 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ),
         &ep,
     );
+    if a.store {
+        // Cloud nodes with a store as fast as needed, then the store's egress for them.
+        let with_store = Fleet {
+            store: Some(Store {
+                egress_bytes_per_sec: f64::INFINITY,
+                rtt_secs: a.store_rtt_ms / 1e3,
+            }),
+            ..fleet.clone()
+        };
+        let nodes = plan(&with_store, Mode::EdgePrompt, &load, a.max_nodes, 1.5, 0.8);
+        show("EdgePrompt, edges reading the object store", &nodes);
+        let sized = plan_store(
+            &Fleet {
+                cloud_nodes: nodes.cloud_nodes,
+                ..with_store
+            },
+            &load,
+            &STORE_GBIT,
+            1.5,
+            0.8,
+        );
+        let s = &sized.stats;
+        let what = match sized.enough {
+            true => format!("{} Gbit/s of egress", sized.egress_gbit),
+            false => format!("more than {} Gbit/s of egress", sized.egress_gbit),
+        };
+        println!("  object store: {what}");
+        println!(
+            "    latency {:.2} s mean (alone {:.2} s), TTFT {:.2} s p99; store {:.0} % busy, {:.2} GB served, {:.2} GB from the cloud",
+            s.mean_latency_s, sized.lone_latency_s, s.ttft_p99_s, s.store_busy * 100.0, s.store_gb, s.cloud_gb
+        );
+    }
     let co = plan(&fleet, Mode::CloudOnly, &load, a.max_nodes, 1.5, 0.8);
     show(
         &format!("cloud-only ({} answers everything)", c.cloud_model),

@@ -200,6 +200,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         fresh: 0.0,
         lengths: pairs.clone(),
         seed,
+        rollout: false,
     };
 
     let mut grid = Vec::new();
@@ -227,7 +228,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                     Mode::CloudOnly,
                 ),
             ] {
-                let st = scenario::run_warm(&f, mode, &l);
+                let st = scenario::run_load(&f, mode, &l);
                 eprintln!(
                     "  prefix {prefix:4} {rate:4} req/s {setup:>13}: latency {:8.2} s, {:.3} s/token, TTFT {:6.2} s, done {:5.2} req/s",
                     st.mean_latency_s, st.s_per_token, st.mean_ttft_s, st.req_s

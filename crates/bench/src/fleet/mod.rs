@@ -12,6 +12,7 @@ pub mod grid;
 pub mod queue;
 mod real;
 pub mod report;
+pub mod scaleout;
 pub mod sim;
 
 use std::collections::BTreeMap;
@@ -809,6 +810,7 @@ pub fn kv_name(kv: Kv) -> &'static str {
     match kv {
         Kv::Memory => "memory",
         Kv::Peer => "peer",
+        Kv::Store => "store",
         Kv::Cloud | Kv::Tier | Kv::Prefilled => "cloud",
         Kv::CloudOnly => "cloud-only",
     }

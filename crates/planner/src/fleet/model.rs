@@ -3,7 +3,7 @@
 //! edge fetches its KV once, from a peer edge or the cloud, and answers everything else
 //! itself) or cloud-only (the cloud model answers every request on the cloud's cores).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +73,27 @@ impl Link {
     }
 }
 
+/// Which cloud node an edge's fetch goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Home {
+    /// Edge `e`'s node is `e % cloud_nodes` (each edge given one cloud URL).
+    Edge,
+    /// Each prompt's node by rendezvous hashing, as edges given every replica
+    /// (`--cloud a,b,c`): a prompt is prefilled and held on one node.
+    Prompt,
+}
+
+/// An object store (S3, or a CDN in front of it) the cloud nodes write each prefilled prompt
+/// to and edges read published prompts from before asking the cloud.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Store {
+    /// Bytes per second the store sends, all readers together.
+    pub egress_bytes_per_sec: f64,
+    /// Time to the first byte of an object.
+    pub rtt_secs: f64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fleet {
     pub edges: usize,
@@ -80,10 +101,15 @@ pub struct Fleet {
     pub edge: Costs,
     /// The cloud model on a cloud node (its prefill of cloud prompts; cloud-only: all).
     pub cloud: Costs,
-    /// Cloud nodes; edge `e` (or cloud-only request `i`) is served by node `e % cloud_nodes`.
+    /// Cloud nodes; cloud-only request `i` is served by node `i % cloud_nodes`, an edge's fetch
+    /// by the node `home` picks.
     pub cloud_nodes: usize,
+    pub home: Home,
     /// Cloud prompts one cloud node prefills at once.
     pub cloud_prefill_slots: usize,
+    /// Machines the cloud nodes run on, node `c` on host `c % cloud_hosts`: nodes on one host
+    /// share its prefill slots and its egress. 0: a host per node.
+    pub cloud_hosts: usize,
     /// Cloud-only: sequences a cloud node decodes together.
     pub cloud_batch: usize,
     /// Prompt tokens a batching step takes (the edges' and the cloud-only cloud's).
@@ -104,23 +130,37 @@ pub struct Fleet {
     /// The shared tier (Redis): a cloud node loads a prompt another node prefilled over this
     /// link instead of prefilling it again (None: each node prefills its own).
     pub tier_link: Option<Link>,
+    /// Edges read published prompts here (a cloud node writes each it prefills); it is also
+    /// the shared tier of cloud nodes without `tier_link`.
+    pub store: Option<Store>,
+    /// Bytes of the cloud's signed list, sent once to each edge that asks the cloud or the
+    /// store for a prompt.
+    pub list_bytes: usize,
     /// Clients' link to the cloud (cloud-only).
     pub client_link: Link,
     /// Token counts of the cloud prompts.
     pub prompts: Vec<usize>,
+    /// Prompts `0..prefilled` are held from the start by every cloud node, tier and store (a
+    /// cloud prefills the prompts it publishes as it starts) ...
+    pub prefilled: usize,
+    /// ... and by every edge too: a fleet in steady state on its shared prompts. Otherwise the
+    /// edges start without them (a rollout).
+    pub edges_warm: bool,
 }
 
 impl Fleet {
     /// One cloud node with one prefill slot, the servers' batches (32 sequences, 256-token
-    /// chunks), every layer from the cloud, clients on the edges' link, no egress limit, peers
-    /// or tier, no prompts yet.
+    /// chunks), every layer from the cloud, clients on the edges' link, no egress limit, peers,
+    /// tier or store, no prompts yet.
     pub fn new(edges: usize, edge: Costs, cloud: Costs, link: Link) -> Fleet {
         Fleet {
             edges,
             edge,
             cloud,
             cloud_nodes: 1,
+            home: Home::Edge,
             cloud_prefill_slots: 1,
+            cloud_hosts: 0,
             cloud_batch: 32,
             chunk: 256,
             edge_batch: 32,
@@ -130,8 +170,12 @@ impl Fleet {
             cloud_egress: None,
             peer_link: None,
             tier_link: None,
+            store: None,
+            list_bytes: 0,
             client_link: link,
             prompts: Vec::new(),
+            prefilled: 0,
+            edges_warm: false,
         }
     }
 }
@@ -153,6 +197,8 @@ pub enum Kv {
     Memory,
     /// The edge fetched it from a peer edge.
     Peer,
+    /// The edge read it from the object store.
+    Store,
     /// The edge fetched it from a cloud node that held it.
     Cloud,
     /// ... that loaded it from the shared tier first.
@@ -180,9 +226,12 @@ pub struct Usage {
     pub edge_busy_secs: Vec<f64>,
     /// Cloud prompts prefilled, over all cloud nodes.
     pub cloud_prefills: usize,
-    /// Bytes sent by cloud nodes and by peer edges.
+    /// Bytes sent by cloud nodes, by peer edges and by the store.
     pub cloud_bytes: f64,
     pub peer_bytes: f64,
+    pub store_bytes: f64,
+    /// Seconds the store's egress was sending.
+    pub store_busy_secs: f64,
     /// Most cloud prompts waiting in one cloud node's prefill queue.
     pub max_prefill_queue: usize,
 }
@@ -199,14 +248,37 @@ enum Ev {
     /// Cloud node `c` holds prompt `p`: prefilled (`true`; its prefill slot frees), or loaded
     /// from the tier.
     Held(usize, usize, bool),
-    /// Cloud node `c`'s egress finished sending prompt `p` to edge `e`.
-    Sent(usize, usize, usize),
+    /// `from`'s egress finished sending prompt `p` to edge `e`.
+    Sent(Src, usize, usize),
     /// Prompt `p`'s KV is in at edge `e` (wire and the edge's own layers).
     Landed(usize, usize),
     /// Node `n` (edges 0.., then the cloud nodes) starts a step if it is idle.
     Kick(usize),
     /// A batching step of node `n` ended: the requests it gave a first token, and finished.
     StepEnd(usize, Vec<usize>, Vec<usize>),
+}
+
+/// Who sends an edge a prompt.
+#[derive(Clone, Copy)]
+enum Src {
+    /// A cloud host's egress.
+    Cloud(usize),
+    Peer,
+    Store,
+}
+
+/// The node rendezvous hashing gives prompt `p` among `nodes`: the highest mix of (node,
+/// prompt), so a node that goes moves only its own prompts.
+pub fn rendezvous(p: usize, nodes: usize) -> usize {
+    let mix = |x: u64| {
+        // splitmix64's finaliser.
+        let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    };
+    (0..nodes.max(1))
+        .max_by_key(|&n| mix(((n as u64) << 40) ^ p as u64 ^ 0x9e37_79b9_7f4a_7c15))
+        .unwrap_or(0)
 }
 
 /// A fetch under way at an edge: where it comes from, the requests waiting, and when the
@@ -225,24 +297,48 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
     }
     let clouds = f.cloud_nodes.max(1);
     let n_prompts = f.prompts.len();
+    let prefilled = f.prefilled.min(n_prompts);
+    let held = if f.edges_warm { prefilled } else { 0 };
     let mut nodes: Vec<Batcher<usize>> = (0..f.edges)
         .map(|_| Batcher::new(f.edge_batch, f.chunk))
         .chain((0..clouds).map(|_| Batcher::new(f.cloud_batch, f.chunk)))
         .collect();
     let costs = |n: usize| if n >= f.edges { &f.cloud } else { &f.edge };
-    let mut prefill: Vec<Fifo<usize>> = (0..clouds)
+    // Cloud nodes on shared hosts share its prefill slots and egress (node `c` on host
+    // `c % hosts`).
+    let hosts = match f.cloud_hosts {
+        0 => clouds,
+        h => h.min(clouds),
+    };
+    let host = |c: usize| c % hosts;
+    let mut prefill: Vec<Fifo<(usize, usize)>> = (0..hosts)
         .map(|_| Fifo::new(f.cloud_prefill_slots))
         .collect();
-    let mut egress: Vec<Fifo<(usize, usize)>> = (0..clouds).map(|_| Fifo::new(1)).collect();
+    let mut egress: Vec<Fifo<(usize, usize)>> = (0..hosts).map(|_| Fifo::new(1)).collect();
+    let mut store_egress: Fifo<(usize, usize)> = Fifo::new(1);
     let mut cloud_has = vec![vec![false; n_prompts]; clouds];
     let mut tier_has = vec![false; n_prompts];
+    let mut store_has = vec![false; n_prompts];
+    for p in 0..prefilled {
+        for c in &mut cloud_has {
+            c[p] = true;
+        }
+        tier_has[p] = true;
+        store_has[p] = f.store.is_some();
+    }
     // Cloud-only: the request whose prefill puts each prompt in its node's cache.
     let mut caching: Vec<Vec<Option<usize>>> = vec![vec![None; n_prompts]; clouds];
     let mut fetching: HashMap<(usize, usize), Fetch> = HashMap::new();
     // (cloud node, prompt) being prefilled or loaded -> edges waiting on it.
     let mut getting: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    let mut edge_has = vec![vec![false; n_prompts]; f.edges];
-    let mut holders = vec![0usize; n_prompts];
+    // What each edge holds beyond the prompts held from the start (a set, not a table: a
+    // million edges and every fresh prompt).
+    let mut edge_has: HashSet<(usize, usize)> = HashSet::new();
+    let mut holders: Vec<usize> = (0..n_prompts)
+        .map(|p| if p < held { f.edges } else { 0 })
+        .collect();
+    // Edges that have the cloud's list (any edge holding a prompt was sent it).
+    let mut listed = vec![held > 0; f.edges];
     let mut first: Vec<Option<f64>> = vec![None; requests.len()];
     let mut out: Vec<Option<Outcome>> = vec![None; requests.len()];
     let mut kv = vec![Kv::Memory; requests.len()];
@@ -253,6 +349,15 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
     };
 
     let bytes = |p: usize| f.prompts[p] * f.kv_bytes_per_token;
+    let home = |e: usize, p: usize| match f.home {
+        Home::Edge => e % clouds,
+        Home::Prompt => rendezvous(p, clouds),
+    };
+    // The tier a cloud node loads another's prompt from: Redis, else the store.
+    let tier_link = f.tier_link.or(f.store.map(|s| Link {
+        bytes_per_sec: s.egress_bytes_per_sec,
+        rtt_secs: s.rtt_secs,
+    }));
     // On an edge the prefix is the fetched KV; on a cloud-only node its prompt cache.
     let job = |i: usize| {
         let r = &requests[i];
@@ -277,9 +382,13 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                 e: usize,
                 p: usize| {
         let service = f.cloud_egress.map_or(0.0, |b| bytes(p) as f64 / b);
-        if let Some(((e, p), s)) = egress[c].arrive((e, p), service) {
-            clock.schedule(s, Ev::Sent(c, e, p));
+        if let Some(((e, p), s)) = egress[host(c)].arrive((e, p), service) {
+            clock.schedule(s, Ev::Sent(Src::Cloud(host(c)), e, p));
         }
+    };
+    let store_service = |p: usize| {
+        f.store
+            .map_or(0.0, |s| bytes(p) as f64 / s.egress_bytes_per_sec)
     };
 
     while let Some(ev) = clock.advance() {
@@ -303,7 +412,7 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                     }
                     Mode::EdgePrompt => {
                         let (e, p) = (r.edge, r.prompt);
-                        if edge_has[e][p] {
+                        if p < held || edge_has.contains(&(e, p)) {
                             submit(&mut clock, &mut nodes, e, job(i));
                             continue;
                         }
@@ -317,12 +426,23 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                         } else {
                             0.0
                         };
-                        let c = e % clouds;
-                        let from = match (f.peer_link, holders[p] > 0) {
-                            (Some(l), true) => {
+                        let c = home(e, p);
+                        let peer = f.peer_link.filter(|_| holders[p] > 0);
+                        if peer.is_none() && !std::mem::replace(&mut listed[e], true) {
+                            usage.cloud_bytes += f.list_bytes as f64;
+                        }
+                        let from = match peer {
+                            Some(l) => {
                                 usage.peer_bytes += bytes(p) as f64;
-                                clock.schedule(l.transfer(bytes(p)), Ev::Sent(usize::MAX, e, p));
+                                clock.schedule(l.transfer(bytes(p)), Ev::Sent(Src::Peer, e, p));
                                 Kv::Peer
+                            }
+                            None if store_has[p] => {
+                                let s = store_service(p);
+                                if let Some(((e, p), s)) = store_egress.arrive((e, p), s) {
+                                    clock.schedule(s, Ev::Sent(Src::Store, e, p));
+                                }
+                                Kv::Store
                             }
                             _ if cloud_has[c][p] => {
                                 send(&mut clock, &mut egress, c, e, p);
@@ -331,7 +451,7 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                             _ => {
                                 let waiting = getting.entry((c, p)).or_default();
                                 waiting.push(e);
-                                let tier = f.tier_link.filter(|_| tier_has[p]);
+                                let tier = tier_link.filter(|_| tier_has[p]);
                                 if waiting.len() == 1 {
                                     if let Some(l) = tier {
                                         clock.schedule(l.transfer(bytes(p)), Ev::Held(c, p, false));
@@ -339,11 +459,13 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                                         let s = f.cloud.prefill_secs(f.prompts[p], 0);
                                         usage.cloud_busy_secs[c] += s;
                                         usage.cloud_prefills += 1;
-                                        if let Some((p, s)) = prefill[c].arrive(p, s) {
+                                        if let Some(((c, p), s)) =
+                                            prefill[host(c)].arrive((c, p), s)
+                                        {
                                             clock.schedule(s, Ev::Held(c, p, true));
                                         }
                                         usage.max_prefill_queue =
-                                            usage.max_prefill_queue.max(prefill[c].queued());
+                                            usage.max_prefill_queue.max(prefill[host(c)].queued());
                                     }
                                 }
                                 if tier.is_some() {
@@ -368,34 +490,45 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
             Ev::Held(c, p, prefilled) => {
                 cloud_has[c][p] = true;
                 tier_has[p] = true;
+                store_has[p] |= f.store.is_some();
                 for e in getting.remove(&(c, p)).unwrap_or_default() {
                     send(&mut clock, &mut egress, c, e, p);
                 }
                 if prefilled {
-                    if let Some((p, s)) = prefill[c].depart() {
+                    if let Some(((c, p), s)) = prefill[host(c)].depart() {
                         clock.schedule(s, Ev::Held(c, p, true));
                     }
                 }
             }
-            Ev::Sent(c, e, p) => {
-                if c != usize::MAX {
-                    usage.cloud_bytes += bytes(p) as f64;
-                    let service = f.cloud_egress.map_or(0.0, |b| bytes(p) as f64 / b);
-                    // The edge's link carries the bytes as the egress sends them: what is
-                    // left is its own time beyond the egress's.
-                    let rest = (f.link.transfer(bytes(p)) - service).max(0.0);
-                    if let Some(((e2, p2), s)) = egress[c].depart() {
-                        clock.schedule(s, Ev::Sent(c, e2, p2));
+            Ev::Sent(from, e, p) => {
+                let ready = fetching.get(&(e, p)).map_or(now, |x| x.local_ready);
+                // The edge's link carries the bytes as the egress sends them: what is left is
+                // its own time beyond the egress's.
+                let rest = match from {
+                    Src::Cloud(h) => {
+                        usage.cloud_bytes += bytes(p) as f64;
+                        let service = f.cloud_egress.map_or(0.0, |b| bytes(p) as f64 / b);
+                        if let Some(((e2, p2), s)) = egress[h].depart() {
+                            clock.schedule(s, Ev::Sent(Src::Cloud(h), e2, p2));
+                        }
+                        (f.link.transfer(bytes(p)) - service).max(0.0)
                     }
-                    let ready = fetching.get(&(e, p)).map_or(now, |x| x.local_ready);
-                    clock.schedule((now + rest).max(ready) - now, Ev::Landed(e, p));
-                } else {
-                    let ready = fetching.get(&(e, p)).map_or(now, |x| x.local_ready);
-                    clock.schedule(ready - now, Ev::Landed(e, p));
-                }
+                    Src::Store => {
+                        usage.store_bytes += bytes(p) as f64;
+                        let service = store_service(p);
+                        usage.store_busy_secs += service;
+                        if let Some(((e2, p2), s)) = store_egress.depart() {
+                            clock.schedule(s, Ev::Sent(Src::Store, e2, p2));
+                        }
+                        let rtt = f.store.map_or(0.0, |s| s.rtt_secs);
+                        (rtt + bytes(p) as f64 / f.link.bytes_per_sec - service).max(0.0)
+                    }
+                    Src::Peer => 0.0,
+                };
+                clock.schedule((now + rest).max(ready) - now, Ev::Landed(e, p));
             }
             Ev::Landed(e, p) => {
-                edge_has[e][p] = true;
+                edge_has.insert((e, p));
                 holders[p] += 1;
                 for i in fetching
                     .remove(&(e, p))

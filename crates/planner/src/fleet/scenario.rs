@@ -27,6 +27,10 @@ pub struct Load {
     /// (private tokens, output tokens) pairs, drawn uniformly.
     pub lengths: Vec<(usize, usize)>,
     pub seed: u64,
+    /// Edges start without the shared prompts (a new deployment, or a new version of the
+    /// prompts reaching every edge); otherwise they hold them (steady state).
+    #[serde(default)]
+    pub rollout: bool,
 }
 
 /// The requests of `load` over `edges` edges (at least one), and the fleet's cloud prompts'
@@ -76,6 +80,9 @@ pub struct Stats {
     pub cloud_prefills: usize,
     pub cloud_gb: f64,
     pub peer_gb: f64,
+    pub store_gb: f64,
+    /// The store's egress busy share of the run (first arrival to last completion).
+    pub store_busy: f64,
     pub sources: BTreeMap<String, usize>,
 }
 
@@ -83,6 +90,7 @@ fn kv_name(kv: Kv) -> &'static str {
     match kv {
         Kv::Memory => "memory",
         Kv::Peer => "peer",
+        Kv::Store => "store",
         Kv::Cloud => "cloud",
         Kv::Tier => "tier",
         Kv::Prefilled => "prefilled",
@@ -126,6 +134,8 @@ pub fn stats(f: &Fleet, reqs: &[Request], out: &[Outcome], u: &Usage) -> Stats {
         cloud_prefills: u.cloud_prefills,
         cloud_gb: u.cloud_bytes / 1e9,
         peer_gb: u.peer_bytes / 1e9,
+        store_gb: u.store_bytes / 1e9,
+        store_busy: u.store_busy_secs / span,
         sources,
     }
 }
@@ -141,61 +151,20 @@ pub fn run(fleet: &Fleet, mode: Mode, load: &Load) -> Stats {
     stats(&f, &reqs, &out, &usage)
 }
 
-/// `run` in steady state: first every server gets each shared prompt once (edges fetch, the
-/// cloud-only cache fills), then the load; the stats are the load's.
-pub fn run_warm(fleet: &Fleet, mode: Mode, load: &Load) -> Stats {
+/// `run` from where the load says: the cloud nodes, tiers and store hold the shared prompts
+/// from the start (prefilled as the cloud published them); the edges too in steady state, none
+/// in a rollout. A fresh prompt is still prefilled and fetched.
+pub fn run_load(fleet: &Fleet, mode: Mode, load: &Load) -> Stats {
     let (reqs, prompts) = requests(load, fleet.edges);
-    let servers = match mode {
-        Mode::EdgePrompt => fleet.edges.max(1),
-        Mode::CloudOnly => fleet.cloud_nodes.max(1),
-    };
-    let mut all = Vec::new();
-    for e in 0..servers {
-        for p in 0..load.prompts.max(1) {
-            all.push(Request {
-                at: 0.0,
-                edge: e,
-                prompt: p,
-                private: 1,
-                output: 1,
-            });
-        }
-    }
-    // Cloud-only request `i` goes to node `i % nodes`: ordered by prompt, then server, each
-    // node sees every prompt.
-    if mode == Mode::CloudOnly {
-        all.sort_by_key(|r| (r.prompt, r.edge));
-    }
-    let warm = all.len();
-    all.extend(reqs.iter().map(|r| Request {
-        at: r.at + WARM_SECS,
-        ..*r
-    }));
     let f = Fleet {
         prompts,
+        prefilled: load.prompts.max(1),
+        edges_warm: !load.rollout,
         ..fleet.clone()
     };
-    let (out, mut usage) = simulate(&f, mode, &all);
-    // The load's usage: the warm-up's own taken out.
-    let (_, before) = simulate(&f, mode, &all[..warm]);
-    for (a, b) in usage
-        .cloud_busy_secs
-        .iter_mut()
-        .zip(&before.cloud_busy_secs)
-    {
-        *a -= b;
-    }
-    for (a, b) in usage.edge_busy_secs.iter_mut().zip(&before.edge_busy_secs) {
-        *a -= b;
-    }
-    usage.cloud_prefills -= before.cloud_prefills.min(usage.cloud_prefills);
-    usage.cloud_bytes -= before.cloud_bytes;
-    usage.peer_bytes -= before.peer_bytes;
-    stats(&f, &all[warm..], &out[warm..], &usage)
+    let (out, usage) = simulate(&f, mode, &reqs);
+    stats(&f, &reqs, &out, &usage)
 }
-
-/// Simulated time the warm-up gets before the load starts.
-const WARM_SECS: f64 = 3600.0;
 
 /// How many cloud nodes a fleet needs and what its requests see.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,9 +179,47 @@ pub struct Plan {
     pub enough: bool,
 }
 
+/// One request alone on `fleet`: steady state, its prompt held where the load mostly finds it;
+/// a rollout, a cold edge fetching a prompt the cloud (and store) hold.
+pub fn lone_latency(fleet: &Fleet, mode: Mode, load: &Load) -> f64 {
+    let (mut reqs, prompts) = requests(load, fleet.edges);
+    reqs.truncate(1);
+    let f = Fleet {
+        prompts,
+        ..fleet.clone()
+    };
+    let one = reqs.first().copied().unwrap_or(Request {
+        at: 0.0,
+        edge: 0,
+        prompt: 0,
+        private: 1,
+        output: 1,
+    });
+    let (out, _) = simulate(&f, mode, &[one]);
+    let again = Request {
+        at: out.first().map_or(0.0, |o| o.latency) + 1.0,
+        // A rollout's lone request is a cold edge's, on the same cloud node where edges have
+        // their own.
+        edge: match load.rollout {
+            true => {
+                let step = fleet.cloud_nodes.max(1);
+                match (one.edge + step) % fleet.edges.max(1) {
+                    e if e != one.edge => e,
+                    _ => (one.edge + 1) % fleet.edges.max(1),
+                }
+            }
+            false => one.edge,
+        },
+        ..one
+    };
+    let (out, _) = simulate(&f, mode, &[one, again]);
+    out.get(1).map_or(0.0, |o| o.latency)
+}
+
 /// The fewest cloud nodes (up to `max_nodes`) that keep up with `load` on `fleet`: the mean
 /// latency within `slack` times a lone request's, the busiest cloud node below `busy_limit`
 /// (EdgePrompt: its prefill slots; the queue of prompts it has not started stays bounded).
+/// Node counts double until one keeps up, then halve the gap (more nodes never hurt).
 pub fn plan(
     fleet: &Fleet,
     mode: Mode,
@@ -221,42 +228,87 @@ pub fn plan(
     slack: f64,
     busy_limit: f64,
 ) -> Plan {
-    let lone = {
-        let (mut reqs, prompts) = requests(load, fleet.edges);
-        reqs.truncate(1);
-        let f = Fleet {
-            prompts,
-            ..fleet.clone()
-        };
-        // Warm: the lone request finds its prompt held where the load mostly would.
-        let (out, _) = simulate(&f, mode, &reqs);
-        let warm = Request {
-            at: out.first().map_or(0.0, |o| o.latency) + 1.0,
-            ..reqs.first().copied().unwrap_or(Request {
-                at: 0.0,
-                edge: 0,
-                prompt: 0,
-                private: 1,
-                output: 1,
-            })
-        };
-        let two = [reqs.first().copied().unwrap_or(warm), warm];
-        let (out, _) = simulate(&f, mode, &two);
-        out.get(1).map_or(0.0, |o| o.latency)
-    };
-    let mut last = None;
-    for nodes in 1..=max_nodes.max(1) {
+    let lone = lone_latency(fleet, mode, load);
+    let max_nodes = max_nodes.max(1);
+    let try_nodes = |nodes: usize| {
         let f = Fleet {
             cloud_nodes: nodes,
             ..fleet.clone()
         };
-        let s = run_warm(&f, mode, load);
+        let s = run_load(&f, mode, load);
         // A batching cloud is busy whenever anything runs: only latency tells it is behind.
         let ok = s.mean_latency_s <= slack * lone
             && (mode == Mode::CloudOnly || s.cloud_busy < busy_limit);
-        let p = Plan {
+        Plan {
             cloud_nodes: nodes,
             edges_saturated: s.edge_busy > 0.95,
+            stats: s,
+            lone_latency_s: lone,
+            enough: ok,
+        }
+    };
+    let mut bad = 0;
+    let mut n = 1;
+    let mut good = loop {
+        let p = try_nodes(n);
+        if p.enough {
+            break p;
+        }
+        bad = n;
+        if n == max_nodes {
+            return p;
+        }
+        n = (2 * n).min(max_nodes);
+    };
+    while good.cloud_nodes - bad > 1 {
+        let mid = (bad + good.cloud_nodes) / 2;
+        let p = try_nodes(mid);
+        if p.enough {
+            good = p;
+        } else {
+            bad = mid;
+        }
+    }
+    good
+}
+
+/// How much store egress a fleet needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StorePlan {
+    /// The least egress tried that keeps up, in Gbit/s.
+    pub egress_gbit: f64,
+    pub stats: Stats,
+    /// One request alone with a store of unbounded egress.
+    pub lone_latency_s: f64,
+    /// `false` when the largest egress tried was not enough.
+    pub enough: bool,
+}
+
+/// The least store egress of `ladder` (Gbit/s, ascending) that keeps up with `load` on
+/// `fleet` (which has a store): the mean latency within `slack` times a lone request's on an
+/// unbounded store, and the store's egress busy below `busy_limit`.
+pub fn plan_store(
+    fleet: &Fleet,
+    load: &Load,
+    ladder: &[f64],
+    slack: f64,
+    busy_limit: f64,
+) -> StorePlan {
+    let rtt = fleet.store.map_or(0.0, |s| s.rtt_secs);
+    let with = |gbit: f64| Fleet {
+        store: Some(super::model::Store {
+            egress_bytes_per_sec: gbit * 1e9 / 8.0,
+            rtt_secs: rtt,
+        }),
+        ..fleet.clone()
+    };
+    let lone = lone_latency(&with(f64::INFINITY), Mode::EdgePrompt, load);
+    let mut last = None;
+    for &gbit in ladder {
+        let s = run_load(&with(gbit), Mode::EdgePrompt, load);
+        let ok = s.mean_latency_s <= slack * lone && s.store_busy < busy_limit;
+        let p = StorePlan {
+            egress_gbit: gbit,
             stats: s,
             lone_latency_s: lone,
             enough: ok,
@@ -266,5 +318,10 @@ pub fn plan(
         }
         last = Some(p);
     }
-    last.expect("at least one node tried")
+    last.unwrap_or(StorePlan {
+        egress_gbit: 0.0,
+        stats: Stats::default(),
+        lone_latency_s: lone,
+        enough: false,
+    })
 }

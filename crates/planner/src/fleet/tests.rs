@@ -174,7 +174,7 @@ fn the_batcher_chunks_prompts_and_decodes_alongside() {
 }
 
 mod fleet {
-    use super::super::model::{simulate, Costs, Fleet, Kv, Link, Mode, Request};
+    use super::super::model::{simulate, Costs, Fleet, Home, Kv, Link, Mode, Request, Store};
 
     fn costs(per_token: f64, step: f64) -> Costs {
         Costs {
@@ -205,7 +205,9 @@ mod fleet {
             edge: costs(0.001, 0.02),
             cloud: costs(0.0002, 0.03),
             cloud_nodes: 1,
+            home: Home::Edge,
             cloud_prefill_slots: 1,
+            cloud_hosts: 0,
             cloud_batch: 8,
             chunk: 2048,
             edge_batch: 8,
@@ -215,11 +217,15 @@ mod fleet {
             cloud_egress: None,
             peer_link: None,
             tier_link: None,
+            store: None,
+            list_bytes: 0,
             client_link: Link {
                 bytes_per_sec: 12.5e6,
                 rtt_secs: 0.04,
             },
             prompts: vec![512, 1024],
+            prefilled: 0,
+            edges_warm: false,
         }
     }
 
@@ -345,6 +351,106 @@ mod fleet {
         near(o[1].latency, PREFILL + 2.0 * send + ANSWER);
     }
 
+    /// With a store, the edge that asked first gets the prompt from the cloud node that
+    /// prefilled it (the store had nothing yet); every later cold edge reads the store, one
+    /// object at a time through its egress, and the cloud sends each edge only its list.
+    #[test]
+    fn cold_edges_read_the_store_and_the_cloud_sends_lists() {
+        let store = Store {
+            egress_bytes_per_sec: 1.25e6,
+            rtt_secs: 0.01,
+        };
+        let f = Fleet {
+            edges: 3,
+            store: Some(store),
+            list_bytes: 1000,
+            ..fleet()
+        };
+        let b = 512.0 * 12_288.0;
+        let r = [req(0.0, 0, 0), req(10.0, 1, 0), req(10.0, 2, 0)];
+        let (o, u) = simulate(&f, Mode::EdgePrompt, &r);
+        assert_eq!(o[0].kv, Kv::Prefilled);
+        assert_eq!((o[1].kv, o[2].kv), (Kv::Store, Kv::Store));
+        // The store's egress (a tenth of the edges' link) sends one object, then the next;
+        // each edge's link is done by the time its object has left the store.
+        let send = b / 1.25e6;
+        near(o[1].latency, send + ANSWER);
+        near(o[2].latency, 2.0 * send + ANSWER);
+        near(u.cloud_bytes, b + 3.0 * 1000.0);
+        near(u.store_bytes, 2.0 * b);
+        near(u.store_busy_secs, 2.0 * send);
+        assert_eq!(u.cloud_prefills, 1);
+        // A store faster than the link: the link and the store's first byte decide.
+        let fast = Fleet {
+            store: Some(Store {
+                egress_bytes_per_sec: 1.25e9,
+                ..store
+            }),
+            ..f
+        };
+        let (o, _) = simulate(&fast, Mode::EdgePrompt, &r[..2]);
+        near(o[1].latency, 0.01 + b / 12.5e6 + ANSWER);
+    }
+
+    /// Edges naming every replica send each prompt to its rendezvous node: each prompt is
+    /// prefilled once without any shared tier, where one node per edge prefills it on every
+    /// node; prompts spread evenly and a node that goes moves only its own.
+    #[test]
+    fn rendezvous_homes_prefill_each_prompt_once() {
+        use super::super::model::rendezvous;
+        let f = Fleet {
+            edges: 6,
+            cloud_nodes: 3,
+            ..fleet()
+        };
+        let r: Vec<Request> = (0..12)
+            .map(|i| req(0.01 * i as f64, i % 6, i % 2))
+            .collect();
+        let (_, u) = simulate(&f, Mode::EdgePrompt, &r);
+        assert_eq!(u.cloud_prefills, 6, "each node prefills both prompts");
+        let by_prompt = Fleet {
+            home: Home::Prompt,
+            ..f
+        };
+        let (o, u) = simulate(&by_prompt, Mode::EdgePrompt, &r);
+        assert_eq!(u.cloud_prefills, 2);
+        assert!(o.iter().all(|o| o.latency.is_finite()));
+        let mut per = [0usize; 3];
+        for p in 0..600 {
+            per[rendezvous(p, 3)] += 1;
+            let two = rendezvous(p, 2);
+            assert!(
+                rendezvous(p, 3) == 2 || rendezvous(p, 3) == two,
+                "{p} moved"
+            );
+        }
+        assert!(per.iter().all(|&n| (150..=250).contains(&n)), "{per:?}");
+    }
+
+    /// Prompts held from the start: in steady state no fetch, no prefill, no byte; in a
+    /// rollout a fetch each, no prefill.
+    #[test]
+    fn held_prompts_cost_nothing_but_a_rollouts_fetches() {
+        let f = Fleet {
+            prefilled: 2,
+            edges_warm: true,
+            ..fleet()
+        };
+        let r = [req(0.0, 0, 0), req(0.0, 1, 1)];
+        let (o, u) = simulate(&f, Mode::EdgePrompt, &r);
+        assert!(o.iter().all(|o| o.kv == Kv::Memory));
+        near(o[0].latency, ANSWER);
+        assert_eq!((u.cloud_prefills, u.cloud_bytes), (0, 0.0));
+        let rollout = Fleet {
+            edges_warm: false,
+            ..f
+        };
+        let (o, u) = simulate(&rollout, Mode::EdgePrompt, &r[..1]);
+        assert_eq!(o[0].kv, Kv::Cloud);
+        near(o[0].latency, FETCH + ANSWER);
+        assert_eq!(u.cloud_prefills, 0);
+    }
+
     /// The planner's workloads follow their seed, rate and fresh share; and the plan adds cloud
     /// nodes exactly when fresh prompts keep the cloud's prefill busy.
     #[test]
@@ -358,6 +464,7 @@ mod fleet {
             fresh: 0.25,
             lengths: vec![(20, 4), (40, 8)],
             seed: 9,
+            rollout: false,
         };
         let (a, pa) = requests(&load, 10);
         let (b, _) = requests(&load, 10);
