@@ -295,6 +295,10 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         node = node.with_bucket(Arc::new(edgeprompt_kv::BucketStore::open(url)?));
         eprintln!("shared tier: object store at {url}");
     }
+    if let Some(url) = &server.public_store_url {
+        node = node.with_public_store(url)?;
+        eprintln!("edges are told to read published prompts at {url}");
+    }
     let node = Arc::new(node);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {

@@ -414,6 +414,10 @@ pub struct ServerSection {
     /// Object store shared by several cloud nodes, e.g. "s3://bucket/edgeprompt" (endpoint and
     /// credentials from the `AWS_*` variables) or "file:///srv/edgeprompt".
     pub store_url: Option<String>,
+    /// Where edges read that store's objects (its public face, e.g. a CDN in front of the
+    /// bucket: "https://cdn.example/edgeprompt"), named in the signed list so edges given no
+    /// `--kv-store` read published prompts there.
+    pub public_store_url: Option<String>,
     /// File holding the key this cloud signs the KV it serves with (`edgeprompt keygen`).
     pub signing_key_file: Option<PathBuf>,
     /// Name of the environment variable with that key (default EDGEPROMPT_CLOUD_SIGNING_KEY).

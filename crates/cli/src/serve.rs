@@ -113,9 +113,14 @@ pub struct ServeArgs {
     peers: Vec<String>,
     /// The object store the cloud replicas keep published prompts in, read before the cloud:
     /// `https://cdn.example/edgeprompt` (over HTTP, e.g. a CDN), or `s3://bucket/prefix` with
-    /// the `AWS_*` variables (a read-only key).
+    /// the `AWS_*` variables (a read-only key). Without it, the store the cloud's signed list
+    /// names is read (over HTTP(S), with no credentials).
     #[arg(long)]
     kv_store: Option<String>,
+    /// Do not read the store the cloud's list names: published prompts come from the cloud
+    /// (or --kv-store).
+    #[arg(long)]
+    no_listed_store: bool,
     /// Serve this edge's cached cloud prompts to peers over gRPC on this address.
     #[arg(long)]
     peer_listen: Option<String>,
@@ -297,6 +302,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 Some(url) => Some(Arc::new(edgeprompt_kv::BucketStore::open(url)?)),
                 None => None,
             },
+            listed_store: !a.no_listed_store,
             security,
             cloud_layers_from,
             auto_codec,

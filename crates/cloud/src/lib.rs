@@ -24,4 +24,6 @@ pub enum CloudError {
     Kv(#[from] edgeprompt_kv::KvError),
     #[error("CE-LSLM adapters: {0}")]
     Adapters(String),
+    #[error("{0}")]
+    Store(String),
 }

@@ -50,6 +50,8 @@ pub struct CloudNode {
     window_cut: bool,
     /// The key this node signs the KV it serves with (none: unsigned, by explicit choice).
     signing: Option<Arc<SealKey>>,
+    /// Where edges may read the published prompts' objects (named in the signed list).
+    public_store: Option<String>,
 }
 
 impl CloudNode {
@@ -95,6 +97,7 @@ impl CloudNode {
             window_cut: true,
             // Signed by default: a fresh key unless `with_signing` names the deployment's.
             signing: Some(Arc::new(SealKey::generate()?.0)),
+            public_store: None,
         })
     }
 
@@ -159,6 +162,22 @@ impl CloudNode {
     pub fn with_bucket(mut self, store: Arc<BucketStore>) -> Self {
         self.shared.bucket = Some(store);
         self
+    }
+
+    /// Name `url` in the list as where edges read the published prompts (the object store's
+    /// public face, e.g. a CDN: `<url>/<fingerprint>/<address>.kv`). HTTP(S) without
+    /// credentials only: every edge will fetch from it.
+    pub fn with_public_store(mut self, url: &str) -> Result<Self, CloudError> {
+        let bad = |why: &str| CloudError::Store(format!("public store {url}: {why}"));
+        let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(bad("edges read http:// or https:// only"));
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(bad("a URL every edge is sent carries no credentials"));
+        }
+        self.public_store = Some(url.trim_end_matches('/').to_string());
+        Ok(self)
     }
 
     /// Prompts this node has prefilled itself (not found in memory or a shared tier).
@@ -450,6 +469,11 @@ impl CloudKv for CloudService {
             ),
             None => Default::default(),
         };
+        let store_url = this.public_store.clone().unwrap_or_default();
+        let store_signature = match (&this.signing, store_url.is_empty()) {
+            (Some(k), false) => k.sign_store(fp, &store_url, issued.unix_ms).to_vec(),
+            _ => Vec::new(),
+        };
         Ok(Response::new(ListReply {
             prompts,
             signing_key,
@@ -457,6 +481,8 @@ impl CloudKv for CloudService {
             issued_unix_ms: issued.unix_ms,
             max_age_secs: issued.max_age_secs,
             fresh_signature,
+            store_url,
+            store_signature,
         }))
     }
 }

@@ -30,12 +30,14 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub struct Published {
     pub prompts: Vec<Listed>,
+    /// Where the cloud's signed list says the published prompts' objects are.
+    pub store: Option<String>,
     by_address: HashMap<String, usize>,
     by_id: HashMap<String, usize>,
 }
 
 impl Published {
-    fn new(prompts: Vec<Listed>) -> Self {
+    fn new(prompts: Vec<Listed>, store: Option<String>) -> Self {
         let by_address = prompts
             .iter()
             .enumerate()
@@ -48,6 +50,7 @@ impl Published {
             .collect();
         Self {
             prompts,
+            store,
             by_address,
             by_id,
         }
@@ -325,8 +328,11 @@ impl Inner {
             .filter(|p| self.allow.as_ref().is_none_or(|a| a.contains(&p.id)))
             .cloned()
             .collect();
+        let store = listing
+            .store(key.as_ref(), &self.model.fingerprint)
+            .map(String::from);
         if let Ok(mut l) = self.last.write() {
-            *l = Some(Arc::new(Published::new(prompts)));
+            *l = Some(Arc::new(Published::new(prompts, store)));
         }
         Ok(())
     }

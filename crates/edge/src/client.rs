@@ -106,6 +106,9 @@ pub struct Listing {
     /// time), covered by `fresh_signature`.
     pub issued: Option<edgeprompt_kv::Issued>,
     pub fresh_signature: Vec<u8>,
+    /// Where the cloud says its published prompts' objects are, and its signature of that.
+    pub store_url: String,
+    pub store_signature: Vec<u8>,
 }
 
 impl Listing {
@@ -125,7 +128,32 @@ impl Listing {
         }
         Ok(&self.prompts)
     }
+
+    /// The store this list names, if `key` signed it for `fingerprint` at the list's issue
+    /// time. None without a key: a store named by an unsigned list could be anyone's, and an
+    /// edge never needs one (it falls back to the cloud).
+    pub fn store(&self, key: Option<&TrustKey>, fingerprint: &str) -> Option<&str> {
+        if self.store_url.is_empty() {
+            return None;
+        }
+        let (k, at) = (key?, self.issued?);
+        match k.verify_store(
+            fingerprint,
+            &self.store_url,
+            at.unix_ms,
+            &self.store_signature,
+        ) {
+            Ok(()) => Some(&self.store_url),
+            Err(e) => {
+                tracing::warn!("the cloud's list names a store ({}): {e}", self.store_url);
+                None
+            }
+        }
+    }
 }
+
+/// The longest store URL a list may name.
+const MAX_STORE_URL: usize = 2048;
 
 /// Whether credentials may go to `url` unencrypted: only to this machine.
 pub fn plaintext_ok(url: &str) -> bool {
@@ -245,6 +273,11 @@ impl CloudClient {
             unix_ms: reply.issued_unix_ms,
             max_age_secs: reply.max_age_secs,
         });
+        // A URL no store needs more of than this is not taken.
+        let store_url = match reply.store_url.len() {
+            0..=MAX_STORE_URL => reply.store_url,
+            _ => String::new(),
+        };
         Ok(Listing {
             prompts,
             key,
@@ -252,6 +285,8 @@ impl CloudClient {
             signature: reply.signature,
             issued,
             fresh_signature: reply.fresh_signature,
+            store_url,
+            store_signature: reply.store_signature,
         })
     }
 
@@ -591,5 +626,76 @@ fn re_layers(re: &Reassembler) -> String {
         "all".into()
     } else {
         "the expected".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgeprompt_kv::{Issued, SealKey};
+
+    /// A list's store is taken only with the trusted key's signature of that URL, for this
+    /// model, at the list's issue time.
+    #[test]
+    fn a_listed_store_is_taken_only_as_signed() {
+        let key = SealKey::from_seed([3; 32]);
+        let at = Issued {
+            unix_ms: 1_700_000_000_000,
+            max_age_secs: 300,
+        };
+        let url = "https://cdn.example/edgeprompt";
+        let listing = |store_url: &str, sig: Vec<u8>| Listing {
+            issued: Some(at),
+            store_url: store_url.into(),
+            store_signature: sig,
+            ..Default::default()
+        };
+        let signed = key.sign_store("fp", url, at.unix_ms).to_vec();
+        let trusted = key.public();
+        assert_eq!(
+            listing(url, signed.clone()).store(Some(&trusted), "fp"),
+            Some(url)
+        );
+        let other = SealKey::from_seed([4; 32]).public();
+        for (what, l, k, fp) in [
+            (
+                "another URL",
+                listing("https://evil.example/kv", signed.clone()),
+                Some(&trusted),
+                "fp",
+            ),
+            (
+                "another key",
+                listing(url, signed.clone()),
+                Some(&other),
+                "fp",
+            ),
+            (
+                "another model",
+                listing(url, signed.clone()),
+                Some(&trusted),
+                "fp2",
+            ),
+            (
+                "no key (unsigned KV allowed)",
+                listing(url, signed.clone()),
+                None,
+                "fp",
+            ),
+            (
+                "no signature",
+                listing(url, Vec::new()),
+                Some(&trusted),
+                "fp",
+            ),
+        ] {
+            assert_eq!(l.store(k, fp), None, "{what}");
+        }
+        let undated = Listing {
+            issued: None,
+            ..listing(url, signed)
+        };
+        assert_eq!(undated.store(Some(&trusted), "fp"), None, "no issue time");
+        assert_eq!(listing("", Vec::new()).store(Some(&trusted), "fp"), None);
     }
 }

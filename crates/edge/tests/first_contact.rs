@@ -210,6 +210,7 @@ fn list_of(m: &edgeprompt_engine::Model, key: &SealKey, ids: &[&str], ago: Durat
         max_age_secs: issued.max_age_secs,
         prompts,
         signing_key: key.public().to_bytes().to_vec(),
+        ..Default::default()
     }
 }
 

@@ -530,6 +530,7 @@ impl CloudKv for Hostile {
             max_age_secs: issued.max_age_secs,
             prompts,
             signing_key: g.key.public().to_bytes().to_vec(),
+            ..Default::default()
         }))
     }
 

@@ -170,3 +170,51 @@ fn edges_read_the_store_over_plain_http_as_from_a_cdn() {
         assert!(same(&got.prefix, &exact));
     });
 }
+
+/// An edge given no store reads the one the cloud's signed list names (its public face, here
+/// SeaweedFS's filer standing for a CDN); told not to, it takes the prompt from the cloud.
+#[test]
+fn an_edge_reads_the_store_its_clouds_list_names() {
+    let w = weed();
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cdn = format!("http://127.0.0.1:{}/buckets/edgeprompt-kv/listed", w.filer);
+        let node = Arc::new(
+            CloudNode::new(m.clone(), &prompt_specs(), 256 << 20)
+                .unwrap()
+                .with_bucket(bucket(&w, "listed"))
+                .with_public_store(&cdn)
+                .unwrap(),
+        );
+        let exact = node.warm("support").await.unwrap();
+        let cloud = serve_cloud(node.clone()).await;
+        let (cloud_ids, _) = edge_ids(&m, SUPPORT, USER);
+        let p = Prefixes::new(
+            m.clone(),
+            common::prefix_config(&cloud),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let got = p.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(got.source, Source::Store);
+        assert!(same(&got.prefix, &exact));
+        let cfg = PrefixConfig {
+            listed_store: false,
+            ..common::prefix_config(&cloud)
+        };
+        let p = Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap();
+        let got = p.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(got.source, Source::Cloud);
+        assert!(same(&got.prefix, &exact));
+    });
+    // A cloud names only an HTTP(S) store without credentials: every edge will fetch there.
+    for bad in [
+        "s3://edgeprompt-kv/listed",
+        "file:///etc",
+        "https://user:secret@cdn.example/kv",
+    ] {
+        let node = CloudNode::new(m.clone(), &prompt_specs(), 1 << 20).unwrap();
+        assert!(node.with_public_store(bad).is_err(), "{bad}");
+    }
+}

@@ -119,6 +119,20 @@ impl BucketStore {
         })
     }
 
+    /// The store a cloud's list names (`store_url`): plain HTTP(S) GETs only, given none of
+    /// this process's credentials (no `AWS_*` variable reaches a host the cloud names), never a
+    /// local file.
+    pub fn open_listed(url: &str) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| KvError::Store(format!("listed object store {url}: {e}")))?;
+        match parsed.scheme() {
+            "http" | "https" => Self::open_with(url, []),
+            other => Err(KvError::Store(format!(
+                "listed object store {url}: a {other}:// store is not read (http:// or https:// only)"
+            ))),
+        }
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -146,6 +146,19 @@ pub struct Issued {
     pub max_age_secs: u32,
 }
 
+/// The store statement: where a cloud's list says its published prompts' objects are, for one
+/// model, at the list's issue time (so an old list's store cannot be replayed into a new one).
+fn store_statement(fingerprint: &str, url: &str, issued_unix_ms: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64 + fingerprint.len() + url.len());
+    m.extend_from_slice(b"edgeprompt-store-v1\0");
+    m.extend_from_slice(&issued_unix_ms.to_le_bytes());
+    for s in [fingerprint, url] {
+        m.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        m.extend_from_slice(s.as_bytes());
+    }
+    m
+}
+
 /// The fresh list statement: its own tag, the freshness, then the v1 statement after its tag
 /// (so a v1 signature can never stand for a fresh one).
 fn fresh_list_statement(fingerprint: &str, entries: &[ListEntry], at: Issued) -> Vec<u8> {
@@ -224,6 +237,13 @@ impl SealKey {
     pub fn sign_list(&self, fingerprint: &str, entries: &[ListEntry]) -> [u8; 64] {
         self.0
             .sign(&list_statement(fingerprint, entries))
+            .to_bytes()
+    }
+
+    /// The signature of the store a list issued at `issued_unix_ms` names for `fingerprint`.
+    pub fn sign_store(&self, fingerprint: &str, url: &str, issued_unix_ms: u64) -> [u8; 64] {
+        self.0
+            .sign(&store_statement(fingerprint, url, issued_unix_ms))
             .to_bytes()
     }
 
@@ -307,6 +327,22 @@ impl TrustKey {
         let sig = Signature::from_slice(sig).map_err(|_| bad())?;
         self.0
             .verify(&fresh_list_statement(fingerprint, entries, at), &sig)
+            .map_err(|_| bad())
+    }
+
+    /// Whether `sig` is this key's signature of the store `url` in a list issued at
+    /// `issued_unix_ms` to `fingerprint`.
+    pub fn verify_store(
+        &self,
+        fingerprint: &str,
+        url: &str,
+        issued_unix_ms: u64,
+        sig: &[u8],
+    ) -> Result<()> {
+        let bad = || KvError::Seal("the list's store is not signed by the cloud's key".into());
+        let sig = Signature::from_slice(sig).map_err(|_| bad())?;
+        self.0
+            .verify(&store_statement(fingerprint, url, issued_unix_ms), &sig)
             .map_err(|_| bad())
     }
 
@@ -508,6 +544,39 @@ mod tests {
         }
         let other = SealKey::from_seed([8; 32]);
         assert!(other.public().verify_list("fp", &list, &sig).is_err());
+    }
+
+    #[test]
+    fn a_signed_store_binds_its_url_model_and_issue_time() {
+        let key = SealKey::from_seed([7; 32]);
+        let url = "https://cdn.example/edgeprompt";
+        let sig = key.sign_store("fp", url, 1_700_000_000_000);
+        key.public()
+            .verify_store("fp", url, 1_700_000_000_000, &sig)
+            .unwrap();
+        for (what, fp, u, at) in [
+            (
+                "another url",
+                "fp",
+                "https://evil.example/edgeprompt",
+                1_700_000_000_000,
+            ),
+            ("another model", "fp2", url, 1_700_000_000_000),
+            ("another list's time", "fp", url, 1_700_000_000_001),
+        ] {
+            assert!(
+                key.public().verify_store(fp, u, at, &sig).is_err(),
+                "{what}"
+            );
+        }
+        let other = SealKey::from_seed([8; 32]);
+        assert!(other
+            .public()
+            .verify_store("fp", url, 1_700_000_000_000, &sig)
+            .is_err());
+        // A list's signature is no store's (their tags differ).
+        let list_sig = key.sign_list("fp", &[]);
+        assert!(key.public().verify_store("fp", "", 0, &list_sig).is_err());
     }
 
     #[test]

@@ -115,6 +115,9 @@ pub struct PrefixConfig {
     /// it), read before the cloud: only published prompts, by address, each checked as from
     /// the disk tier.
     pub kv_store: Option<Arc<edgeprompt_kv::BucketStore>>,
+    /// Without `kv_store`, read published prompts from the store the cloud's signed list
+    /// names (over HTTP(S), given no credentials).
+    pub listed_store: bool,
     pub codec: Codec,
     pub unknown_system: UnknownSystem,
     /// Bytes of prompt KV kept in memory; idle prompts beyond it are dropped, oldest first.
@@ -164,6 +167,7 @@ impl Default for PrefixConfig {
             cloud_url: None,
             cloud_replicas: Vec::new(),
             kv_store: None,
+            listed_store: true,
             codec: Codec::F16,
             unknown_system: UnknownSystem::ComputeLocally,
             cache_bytes: 1 << 30,
@@ -375,6 +379,8 @@ pub struct Prefixes {
     prefetch: Mutex<prefetch::Prefetch>,
     /// These prefixes, for the prefetcher's tasks (set by `start_prefetch`).
     me: std::sync::OnceLock<std::sync::Weak<Prefixes>>,
+    /// The store the cloud's list names, opened once per URL.
+    listed_store: Mutex<Option<(String, Arc<edgeprompt_kv::BucketStore>)>>,
 }
 
 impl Prefixes {
@@ -417,6 +423,7 @@ impl Prefixes {
             distrusted: AtomicU64::new(0),
             prefetch: Default::default(),
             me: Default::default(),
+            listed_store: Mutex::new(None),
         })
     }
 
@@ -1077,7 +1084,10 @@ impl Prefixes {
     /// read no longer than a prompt of `tokens` tokens (the list's count) can be, and held
     /// against the prompt cache's budget while it arrives.
     async fn read_store(&self, address: &str, tokens: usize) -> Option<(PrefixKv, Option<Seal>)> {
-        let store = self.cfg.kv_store.as_ref()?;
+        let store = match &self.cfg.kv_store {
+            Some(s) => s.clone(),
+            None => self.listed_store()?,
+        };
         let mut expect = Expect::of(&self.model.cfg);
         expect.max_tokens = expect.max_tokens.min(tokens);
         let _held = match self.hold(self.model.cfg.prompt_bytes(tokens), false) {
@@ -1098,6 +1108,31 @@ impl Prefixes {
         self.vet(&format!("object store: {address}"), address, p, seal)
             .await
             .ok()
+    }
+
+    /// The store the cloud's signed list names (unless told not to read it), opened when the
+    /// list first names it or names another.
+    fn listed_store(&self) -> Option<Arc<edgeprompt_kv::BucketStore>> {
+        if !self.cfg.listed_store {
+            return None;
+        }
+        let url = self.catalog.current().store.clone()?;
+        let mut open = self.listed_store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, s)) = open.as_ref().filter(|(u, _)| *u == url) {
+            return Some(s.clone());
+        }
+        match edgeprompt_kv::BucketStore::open_listed(&url) {
+            Ok(s) => {
+                tracing::info!("reading published prompts from the store the cloud names: {url}");
+                let s = Arc::new(s);
+                *open = Some((url, s.clone()));
+                Some(s)
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        }
     }
 
     /// A stored prompt is taken only if it is the one `address` names (its ids hash to it),

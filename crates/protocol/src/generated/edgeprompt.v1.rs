@@ -68,6 +68,18 @@ pub struct ListReply {
     /// freshness takes no signed list without it.
     #[prost(bytes = "vec", tag = "6")]
     pub fresh_signature: ::prost::alloc::vec::Vec<u8>,
+    /// Where an edge may read the published prompts' KV, as from a CDN: an http(s) URL under which
+    /// each prompt is one object, \<store_url>/<fingerprint>/\<content address as 64 hex digits>.kv,
+    /// in the stored-prefix format (docs/protocol.md), written by the cloud and never changed.
+    /// Empty: none. An edge reads it only if store_signature verifies, and checks every layer's
+    /// seal as if the cloud had streamed it.
+    #[prost(string, tag = "7")]
+    pub store_url: ::prost::alloc::string::String,
+    /// That key's Ed25519 signature (64 bytes) of "edgeprompt-store-v1", a zero byte,
+    /// issued_unix_ms (u64 LE), then the asking fingerprint and store_url, each as its length
+    /// (u32 LE) and bytes. Empty when store_url or signing_key is.
+    #[prost(bytes = "vec", tag = "8")]
+    pub store_signature: ::prost::alloc::vec::Vec<u8>,
 }
 /// One published prompt's public facts.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
