@@ -275,14 +275,32 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
         eprintln!("serving {n_adapters} smaller edge model(s) through CE-LSLM adapters");
     }
     let ns = server.redis_namespace.as_deref().unwrap_or("edgeprompt");
+    // The CA of a rediss:// server's certificate (default: the system's roots). A PEM file is
+    // small; anything far larger is not one.
+    let redis_ca = match &server.redis_ca_file {
+        Some(p) => {
+            let len = std::fs::metadata(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .len();
+            anyhow::ensure!(
+                len <= 1 << 20,
+                "{} is {len} bytes: not a CA file",
+                p.display()
+            );
+            Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        None => None,
+    };
     match (&server.redis_url, &server.redis_cluster) {
         (Some(_), Some(_)) => anyhow::bail!("[server] names both redis_url and redis_cluster"),
         (Some(url), None) => {
-            node = node.with_shared(Arc::new(edgeprompt_kv::RedisStore::open(url, ns)?));
+            let store = edgeprompt_kv::RedisStore::open_with(url, ns, redis_ca.as_deref())?;
+            node = node.with_shared(Arc::new(store));
             eprintln!("shared tier: Redis at {url}, namespace {ns}");
         }
         (None, Some(nodes)) => {
-            let store = edgeprompt_kv::RedisStore::open_cluster(nodes, ns)?;
+            let store =
+                edgeprompt_kv::RedisStore::open_cluster_with(nodes, ns, redis_ca.as_deref())?;
             node = node.with_shared(Arc::new(store));
             eprintln!(
                 "shared tier: Redis Cluster at {}, namespace {ns}",

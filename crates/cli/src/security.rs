@@ -409,6 +409,9 @@ pub struct ServerSection {
     pub redis_url: Option<String>,
     /// Or a Redis Cluster shared by them, any of its nodes, e.g. ["redis://10.0.0.1:7000"].
     pub redis_cluster: Option<Vec<String>>,
+    /// PEM of the CA that signed a `rediss://` Redis's certificate (default: the system's
+    /// roots).
+    pub redis_ca_file: Option<PathBuf>,
     /// Key prefix in that Redis (default "edgeprompt").
     pub redis_namespace: Option<String>,
     /// Object store shared by several cloud nodes, e.g. "s3://bucket/edgeprompt" (endpoint and

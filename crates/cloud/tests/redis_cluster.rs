@@ -109,3 +109,39 @@ fn replicas_share_prompts_through_a_cluster_that_loses_a_master() {
     assert_eq!(late.prefills(), 0, "the prompt was lost with its master");
     assert!(same(&got, &exact));
 }
+
+/// The same cluster speaking TLS to its clients and between its nodes: racing replicas given
+/// the deployment's CA prefill the prompt once and share it bit for bit.
+#[test]
+fn replicas_share_prompts_through_a_tls_cluster() {
+    let cluster = edgeprompt_testbed::redis::tls_cluster();
+    let m = model();
+    let specs = [PromptSpec {
+        id: "support".into(),
+        system: "You are the support assistant of Acme Rail.".into(),
+        text: None,
+    }];
+    let urls = cluster.urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")));
+    let ca = cluster.tls.as_ref().map(|(_, ca)| ca.as_slice());
+    let node = || {
+        Arc::new(
+            CloudNode::new(m.clone(), &specs, 64 << 20)
+                .unwrap()
+                .with_signing(SealKey::from_seed([3; 32]))
+                .with_shared(Arc::new(
+                    RedisStore::open_cluster_with(&urls, "tls", ca).unwrap(),
+                )),
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let racers: Vec<_> = (0..3).map(|_| node()).collect();
+        let got = futures_util::future::join_all(racers.iter().map(|n| n.warm("support"))).await;
+        let got: Vec<_> = got.into_iter().map(|k| k.unwrap()).collect();
+        let prefills: usize = racers.iter().map(|n| n.prefills()).sum();
+        let hits: usize = racers.iter().map(|n| n.shared_hits()).sum();
+        assert_eq!((prefills, hits), (1, 2), "prefills and shared hits");
+        assert!(got.iter().all(|k| same(k, &got[0])));
+    });
+}

@@ -3,56 +3,15 @@
 //! (a hybrid model's recurrent states too).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use edgeprompt_cloud::{CloudNode, PromptSpec};
 use edgeprompt_engine::Model;
 use edgeprompt_kv::{RedisStore, SealKey};
 
-struct Redis(Child);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A throwaway redis-server on a free loopback port (CI installs it from Debian's packages).
-fn redis() -> (Redis, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let redis = Redis(
-        Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect(
-                "redis-server not found: install it (apt-get install redis-server; .ci/run does)",
-            ),
-    );
-    let url = format!("redis://127.0.0.1:{port}/");
-    for _ in 0..2400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (redis, url);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("redis-server did not start");
+fn redis() -> (edgeprompt_testbed::redis::Server, String) {
+    edgeprompt_testbed::redis::single()
 }
 
 fn load(file: &str) -> Arc<Model> {
@@ -114,6 +73,45 @@ fn served_by_another(m: Arc<Model>) {
         // Another namespace shares nothing.
         other.warm("support").await.unwrap();
         assert_eq!(other.prefills(), 1);
+    });
+}
+
+/// The same over TLS (`rediss://`): node B reads what node A stored, each checking the
+/// server's certificate against the deployment's CA; a node trusting only the system's roots
+/// reaches nothing (no certificate of that Redis is taken unchecked) and computes the prompt.
+#[test]
+fn nodes_share_prompts_through_redis_over_tls() {
+    let tls = edgeprompt_testbed::redis::single_tls();
+    let m = model();
+    let specs = [PromptSpec {
+        id: "support".into(),
+        system: "You are the support assistant of Acme Rail.".into(),
+        text: None,
+    }];
+    let node = |ca: Option<&[u8]>| {
+        let store = Arc::new(RedisStore::open_with(&tls.url, "tls", ca).unwrap());
+        Arc::new(
+            CloudNode::new(m.clone(), &specs, 64 << 20)
+                .unwrap()
+                .with_signing(SealKey::from_seed([2; 32]))
+                .with_shared(store),
+        )
+    };
+    let ca = Some(tls.ca_pem.as_slice());
+    let (a, b, untrusting) = (node(ca), node(ca), node(None));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let from_a = a.warm("support").await.unwrap();
+        let from_b = b.warm("support").await.unwrap();
+        assert_eq!((a.prefills(), b.prefills(), b.shared_hits()), (1, 0, 1));
+        assert!(from_a
+            .layers
+            .iter()
+            .zip(&from_b.layers)
+            .all(|(x, y)| x == y));
+        let alone = untrusting.warm("support").await.unwrap();
+        assert_eq!((untrusting.prefills(), untrusting.shared_hits()), (1, 0));
+        assert_eq!(alone.token_ids, from_a.token_ids);
     });
 }
 

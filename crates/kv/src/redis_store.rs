@@ -33,26 +33,58 @@ fn err(what: &str) -> impl Fn(redis::RedisError) -> KvError + '_ {
     move |e| KvError::Store(format!("redis {what}: {e}"))
 }
 
+/// The CA a `rediss://` server's certificate must chain to (PEM; none: the system's roots).
+fn certs(ca_pem: Option<&[u8]>) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: ca_pem.map(<[u8]>::to_vec),
+    }
+}
+
 impl RedisStore {
-    /// `url` like `redis://127.0.0.1:6379/` (`rediss://` for TLS). Connections are opened per
-    /// call (the calls are rare: once per prompt per node).
+    /// `url` like `redis://127.0.0.1:6379/` (`rediss://` for TLS, the server's certificate
+    /// checked against the system's roots). Connections are opened per call (the calls are
+    /// rare: once per prompt per node).
     pub fn open(url: &str, namespace: &str) -> Result<Self> {
-        let client = redis::Client::open(url).map_err(err(url))?;
+        Self::open_with(url, namespace, None)
+    }
+
+    /// `open`, a `rediss://` server's certificate checked against `ca_pem` (PEM) instead.
+    pub fn open_with(url: &str, namespace: &str, ca_pem: Option<&[u8]>) -> Result<Self> {
+        crate::bucket::install_tls();
+        let client = match ca_pem {
+            None => redis::Client::open(url),
+            Some(_) => redis::Client::build_with_tls(url, certs(ca_pem)),
+        }
+        .map_err(err(url))?;
         Ok(Self {
             client: Client::Single(client),
             namespace: namespace.into(),
         })
     }
 
-    /// A Redis Cluster, found from any of its `nodes` (`redis://host:port`); the client follows
-    /// the slots as they move and reads from the master that holds them.
+    /// A Redis Cluster, found from any of its `nodes` (`redis://host:port`, `rediss://` for
+    /// TLS); the client follows the slots as they move and reads from the master that holds
+    /// them.
     pub fn open_cluster(nodes: &[String], namespace: &str) -> Result<Self> {
-        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+        Self::open_cluster_with(nodes, namespace, None)
+    }
+
+    /// `open_cluster`, TLS servers' certificates checked against `ca_pem` (PEM).
+    pub fn open_cluster_with(
+        nodes: &[String],
+        namespace: &str,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self> {
+        crate::bucket::install_tls();
+        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(DEADLINE)
             .response_timeout(DEADLINE)
-            .retries(3)
-            .build()
-            .map_err(err("cluster"))?;
+            .retries(3);
+        if ca_pem.is_some() {
+            builder = builder.certs(certs(ca_pem));
+        }
+        let client = builder.build().map_err(err("cluster"))?;
         Ok(Self {
             client: Client::Cluster(client),
             namespace: namespace.into(),

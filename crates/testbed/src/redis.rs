@@ -10,16 +10,28 @@ pub struct Server {
 }
 
 pub struct Cluster {
+    /// Each node's plain port (`port`) is what the helpers here speak to.
     pub servers: Vec<Server>,
+    /// A TLS cluster: each node's TLS port (what it announces to clients), and the CA (PEM)
+    /// its certificate is signed by.
+    pub tls: Option<(Vec<u16>, Vec<u8>)>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
+    /// What clients are given: `redis://` URLs, or `rediss://` ones on the TLS ports.
     pub fn urls(&self) -> Vec<String> {
-        self.servers
-            .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port))
-            .collect()
+        match &self.tls {
+            Some((ports, _)) => ports
+                .iter()
+                .map(|p| format!("rediss://127.0.0.1:{p}"))
+                .collect(),
+            None => self
+                .servers
+                .iter()
+                .map(|s| format!("redis://127.0.0.1:{}", s.port))
+                .collect(),
+        }
     }
 
     pub fn kill(&mut self, port: u16) {
@@ -58,6 +70,20 @@ pub fn cluster_ok(port: u16) -> bool {
         .is_ok_and(|s| s.contains("cluster_state:ok"))
 }
 
+/// A free port, none of `taken` nor their bus twins.
+fn free_port(taken: &[u16]) -> u16 {
+    loop {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !taken.iter().any(|&t| p == t || p == t + 10000) {
+            return p;
+        }
+    }
+}
+
 /// Six free ports whose cluster-bus twins (`port + 10000`) are free too.
 fn ports() -> Vec<u16> {
     let mut got = Vec::new();
@@ -85,11 +111,40 @@ pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Du
 }
 
 pub fn cluster() -> Cluster {
+    cluster_with(false)
+}
+
+/// A cluster whose clients and nodes speak TLS to each other (each node keeps a plain port
+/// on loopback for the helpers here).
+pub fn tls_cluster() -> Cluster {
+    cluster_with(true)
+}
+
+fn cluster_with(tls: bool) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let servers: Vec<Server> = ports()
-        .into_iter()
-        .map(|port| {
-            let child = Command::new("redis-server")
+    let pki = tls.then(|| pki(dir.path()));
+    let ports = ports();
+    let mut tls_ports: Vec<u16> = Vec::new();
+    while tls && tls_ports.len() < ports.len() {
+        let p = free_port(&ports);
+        if !tls_ports.contains(&p) {
+            tls_ports.push(p);
+        }
+    }
+    let servers: Vec<Server> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &port)| {
+            let mut cmd = Command::new("redis-server");
+            if let Some([ca, cert, key]) = &pki {
+                cmd.args(["--tls-port", &tls_ports[i].to_string()])
+                    .args(["--tls-cert-file", &cert.display().to_string()])
+                    .args(["--tls-key-file", &key.display().to_string()])
+                    .args(["--tls-ca-cert-file", &ca.display().to_string()])
+                    .args(["--tls-auth-clients", "no"])
+                    .args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+            }
+            let child = cmd
                 .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
                 .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
@@ -112,7 +167,16 @@ pub fn cluster() -> Cluster {
         .iter()
         .map(|s| format!("127.0.0.1:{}", s.port))
         .collect();
-    let out = Command::new("redis-cli")
+    let mut create = Command::new("redis-cli");
+    if let Some([ca, ..]) = &pki {
+        // Over TLS: the nodes then announce their TLS ports.
+        create.args(["--tls", "--cacert", &ca.display().to_string()]);
+    }
+    let nodes: Vec<String> = match tls {
+        true => tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+        false => nodes,
+    };
+    let out = create
         .args(["--cluster", "create"])
         .args(&nodes)
         .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -120,10 +184,15 @@ pub fn cluster() -> Cluster {
         .expect("redis-cli (redis-tools) runs");
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    let c = Cluster { servers, _dir: dir };
+    let c = Cluster {
+        servers,
+        tls: pki.map(|[ca, ..]| (tls_ports, std::fs::read(ca).unwrap())),
+        _dir: dir,
+    };
     for s in &c.servers {
         wait_for("cluster_state:ok", Duration::from_secs(30), || {
             cluster_ok(s.port)
@@ -198,5 +267,73 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A `redis-server` speaking TLS only, its `rediss://` URL and the CA (PEM) its certificate
+/// (for 127.0.0.1 and localhost) is signed by.
+pub struct TlsServer {
+    pub server: Server,
+    pub url: String,
+    pub ca_pem: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+/// A CA and a certificate for 127.0.0.1 and localhost signed by it, written to `dir`:
+/// (CA file, certificate file, key file).
+fn pki(dir: &std::path::Path) -> [std::path::PathBuf; 3] {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Names of their own: OpenSSL (redis-cli, the cluster bus) takes a leaf named as its
+    // issuer for a self-signed one.
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "edgeprompt test CA");
+    let ca_cert = ca.clone().self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
+    leaf.distinguished_name
+        .push(rcgen::DnType::CommonName, "redis on loopback");
+    let leaf = leaf.signed_by(&key, &issuer).unwrap();
+    let files = ["ca.pem", "cert.pem", "key.pem"].map(|n| dir.join(n));
+    for (f, pem) in files
+        .iter()
+        .zip([ca_cert.pem(), leaf.pem(), key.serialize_pem()])
+    {
+        std::fs::write(f, pem).unwrap();
+    }
+    files
+}
+
+pub fn single_tls() -> TlsServer {
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key] = pki(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", "0"])
+        .args(["--tls-port", &port.to_string()])
+        .args(["--tls-cert-file", &cert.display().to_string()])
+        .args(["--tls-key-file", &key.display().to_string()])
+        .args(["--tls-ca-cert-file", &ca.display().to_string()])
+        .args(["--tls-auth-clients", "no"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server not found: apt-get install redis-server (.ci/run does)");
+    let server = Server { child, port };
+    wait_for("redis-server up", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    TlsServer {
+        server,
+        url: format!("rediss://127.0.0.1:{port}/"),
+        ca_pem: std::fs::read(&ca).unwrap(),
+        _dir: dir,
     }
 }
