@@ -274,20 +274,20 @@ impl Inner {
         error
     }
 
-    /// One asking: the list, kept if the trusted key signed it.
+    /// One asking: the first list the trusted key signed, of the endpoints in turn (a
+    /// replica that does not answer, or whose list is refused, is followed by the next).
     async fn ask(&self) -> Result<(), String> {
         let mut tried = Vec::new();
-        let mut listing = None;
         for url in self.url.iter().chain(&self.replicas) {
             let got = async {
                 let c = CloudClient::connect_with(url, &self.security).await?;
                 c.header_timeout(self.timeout).list(&self.model).await
             };
             match tokio::time::timeout(self.timeout, got).await {
-                Ok(Ok(l)) => {
-                    listing = Some(l);
-                    break;
-                }
+                Ok(Ok(l)) => match self.take(l) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => tried.push(format!("{url}: {e}")),
+                },
                 Ok(Err(e)) => tried.push(format!("{url}: {e}")),
                 Err(_) => tried.push(format!(
                     "{url} did not list its prompts within {:?}",
@@ -295,7 +295,11 @@ impl Inner {
                 )),
             }
         }
-        let listing = listing.ok_or_else(|| tried.join("; "))?;
+        Err(tried.join("; "))
+    }
+
+    /// Keep `listing` if the trusted key signed it.
+    fn take(&self, listing: crate::client::Listing) -> Result<(), String> {
         // Only a list the trusted key signed says what is public: a forged one could list
         // the address of a guessed private message. On first contact the shown key is pinned
         // only once its own list verified.

@@ -271,6 +271,37 @@ fn a_replica_dying_mid_stream_is_followed_by_the_next() {
     });
 }
 
+/// A replica signing with another key than the deployment's (a stale or foreign one): its
+/// list is refused and the next replica's is taken, its stream is refused and the next
+/// replica streams; the edge never computes the prompt.
+#[test]
+fn a_replica_with_another_key_is_passed_over_for_the_next() {
+    let m = model();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cloud_ids, _) = edge_ids(&m, SUPPORT, USER);
+    let node = |seed: u8| {
+        let n = edgeprompt_cloud::CloudNode::new(m.clone(), &common::prompt_specs(), 256 << 20)
+            .unwrap()
+            .with_signing(edgeprompt_kv::SealKey::from_seed([seed; 32]));
+        Arc::new(n)
+    };
+    rt.block_on(async {
+        let (stray, good) = (node(6), node(5));
+        let stray_url = common::serve_cloud(stray.clone()).await;
+        let good_url = common::serve_cloud(good.clone()).await;
+        let cfg = PrefixConfig {
+            cloud_url: Some(stray_url),
+            cloud_replicas: vec![good_url],
+            trust: CloudTrust::Key(edgeprompt_kv::SealKey::from_seed([5; 32]).public()),
+            ..common::prefix_config("")
+        };
+        let p = Prefixes::new(m.clone(), cfg, Arc::new(Metrics::new())).unwrap();
+        let got = p.for_system(&cloud_ids).await.unwrap();
+        assert_eq!(got.source, Source::Cloud);
+        assert_eq!(good.prefills(), 1);
+    });
+}
+
 /// An edge that has seen its cloud's list, whose cloud then goes down, gets a published
 /// prompt from a peer (it asks peers only for what the cloud published).
 #[test]
