@@ -261,6 +261,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .peer
         .policy(a.peer_listen.as_deref().unwrap_or("127.0.0.1:0"))?;
     let peer_tls = a.peer.identity()?;
+    // The server's background work (the prefetch of published prompts among it) starts with
+    // it, so the runtime comes first.
+    let rt = tokio::runtime::Runtime::new()?;
+    let entered = rt.enter();
     let state = EdgeServer::start(
         model.clone(),
         ServerConfig {
@@ -320,7 +324,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             prefetch_bytes: a.prefetch_mb.unwrap_or(a.prefix_cache_mb / 2) << 20,
         },
     )?;
-    let rt = tokio::runtime::Runtime::new()?;
+    drop(entered);
     let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await

@@ -133,6 +133,22 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// `serve` fetches the cloud's published prompts as soon as it has the list, before any
+/// request (so no fetch depends on which system messages the edge sees).
+#[test]
+fn serve_prefetches_the_published_prompts_before_any_request() {
+    let cache = tempfile::tempdir().unwrap();
+    let cloud_dir = tempfile::tempdir().unwrap();
+    let (_cloud, cloud) = common::cloud(cloud_dir.path(), SYSTEM);
+    let server = serve(Some(&cloud), cache.path(), 5);
+    wait_until("the published prompt prefetched", || {
+        http(&server.addr, "GET", "/metrics", "")
+            .lines()
+            .filter_map(|l| l.strip_prefix("edgeprompt_cloud_kv_bytes_total "))
+            .any(|n| n.trim().parse::<f64>().is_ok_and(|n| n > 0.0))
+    });
+}
+
 #[test]
 fn sigterm_drains_then_exits_zero_and_the_disk_cache_serves_the_next_start() {
     let cache = tempfile::tempdir().unwrap();
