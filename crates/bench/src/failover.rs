@@ -69,8 +69,9 @@ pub struct Phase {
     pub p50_s: f64,
     pub p99_s: f64,
     pub max_s: f64,
-    /// Seconds from the kill until the last request slower than twice the healthy phase's p99
-    /// ended: from then on every request was served as before the fault (0: none was slower).
+    /// Seconds from the kill until the last of this phase's requests (started after the kill,
+    /// done before the next fault) slower than twice the warm healthy p99 ended: from then on
+    /// every request was served as before the fault (0: none was slower).
     pub served_normally_after_s: f64,
     /// Per edge: where its cloud prompts came from in this phase.
     pub edge_sources: Vec<BTreeMap<String, u64>>,
@@ -299,16 +300,23 @@ impl Deployment {
         out
     }
 
-    /// Edge log lines in `[from, to)` seconds of the run saying a fetch from replica 0 failed.
+    /// Fetches the edges moved from replica 0 to the next in `[from, to)` seconds of the run:
+    /// their log's "fetch from <replica 0>: ...; asking <next>" (before the header) and
+    /// "... resuming from <next>" (mid-stream) lines.
     fn moved_off_replica0(&self, from: f64, to: f64) -> usize {
-        let pat = format!("fetch from {}", self.cloud_urls[0]);
+        let pat = format!("fetch from {}: ", self.cloud_urls[0]);
         self.edges
             .iter()
             .filter_map(|e| {
                 let l = e.log.lock().ok()?;
                 Some(
                     l.iter()
-                        .filter(|(t, x)| *t >= from && *t < to && x.contains(&pat))
+                        .filter(|(t, x)| {
+                            *t >= from
+                                && *t < to
+                                && x.contains(&pat)
+                                && (x.contains("; asking ") || x.contains("; resuming from "))
+                        })
                         .count(),
                 )
             })
@@ -550,12 +558,13 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     for (_, _, o) in &ended {
         *outcomes.entry(o.kind()).or_insert(0) += 1;
     }
-    // Slow: over twice the healthy phase's p99 (a single slower request there is noise).
+    // Slow: over twice the p99 of the warm healthy phase (its second half, requests done
+    // before the first fault; a single slower request there is noise).
     let slow = {
         let end = marks.get(1).map_or(f64::INFINITY, |m| m.at);
         let mut lat: Vec<f64> = ended
             .iter()
-            .filter(|(a, _, _)| *a < end)
+            .filter(|(a, b, _)| *a >= end / 2.0 && *b < end)
             .map(|(a, b, _)| b - a)
             .collect();
         lat.sort_by(f64::total_cmp);
@@ -580,9 +589,10 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 .copied()
                 .unwrap_or(f64::NAN)
         };
+        // Requests of this phase only: started after its fault, done before the next.
         let slow_end = ended
             .iter()
-            .filter(|(a, b, _)| *b > *at && *a < to && b - a > slow)
+            .filter(|(a, b, _)| *a >= *at && *b <= to && b - a > slow)
             .map(|(_, b, _)| b - at)
             .fold(0.0, f64::max);
         let edge_sources = next_counts

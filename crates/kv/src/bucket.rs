@@ -54,6 +54,18 @@ pub fn install_tls() {
     });
 }
 
+/// A bucket read over plain HTTP(S) GETs, as from a CDN in front of it (read-only).
+fn http(url: &str, parsed: &url::Url) -> Result<Arc<dyn ObjectStore>> {
+    let base = &url[..parsed[..url::Position::BeforePath].len()];
+    let store = HttpBuilder::new()
+        .with_url(base)
+        .with_client_options(client(parsed.scheme() == "http"))
+        .with_retry(retry())
+        .build()
+        .map_err(|e| KvError::Store(format!("object store {url}: {e}")))?;
+    Ok(Arc::new(store))
+}
+
 impl BucketStore {
     /// `url`: `s3://bucket/prefix` (credentials, endpoint and region from the `AWS_*`
     /// variables, e.g. `AWS_ENDPOINT=http://127.0.0.1:8333` and `AWS_ALLOW_HTTP=true` for a
@@ -95,16 +107,7 @@ impl BucketStore {
                 Arc::new(builder.build().map_err(|e| bad(&e))?)
             }
             // A bucket read over plain HTTP(S), as from a CDN in front of it (read-only).
-            ObjectStoreScheme::Http => {
-                let base = &url[..parsed[..url::Position::BeforePath].len()];
-                let store = HttpBuilder::new()
-                    .with_url(base)
-                    .with_client_options(client(parsed.scheme() == "http"))
-                    .with_retry(retry())
-                    .build()
-                    .map_err(|e| bad(&e))?;
-                Arc::new(store)
-            }
+            ObjectStoreScheme::Http => http(url, &parsed)?,
             ObjectStoreScheme::Local => Arc::new(LocalFileSystem::new()),
             other => {
                 return Err(bad(&format!(
@@ -123,14 +126,24 @@ impl BucketStore {
     /// this process's credentials (no `AWS_*` variable reaches a host the cloud names), never a
     /// local file.
     pub fn open_listed(url: &str) -> Result<Self> {
-        let parsed = url::Url::parse(url)
-            .map_err(|e| KvError::Store(format!("listed object store {url}: {e}")))?;
-        match parsed.scheme() {
-            "http" | "https" => Self::open_with(url, []),
-            other => Err(KvError::Store(format!(
-                "listed object store {url}: a {other}:// store is not read (http:// or https:// only)"
-            ))),
+        install_tls();
+        let bad =
+            |e: &dyn std::fmt::Display| KvError::Store(format!("listed object store {url}: {e}"));
+        let parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(bad(&"only http:// or https:// is read"));
         }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(bad(&"a URL with credentials in it"));
+        }
+        // Plain GETs whatever the host: a host that looks like S3's would otherwise get an S3
+        // client, which signs with whatever credentials this machine has (its environment, a
+        // cloud's instance metadata).
+        Ok(Self {
+            store: http(url, &parsed)?,
+            root: Path::from_url_path(parsed.path()).map_err(|e| bad(&e))?,
+            url: url.into(),
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -234,6 +247,23 @@ mod tests {
     use crate::store::tests::{expect, prefix};
 
     /// The same interface over local files: create-only, read back whole, absent is `None`.
+    #[test]
+    fn a_listed_store_is_plain_http_given_nothing() {
+        // A host that looks like S3's still gets plain GETs: no signing with this machine's
+        // credentials for a store a cloud names.
+        let s3_like = BucketStore::open_listed("https://kv.s3.amazonaws.com/deploy").unwrap();
+        assert_eq!(s3_like.store.to_string(), "HttpStore");
+        assert_eq!(s3_like.path("fp", "ab").as_ref(), "deploy/fp/ab.kv");
+        for bad in [
+            "s3://kv/deploy",
+            "file:///etc",
+            "https://user:secret@cdn.example/kv",
+            "not a url",
+        ] {
+            assert!(BucketStore::open_listed(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_directory_is_a_store_too() {
         let dir = tempfile::tempdir().unwrap();

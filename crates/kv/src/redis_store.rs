@@ -77,6 +77,15 @@ impl RedisStore {
         ca_pem: Option<&[u8]>,
     ) -> Result<Self> {
         crate::bucket::install_tls();
+        // A CA means TLS to every node: a plain URL among them would fail on every call.
+        if let Some(plain) = nodes
+            .iter()
+            .find(|n| ca_pem.is_some() && !n.starts_with("rediss://"))
+        {
+            return Err(KvError::Store(format!(
+                "redis cluster: a CA is given but {plain} is not a rediss:// URL"
+            )));
+        }
         let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(DEADLINE)
             .response_timeout(DEADLINE)

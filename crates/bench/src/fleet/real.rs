@@ -118,6 +118,10 @@ impl Launch<'_> {
                         s(4096),
                         s("--kv-budget-mb"),
                         s(4096),
+                        // Fetched on first use, as the simulator (and CE-LSLM's fleet) has it:
+                        // the first request of each prompt measures the fetch.
+                        s("--prefetch-mb"),
+                        s(0),
                     ],
                     self.t0,
                 )

@@ -197,9 +197,12 @@ fn fanout_checks(runs: &Path, checks: &mut Vec<Check>) -> Result<(), BenchError>
         let [a, b, rest @ ..] = rows.as_slice() else {
             return Err(BenchError::data("fanout.json: fewer than two runs a path"));
         };
-        // Two points fit a sending rate and a time to the first byte.
+        // Two points fit a sending rate and a time to the first byte, as the simulator adds
+        // them: the last of n edges lands after n objects sent and what of the first byte's
+        // time the first object's sending did not cover.
         let rate = (b.edges - a.edges) as f64 * fo.object_bytes / (b.seconds - a.seconds);
-        let rtt = a.seconds - a.edges as f64 * fo.object_bytes / rate;
+        let send = fo.object_bytes / rate;
+        let rtt = a.seconds - a.edges as f64 * send + send;
         // What the cloud sends an edge: the list (store), or the list and the stream (gRPC).
         let per_edge = a.cloud_bytes / a.edges as f64;
         let (list, wire) = match path {

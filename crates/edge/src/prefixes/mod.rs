@@ -569,7 +569,16 @@ impl Prefixes {
             return None;
         }
         self.distrust();
-        let named: Vec<String> = self.ids.lock().ok()?.values().cloned().collect();
+        // Named by an id: learnt from a cloud's header, or on its signed list (a prefetched
+        // prompt was fetched by address).
+        let mut named: Vec<String> = self.ids.lock().ok()?.values().cloned().collect();
+        named.extend(
+            self.catalog
+                .current()
+                .prompts
+                .iter()
+                .map(|p| self.key(&p.address)),
+        );
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut e = self.entries.lock().ok()?;
         let key = named
@@ -1117,6 +1126,17 @@ impl Prefixes {
             return None;
         }
         let url = self.catalog.current().store.clone()?;
+        // Plain HTTP only where the cloud is reached without TLS too, or on this machine:
+        // otherwise anyone on the path would see which published prompts this edge uses.
+        let cloud_plain = self
+            .cfg
+            .cloud_url
+            .as_deref()
+            .is_some_and(|c| c.starts_with("http://"));
+        if !(crate::client::plaintext_ok(&url) || cloud_plain) {
+            tracing::warn!("the cloud names a store over plain HTTP ({url}); not read");
+            return None;
+        }
         let mut open = self.listed_store.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, s)) = open.as_ref().filter(|(u, _)| *u == url) {
             return Some(s.clone());

@@ -221,7 +221,8 @@ pub struct Outcome {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Usage {
     /// Seconds each cloud node spent prefilling cloud prompts (EdgePrompt) or stepping
-    /// (cloud-only), per core slot summed.
+    /// (cloud-only), per core slot summed; nodes sharing a host count on its index (the
+    /// host is what is busy).
     pub cloud_busy_secs: Vec<f64>,
     pub edge_busy_secs: Vec<f64>,
     /// Cloud prompts prefilled, over all cloud nodes.
@@ -457,7 +458,7 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
                                         clock.schedule(l.transfer(bytes(p)), Ev::Held(c, p, false));
                                     } else {
                                         let s = f.cloud.prefill_secs(f.prompts[p], 0);
-                                        usage.cloud_busy_secs[c] += s;
+                                        usage.cloud_busy_secs[host(c)] += s;
                                         usage.cloud_prefills += 1;
                                         if let Some(((c, p), s)) =
                                             prefill[host(c)].arrive((c, p), s)
@@ -576,7 +577,7 @@ pub fn simulate(f: &Fleet, mode: Mode, requests: &[Request]) -> (Vec<Outcome>, U
         if n < f.edges {
             usage.edge_busy_secs[n] = b.busy_secs;
         } else {
-            usage.cloud_busy_secs[n - f.edges] += b.busy_secs;
+            usage.cloud_busy_secs[host(n - f.edges)] += b.busy_secs;
         }
     }
     let outcomes = out
