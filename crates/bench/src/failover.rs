@@ -79,6 +79,9 @@ pub struct Phase {
     pub replica_tier_reads: BTreeMap<String, usize>,
     /// Fetches the edges began at replica 0 and carried on at the next replica (their logs).
     pub fetches_moved_off_replica0: usize,
+    /// Every replica streamed every prompt whole when asked during the fault (the Redis
+    /// fault: replicas lacking a prompt read it from the tiers then).
+    pub every_prompt_served: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -122,6 +125,14 @@ impl Report {
         }
         if !self.panics.is_empty() {
             v.push(format!("panics: {:?}", self.panics));
+        }
+        for p in &self.phases {
+            if p.every_prompt_served == Some(false) {
+                v.push(format!(
+                    "{:?}: a replica did not serve every prompt",
+                    p.fault
+                ));
+            }
         }
         v
     }
@@ -324,10 +335,21 @@ impl Deployment {
     }
 
     /// Carry out `f`; the seconds until the part it broke works again, and what that means.
-    fn apply(&mut self, f: Fault, rt: &tokio::runtime::Runtime) -> (Option<f64>, String) {
+    fn apply(
+        &mut self,
+        f: Fault,
+        rt: &tokio::runtime::Runtime,
+        model: &Model,
+        prompts: usize,
+    ) -> Applied {
         let t = Instant::now();
+        let done = |back: Option<f64>, note: String| Applied {
+            back,
+            note,
+            every_prompt_served: None,
+        };
         match f {
-            Fault::None => (None, String::new()),
+            Fault::None => done(None, String::new()),
             Fault::KillVolumeServer => {
                 self.weed.kill_volume(0);
                 // Every stored prompt read whole through the gateway again.
@@ -341,7 +363,7 @@ impl Deployment {
                     }
                     false
                 });
-                (
+                done(
                     ok.then(|| t.elapsed().as_secs_f64()),
                     "volume server 0 of 3 SIGKILLed (never restarted); recovery: every stored \
                      prompt's object read whole through the S3 gateway"
@@ -359,15 +381,29 @@ impl Deployment {
                     .filter(|&p| info(p, "replication").contains("role:master"))
                     .collect();
                 let Some(&master) = masters.iter().max_by_key(|&&p| keys(p).len()) else {
-                    return (None, "no Redis master found".into());
+                    return done(None, "no Redis master found".into());
                 };
                 let held = keys(master).len();
                 let Some(key) = keys(master).first().cloned() else {
-                    return (None, "no prompt in Redis".into());
+                    return done(None, "no prompt in Redis".into());
                 };
                 let (_, replica) = holders(&ports, &key);
                 let t = Instant::now();
                 self.redis.kill(master);
+                // Every replica asked for every prompt while the cluster fails over: those a
+                // replica does not hold it reads from the tiers (the load alone may not ask a
+                // replica for one it lacks within the fault).
+                let all_served = rt.block_on(async {
+                    let mut ok = true;
+                    for url in &self.cloud_urls {
+                        for p in 0..prompts {
+                            ok &= crate::soak::cluster::fetch_once(url, model, &format!("p{p}"))
+                                .await;
+                        }
+                    }
+                    ok
+                });
+                let served_in = t.elapsed().as_secs_f64();
                 let until = t + Duration::from_secs(60);
                 let mut back = None;
                 while Instant::now() < until {
@@ -377,17 +413,20 @@ impl Deployment {
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                (
+                Applied {
                     back,
-                    format!(
+                    note: format!(
                         "the Redis master holding {held} of the prompts SIGKILLed (never \
-                         restarted); recovery: its replica promoted and the cluster state ok"
+                         restarted); recovery: its replica promoted and the cluster state ok; \
+                         every replica asked for every prompt right after the kill (served \
+                         in {served_in:.2} s)"
                     ),
-                )
+                    every_prompt_served: Some(all_served),
+                }
             }
             Fault::KillCloudReplica => {
                 self.clouds[0].kill9();
-                (
+                done(
                     None,
                     "cloud replica 0 of 3 SIGKILLed (never restarted): the edges' first choice \
                      for about a third of the prompts"
@@ -448,9 +487,17 @@ fn load(s: &Settings, model: &Model) -> Result<(Vec<String>, Vec<Spec>), BenchEr
 struct Mark {
     fault: Fault,
     at: f64,
+    applied: Applied,
+    counts: Vec<EdgeCounts>,
+}
+
+/// What applying a fault saw.
+struct Applied {
+    /// Seconds until the broken part worked again.
     back: Option<f64>,
     note: String,
-    counts: Vec<EdgeCounts>,
+    /// Every replica served every prompt during the fault (asked where it applies).
+    every_prompt_served: Option<bool>,
 }
 
 /// The faults, in order, as shares of the run.
@@ -520,15 +567,14 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         if f != Fault::None {
             eprintln!("failover: [{at:6.1} s] {f:?}");
         }
-        let (rec, note) = d.apply(f, &rt);
-        if let Some(r) = rec {
+        let a = d.apply(f, &rt, &model, prompts.len());
+        if let Some(r) = a.back {
             eprintln!("failover:   recovered in {r:.2} s");
         }
         marks.push(Mark {
             fault: f,
             at,
-            back: rec,
-            note,
+            applied: a,
             counts,
         });
     }
@@ -575,7 +621,8 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     };
     let mut phases = Vec::new();
     for (i, m) in marks.iter().enumerate() {
-        let (f, at, rec, note, counts) = (&m.fault, &m.at, &m.back, &m.note, &m.counts);
+        let (f, at, counts) = (&m.fault, &m.at, &m.counts);
+        let (rec, note) = (&m.applied.back, &m.applied.note);
         let to = marks.get(i + 1).map_or(f64::INFINITY, |m| m.at);
         let next_counts = marks.get(i + 1).map_or(&end_counts, |m| &m.counts);
         let mine: Vec<&(f64, f64, Outcome)> = ended
@@ -623,6 +670,7 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
             edge_sources,
             replica_tier_reads: d.tier_reads(load_t0 + at, load_t0 + to),
             fetches_moved_off_replica0: d.moved_off_replica0(load_t0 + at, load_t0 + to),
+            every_prompt_served: m.applied.every_prompt_served,
         });
     }
     for e in &mut d.edges {

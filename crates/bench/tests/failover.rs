@@ -57,6 +57,7 @@ fn no_request_fails_while_a_volume_server_a_redis_master_and_a_replica_die() {
     assert!(from(v, 0, "store") > 0, "the store edge read it: {v:?}");
     let m = phase(Fault::KillRedisMaster);
     assert!(m.component_recovery_s.is_some(), "no promotion: {m:?}");
+    assert_eq!(m.every_prompt_served, Some(true), "{m:?}");
     assert!(m.replica_tier_reads.values().sum::<usize>() > 0, "{m:?}");
     let c = phase(Fault::KillCloudReplica);
     assert!(from(c, 1, "cloud") > 0, "{c:?}");

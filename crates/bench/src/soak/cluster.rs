@@ -151,6 +151,11 @@ impl Cluster {
                         s(c.prefix_cache_mb),
                         s("--private-cache-mb"),
                         s(c.private_cache_mb),
+                        // Published prompts fetched on use: the faults are aimed at the
+                        // fetch paths (cloud, peer, disk), which prefetching would take
+                        // out of the load (past its budget, prompts are computed here).
+                        s("--prefetch-mb"),
+                        s(0),
                         s("--max-queue"),
                         s(c.max_queue),
                         s("--request-timeout-secs"),
@@ -341,7 +346,7 @@ fn probe(url: &str, model: &Arc<Model>, within: Duration) -> Option<Instant> {
     let until = Instant::now() + within;
     rt.block_on(async {
         while Instant::now() < until {
-            if fetch_once(url, model).await {
+            if fetch_once(url, model, "p0").await {
                 return Some(Instant::now());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -350,12 +355,13 @@ fn probe(url: &str, model: &Arc<Model>, within: Duration) -> Option<Instant> {
     })
 }
 
-async fn fetch_once(url: &str, model: &Model) -> bool {
+/// Whether `url` streams prompt `id`'s every layer.
+pub(crate) async fn fetch_once(url: &str, model: &Model, id: &str) -> bool {
     let Ok(mut c) = edgeprompt_edge::CloudClient::connect(url).await else {
         return false;
     };
     let Ok((header, mut rx)) = c
-        .fetch(model, PromptRef::Id("p0".into()), &[Codec::F16], false)
+        .fetch(model, PromptRef::Id(id.into()), &[Codec::F16], false)
         .await
     else {
         return false;
