@@ -441,18 +441,7 @@ impl Deployment {
 fn load(s: &Settings, model: &Model) -> Result<(Vec<String>, Vec<Spec>), BenchError> {
     let turns = crate::sharegpt::turns(&s.sharegpt, 2000)?;
     let mut rng = StdRng::seed_from_u64(s.seed);
-    let text = |rng: &mut StdRng, n: usize| -> Result<String, BenchError> {
-        let start = rng.random_range(0..turns.len());
-        let mut t = String::new();
-        for turn in turns.iter().cycle().skip(start).take(turns.len()) {
-            t += turn;
-            t.push('\n');
-            if t.len() > 6 * n {
-                break;
-            }
-        }
-        Ok(crate::workload::cut(model, &t, n)?)
-    };
+    let text = |rng: &mut StdRng, n: usize| crate::workload::text(model, &turns, rng, n);
     let prompts = (0..s.prompts.max(1))
         .map(|_| text(&mut rng, s.cloud_len))
         .collect::<Result<Vec<_>, _>>()?;

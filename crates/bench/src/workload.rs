@@ -113,3 +113,22 @@ impl Workload {
 }
 
 pub use edgeprompt_align::job::cut;
+
+/// About `n` tokens of ShareGPT text: turns from a seeded start, cut to `n` tokens.
+pub fn text(
+    model: &Model,
+    turns: &[String],
+    rng: &mut StdRng,
+    n: usize,
+) -> Result<String, BenchError> {
+    let start = rng.random_range(0..turns.len().max(1));
+    let mut t = String::new();
+    for turn in turns.iter().cycle().skip(start).take(turns.len()) {
+        t += turn;
+        t.push('\n');
+        if t.len() > 6 * n {
+            break;
+        }
+    }
+    Ok(cut(model, &t, n)?)
+}

@@ -74,11 +74,6 @@ pub struct PlanArgs {
     costs: PathBuf,
 }
 
-/// Store egress sizes tried, Gbit/s.
-const STORE_GBIT: [f64; 13] = [
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
-];
-
 /// `fleet-grid.json` is about 80 KB; anything far larger is not one.
 const MAX_COSTS_BYTES: u64 = 16 << 20;
 
@@ -188,7 +183,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 ..with_store
             },
             &load,
-            &STORE_GBIT,
+            &edgeprompt_planner::fleet::scenario::STORE_GBIT,
             1.5,
             0.8,
         );

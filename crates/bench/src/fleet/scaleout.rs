@@ -348,9 +348,6 @@ fn replicas_checks(runs: &Path, checks: &mut Vec<Check>) -> Result<(), BenchErro
 const PER_EDGE_RATE: f64 = 1.0 / 600.0;
 const PROMPTS: usize = 8;
 const PROMPT_TOKENS: usize = 1024;
-const STORE_GBIT: [f64; 13] = [
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
-];
 
 fn scale(g: &Grid, edges: usize, secs: f64) -> Scale {
     let link = edgeprompt_link::Profile::named("5g").map_or(
@@ -398,7 +395,7 @@ fn scale(g: &Grid, edges: usize, secs: f64) -> Scale {
             ..with_store
         },
         &load,
-        &STORE_GBIT,
+        &edgeprompt_planner::fleet::scenario::STORE_GBIT,
         1.5,
         0.8,
     );

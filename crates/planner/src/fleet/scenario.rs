@@ -284,6 +284,11 @@ pub struct StorePlan {
     pub enough: bool,
 }
 
+/// Store egress sizes a plan tries, Gbit/s.
+pub const STORE_GBIT: [f64; 13] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
 /// The least store egress of `ladder` (Gbit/s, ascending) that keeps up with `load` on
 /// `fleet` (which has a store): the mean latency within `slack` times a lone request's on an
 /// unbounded store, and the store's egress busy below `busy_limit`.
