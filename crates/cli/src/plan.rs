@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use edgeprompt_planner::fleet::model::{Costs, Fleet, Home, Link, Mode, Store};
-use edgeprompt_planner::fleet::scenario::{plan, plan_store, Load, Plan};
+use edgeprompt_planner::fleet::model::{Costs, Fleet, Home, Link, Mode};
+use edgeprompt_planner::fleet::scenario::{plan, plan_with_store, Load, Plan};
 use serde::Deserialize;
 
 #[derive(clap::Args)]
@@ -167,26 +167,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         &ep,
     );
     if a.store {
-        // Cloud nodes with a store as fast as needed, then the store's egress for them.
-        let with_store = Fleet {
-            store: Some(Store {
-                egress_bytes_per_sec: f64::INFINITY,
-                rtt_secs: a.store_rtt_ms / 1e3,
-            }),
-            ..fleet.clone()
-        };
-        let nodes = plan(&with_store, Mode::EdgePrompt, &load, a.max_nodes, 1.5, 0.8);
+        let (nodes, sized) =
+            plan_with_store(&fleet, &load, a.store_rtt_ms / 1e3, a.max_nodes, 1.5, 0.8);
         show("EdgePrompt, edges reading the object store", &nodes);
-        let sized = plan_store(
-            &Fleet {
-                cloud_nodes: nodes.cloud_nodes,
-                ..with_store
-            },
-            &load,
-            &edgeprompt_planner::fleet::scenario::STORE_GBIT,
-            1.5,
-            0.8,
-        );
         let s = &sized.stats;
         let what = match sized.enough {
             true => format!("{} Gbit/s of egress", sized.egress_gbit),

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use edgeprompt_planner::fleet::model::{simulate, Costs, Fleet, Home, Link, Mode, Request, Store};
-use edgeprompt_planner::fleet::scenario::{plan, plan_store, Load};
+use edgeprompt_planner::fleet::scenario::{plan, plan_with_store, Load};
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::costs::Fitted;
@@ -381,24 +381,7 @@ fn scale(g: &Grid, edges: usize, secs: f64) -> Scale {
         rollout: true,
     };
     let alone = plan(&fleet, Mode::EdgePrompt, &load, 256, 1.5, 0.8);
-    let with_store = Fleet {
-        store: Some(Store {
-            egress_bytes_per_sec: f64::INFINITY,
-            rtt_secs: 0.02,
-        }),
-        ..fleet.clone()
-    };
-    let nodes = plan(&with_store, Mode::EdgePrompt, &load, 256, 1.5, 0.8);
-    let sized = plan_store(
-        &Fleet {
-            cloud_nodes: nodes.cloud_nodes,
-            ..with_store
-        },
-        &load,
-        &edgeprompt_planner::fleet::scenario::STORE_GBIT,
-        1.5,
-        0.8,
-    );
+    let (nodes, sized) = plan_with_store(&fleet, &load, 0.02, 256, 1.5, 0.8);
     Scale {
         edges,
         rate: load.rate,

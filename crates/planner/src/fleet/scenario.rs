@@ -284,6 +284,44 @@ pub struct StorePlan {
     pub enough: bool,
 }
 
+/// A fleet whose edges read a store of `rtt_secs` to the first byte: the cloud nodes it needs
+/// with a store as fast as needed, then the least store egress (of `STORE_GBIT`) for them.
+pub fn plan_with_store(
+    fleet: &Fleet,
+    load: &Load,
+    rtt_secs: f64,
+    max_nodes: usize,
+    slack: f64,
+    busy_limit: f64,
+) -> (Plan, StorePlan) {
+    let with_store = Fleet {
+        store: Some(super::model::Store {
+            egress_bytes_per_sec: f64::INFINITY,
+            rtt_secs,
+        }),
+        ..fleet.clone()
+    };
+    let nodes = plan(
+        &with_store,
+        Mode::EdgePrompt,
+        load,
+        max_nodes,
+        slack,
+        busy_limit,
+    );
+    let sized = plan_store(
+        &Fleet {
+            cloud_nodes: nodes.cloud_nodes,
+            ..with_store
+        },
+        load,
+        &STORE_GBIT,
+        slack,
+        busy_limit,
+    );
+    (nodes, sized)
+}
+
 /// Store egress sizes a plan tries, Gbit/s.
 pub const STORE_GBIT: [f64; 13] = [
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
