@@ -14,7 +14,10 @@
 pub mod adapter;
 pub mod calib;
 pub mod cka;
+pub mod conversation;
 mod error;
+pub mod fuser;
+pub mod fuser_data;
 pub mod job;
 pub mod matching;
 pub mod ridge;
@@ -26,6 +29,7 @@ pub use adapter::{fit_adapters, AdapterSet, FitOptions, PairInfo, Shape};
 pub use calib::{collect, Calibration, Sampling};
 pub use cka::{centered_gram, cka, cka_from_grams};
 pub use error::{AlignError, Result};
+pub use fuser::Fuser;
 pub use matching::match_layers;
 pub use rsa::{rsa, rsa_from_sims, similarity_matrix};
 pub use similarity::{compare, Similarity};

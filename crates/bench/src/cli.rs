@@ -38,6 +38,9 @@ pub enum Bench {
     Failover(FailoverArgs),
     /// CE-LSLM: quality of the edge SLM with the cloud LLM's mapped KV vs each alone; TTFT and bytes.
     Lslm(LslmArgs),
+    /// CE-LSLM fuser: the edge SLM with fused KV vs each model alone and the mapped layers, on
+    /// held-out conversations: perplexity, agreement, multiple-choice exact match.
+    Fuser(FuserArgs),
     /// Chaos under load: real cloud, Redis, link and edge processes, faults on a seeded schedule, every request accounted for.
     Soak(SoakArgs),
     /// CE-LSLM Fig. 7: one cloud and N edges as real processes under Poisson load vs cloud-only; the simulator replays the same traces.
@@ -331,6 +334,51 @@ pub struct LslmArgs {
 }
 
 #[derive(clap::Args)]
+pub struct FuserArgs {
+    #[arg(long, default_value = "qwen15")]
+    llm: String,
+    #[arg(long, default_value = "qwen05")]
+    slm: String,
+    /// The fuser `scripts/fuser/train.py` wrote.
+    #[arg(long, default_value = "models/fuser/fuser.safetensors")]
+    fuser: PathBuf,
+    /// Adapters from `edgeprompt align`, to compare today's mapped layers (skipped if absent).
+    #[arg(long, default_value = "models/align/adapters.safetensors")]
+    adapters: PathBuf,
+    /// The mapped layers compared start here (the split the quality floor allows).
+    #[arg(long, default_value_t = 18)]
+    mapped_split: usize,
+    /// Conversations in ShareGPT's format (default: the packaged ShareGPT).
+    #[arg(long)]
+    conversations: Option<PathBuf>,
+    /// First record used: 4000 holds out the cases `bench lslm` scores (its 8 first), apart
+    /// from calibration and from the fuser's training data (records 10000..).
+    #[arg(long, default_value_t = 4000)]
+    first_record: usize,
+    #[arg(long, default_value_t = 72)]
+    cases: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    user_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    answer_tokens: usize,
+    /// Options per multiple-choice question.
+    #[arg(long, default_value_t = 4)]
+    choices: usize,
+    /// Cases whose TTFT and bytes are measured on loopback gRPC, fused vs EdgePrompt mode.
+    #[arg(long, default_value_t = 4)]
+    wire_cases: usize,
+    /// Link profile for those measurements.
+    #[arg(long, default_value = "wifi")]
+    profile: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
 pub struct ServeArgs {
     #[arg(long, default_value = "smollm2")]
     model: String,
@@ -605,6 +653,43 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             }
             edgeprompt_bench::lslm::run(&s)?;
             eprintln!("wrote {}/lslm.json and lslm-*.svg", a.out.display());
+            Ok(())
+        }
+        Bench::Fuser(a) => {
+            anyhow::ensure!(
+                a.fuser.exists(),
+                "{} missing: run `edgeprompt fuser-data` and scripts/fuser/train.py first",
+                a.fuser.display()
+            );
+            anyhow::ensure!(
+                a.cases > 0 && a.choices > 0,
+                "--cases and --choices are at least 1"
+            );
+            let s = edgeprompt_bench::lslm::fused::Settings {
+                llm: resolve(&a.llm)?,
+                slm: resolve(&a.slm)?,
+                fuser: a.fuser,
+                adapters: a.adapters.exists().then_some(a.adapters),
+                mapped_split: a.mapped_split,
+                conversations: match a.conversations {
+                    Some(p) => p,
+                    None => sharegpt()?,
+                },
+                first_record: a.first_record,
+                cases: a.cases,
+                limits: edgeprompt_align::conversation::Limits {
+                    cloud_tokens: a.cloud_tokens,
+                    user_tokens: a.user_tokens,
+                    answer_tokens: a.answer_tokens,
+                },
+                choices: a.choices,
+                wire_cases: a.wire_cases,
+                profile: a.profile,
+                threads: a.threads,
+                out: a.out.clone(),
+            };
+            edgeprompt_bench::lslm::fused::run(&s)?;
+            eprintln!("wrote {}/fuser.json", a.out.display());
             Ok(())
         }
         Bench::Ttft(a) => {

@@ -77,3 +77,75 @@ pub fn run(a: AlignArgs) -> anyhow::Result<()> {
     align::run(&s)?;
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct FuserDataArgs {
+    /// The cloud's large model (name or GGUF path).
+    #[arg(long, default_value = "qwen15")]
+    llm: String,
+    /// The edge's small model (same tokenizer).
+    #[arg(long, default_value = "qwen05")]
+    slm: String,
+    /// Conversations in ShareGPT's format (default: the packaged ShareGPT).
+    #[arg(long)]
+    conversations: Option<PathBuf>,
+    /// First record used. The defaults keep training data apart from calibration (the first
+    /// ~1000 records) and from the held-out cases `bench lslm` scores (from record 4000).
+    #[arg(long, default_value_t = 10_000)]
+    first_record: usize,
+    #[arg(long, default_value_t = 320)]
+    cases: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    user_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    answer_tokens: usize,
+    /// The large model's most likely next tokens kept per answer token (for the KL loss).
+    #[arg(long, default_value_t = 64)]
+    top_k: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "models/fuser/data")]
+    out: PathBuf,
+}
+
+pub fn fuser_data(a: FuserDataArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.cases > 0, "--cases must be at least 1");
+    anyhow::ensure!(
+        (1..=1024).contains(&a.top_k),
+        "--top-k is between 1 and 1024"
+    );
+    let machine = edgeprompt_engine::machine::start(a.threads);
+    let llm = edgeprompt_engine::Model::load(&super::models::resolve(&a.llm)?)?;
+    let slm = edgeprompt_engine::Model::load(&super::models::resolve(&a.slm)?)?;
+    anyhow::ensure!(
+        llm.cfg.vocab_size == slm.cfg.vocab_size && a.top_k < llm.cfg.vocab_size,
+        "the two models' vocabularies differ"
+    );
+    eprintln!("{}", align::describe(&machine, &llm, &slm, a.threads));
+    let s = edgeprompt_align::fuser_data::Settings {
+        conversations: match a.conversations {
+            Some(p) => p,
+            None => catalog::sharegpt()?,
+        },
+        first_record: a.first_record,
+        cases: a.cases,
+        limits: edgeprompt_align::conversation::Limits {
+            cloud_tokens: a.cloud_tokens,
+            user_tokens: a.user_tokens,
+            answer_tokens: a.answer_tokens,
+        },
+        top_k: a.top_k,
+        out: a.out.clone(),
+    };
+    let start = std::time::Instant::now();
+    let n = edgeprompt_align::fuser_data::write(&llm, &slm, &s, |done, all| {
+        eprintln!(
+            "  case {done}/{all} ({:.0} s)",
+            start.elapsed().as_secs_f64()
+        )
+    })?;
+    eprintln!("{n} cases in {}", a.out.display());
+    Ok(())
+}

@@ -42,6 +42,9 @@ enum Command {
     /// CE-LSLM: match a large cloud model's layers to a small edge model's (CKA, RSA) and fit
     /// the K/V adapters the cloud serves the small model through.
     Align(align::AlignArgs),
+    /// CE-LSLM fuser: write training data (both models' prompt KV, the large model's view of
+    /// each answer) for `scripts/fuser/train.py`.
+    FuserData(align::FuserDataArgs),
     /// Print a model's configuration, tensor types and fingerprint.
     Info(models::InfoArgs),
     /// Fleet planning: N edges at R req/s on these prompts and links: how many cloud nodes,
@@ -73,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Command::Link(a) => nodes::link(a),
         Command::Demo(a) => nodes::demo(a),
         Command::Align(a) => align::run(a),
+        Command::FuserData(a) => align::fuser_data(a),
         Command::Plan(a) => plan::run(a),
     }
 }

@@ -37,6 +37,13 @@ pub struct CloudArgs {
     /// smaller models get their deep layers' KV mapped from this model's.
     #[arg(long)]
     adapters: Vec<PathBuf>,
+    /// CE-LSLM fuser from `scripts/fuser/train.py`: edges running --fuser-edge-model that ask
+    /// for fused KV get that model's own KV of each prompt fused with this model's.
+    #[arg(long, requires = "fuser_edge_model")]
+    fuser: Option<PathBuf>,
+    /// The small model the fuser serves (name or GGUF path): the cloud computes its KV too.
+    #[arg(long, requires = "fuser")]
+    fuser_edge_model: Option<String>,
     /// Where the cloud keeps its signing key when the prompts file's [server] table names
     /// none: cloud.key (made on first start, mode 0600) and cloud.pub (default: the prompts
     /// file's directory).
@@ -266,6 +273,18 @@ pub fn cloud(a: CloudArgs) -> anyhow::Result<()> {
     let mut node = CloudNode::new(model, &specs, a.cache_bytes)?
         .with_guard(limits, token)
         .with_adapters(adapters)?;
+    if let (Some(f), Some(m)) = (&a.fuser, &a.fuser_edge_model) {
+        let fuser = edgeprompt_align::Fuser::load(f)
+            .with_context(|| "train one with scripts/fuser/train.py".to_string())?;
+        let slm = Arc::new(super::models::load_with(m, None)?);
+        eprintln!(
+            "serving {} fused KV (fuser {}, layers {:?})",
+            slm.cfg.name,
+            &fuser.sha256[..12],
+            fuser.fused_layers()
+        );
+        node = node.with_fuser(slm, fuser)?;
+    }
     eprintln!(
         "signing the KV served with key {} ({key_from})",
         signing.public().short()

@@ -76,6 +76,12 @@ pub struct ServeArgs {
     /// split; 0 takes every layer from the cloud.
     #[arg(long, default_value = "auto")]
     cloud_layers_from: String,
+    /// CE-LSLM fuser: take each cloud prompt's KV fused with the cloud's larger model, where
+    /// the cloud has a fuser for this model (`edgeprompt cloud --fuser`): every layer from the
+    /// cloud, answers closer to the larger model's. Replaces --cloud-layers-from (a layer
+    /// computed here would not be fused); a cloud without a fuser streams exact KV or none.
+    #[arg(long)]
+    fused: bool,
     /// The CE-LSLM quality table `edgeprompt-bench lslm` writes (for --cloud-layers-from auto).
     #[arg(long, default_value = "docs/results/lslm.json")]
     lslm_table: PathBuf,
@@ -178,8 +184,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     )?);
     let n_layer = model.cfg.n_layer;
     let (cloud_layers_from, auto_split) = match a.cloud_layers_from.as_str() {
-        // Without a cloud every layer is computed here.
-        "auto" if a.cloud.is_empty() => (0, None),
+        // Without a cloud every layer is computed here; fused KV is taken whole.
+        "auto" if a.cloud.is_empty() || a.fused => (0, None),
+        _ if a.fused => {
+            anyhow::bail!("--fused takes every layer from the cloud: leave out --cloud-layers-from")
+        }
         "auto" => {
             // A table for another model (or none) leaves no CE-LSLM floor: the cloud is
             // expected to run this model, and its headers are checked for it.
@@ -311,6 +320,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             cloud_layers_from,
             auto_codec,
             auto_split,
+            fused: a.fused,
             peer_security,
             trust,
             cloud_prompts: a.security.cloud_prompts(),

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use edgeprompt_align::AdapterSet;
-use edgeprompt_engine::LayerKv;
+use edgeprompt_align::{AdapterSet, Fuser};
+use edgeprompt_engine::{LayerKv, Model};
 use edgeprompt_kv::{content_address, Codec};
 use edgeprompt_protocol::FetchMessage;
 use tokio::sync::mpsc;
@@ -34,12 +34,40 @@ pub(crate) struct Adapters {
     pub(crate) by_address: HashMap<String, String>,
     /// (small model, prompt id) -> its layers from `min_split` on.
     mapped: Mutex<HashMap<(String, String), MappedLayers>>,
+    /// Fusers by the small model's fingerprint.
+    fusers: HashMap<String, Arc<Fused>>,
+    /// (small model, prompt id) -> its fused KV, every layer.
+    fused: Mutex<HashMap<(String, String), MappedLayers>>,
+}
+
+/// A fuser and the small model it serves (the cloud computes that model's exact KV too).
+pub(crate) struct Fused {
+    fuser: Fuser,
+    slm: Arc<Model>,
+    /// SHA-256 of the fuser file, hex: what headers and seals name.
+    sha256: String,
 }
 
 impl Adapters {
     pub(crate) fn for_edge(&self, fingerprint: &str) -> Option<Arc<AdapterSet>> {
         self.sets.get(fingerprint).cloned()
     }
+
+    pub(crate) fn fuser_for(&self, fingerprint: &str) -> Option<Arc<Fused>> {
+        self.fusers.get(fingerprint).cloned()
+    }
+
+    /// Whether this cloud serves an edge of that model anything (mapped or fused KV).
+    pub(crate) fn serves(&self, fingerprint: &str) -> bool {
+        self.sets.contains_key(fingerprint) || self.fusers.contains_key(fingerprint)
+    }
+}
+
+/// The small model's whole layout, fused by `f`.
+pub(crate) fn fused_layout(f: &Fused) -> Layout {
+    let mut layout = Layout::full(&f.slm);
+    layout.fuser = Some(f.sha256.clone());
+    layout
 }
 
 /// The small model's layout from `first` on; layers without an adapter cannot be served.
@@ -58,6 +86,7 @@ pub(crate) fn layout(set: &AdapterSet, first: u32) -> Result<Layout, Status> {
         recurrent: vec![false; m.slm.n_layer],
         state: None,
         layers: Default::default(),
+        fuser: None,
     }
     .from_layer(first)?;
     if layout.first_layer < set.min_split() {
@@ -97,6 +126,87 @@ impl CloudNode {
                 .insert(set.meta.slm_fingerprint.clone(), Arc::new(set));
         }
         Ok(self)
+    }
+
+    /// Serve edges running the fuser's small model `slm` with its own KV fused with this
+    /// node's. The fuser must be trained for this pair.
+    pub fn with_fuser(mut self, slm: Arc<Model>, fuser: Fuser) -> Result<Self, CloudError> {
+        let sha256 = fuser.sha256.clone();
+        fuser
+            .check(&self.model, &slm)
+            .map_err(|e| CloudError::Adapters(e.to_string()))?;
+        tracing::info!(
+            edge_model = short(&slm.fingerprint),
+            fuser = short(&sha256),
+            layers = ?fuser.fused_layers(),
+            "CE-LSLM fuser loaded"
+        );
+        for p in self.prompts.values() {
+            let address = content_address(&slm.fingerprint, &p.token_ids);
+            self.lslm.by_address.insert(address, p.id.clone());
+        }
+        self.lslm.fusers.insert(
+            slm.fingerprint.clone(),
+            Arc::new(Fused { fuser, slm, sha256 }),
+        );
+        Ok(self)
+    }
+
+    /// Every layer of the small model's KV of `p`, fused: computed once per prompt.
+    pub(crate) async fn produce_fused(
+        self: Arc<Self>,
+        p: Arc<Prompt>,
+        f: Arc<Fused>,
+        codec: Codec,
+        zstd: Option<i32>,
+        tx: mpsc::Sender<Result<FetchMessage, Status>>,
+    ) -> Result<(), Status> {
+        let layout = fused_layout(&f);
+        let address = content_address(&layout.fingerprint, &p.token_ids);
+        let header =
+            crate::stream::header(&layout, &p.id, &address, &p.token_ids, codec, zstd, None);
+        tx.send(Ok(header))
+            .await
+            .map_err(|_| Status::cancelled("client went away"))?;
+        let layers = self.fused_layers(&p, &f).await?;
+        let manifest = crate::stream::manifest(&layout, &p.id, &p.token_ids, codec);
+        for (j, layer) in layers.iter().enumerate() {
+            let seal = self.layer_seal(&manifest);
+            crate::stream::send_layer(&tx, j, layer, 0, codec, zstd, seal).await?;
+        }
+        Ok(())
+    }
+
+    async fn fused_layers(
+        self: &Arc<Self>,
+        p: &Arc<Prompt>,
+        f: &Arc<Fused>,
+    ) -> Result<MappedLayers, Status> {
+        let key = (f.slm.fingerprint.clone(), p.id.clone());
+        if let Some(hit) = self
+            .lslm
+            .fused
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(hit);
+        }
+        let kv = self.kv_of(p.clone()).await?;
+        let (model, f2, ids) = (self.model.clone(), f.clone(), p.token_ids.clone());
+        let layers = tokio::task::spawn_blocking(move || {
+            let own = edgeprompt_align::conversation::prefix_of(&f2.slm, &ids)?;
+            f2.fuser.fuse(&model, &f2.slm, &kv.layers, &own.layers)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let layers = Arc::new(layers.into_iter().map(Arc::new).collect::<Vec<_>>());
+        if let Ok(mut m) = self.lslm.fused.lock() {
+            m.insert(key, layers.clone());
+        }
+        tracing::info!(prompt = %p.id, "cloud prompt KV fused for a CE-LSLM edge");
+        Ok(layers)
     }
 
     pub(crate) async fn produce_mapped(

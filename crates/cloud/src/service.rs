@@ -266,8 +266,8 @@ impl CloudNode {
             Some(PromptRef::Id(id)) => id.clone(),
             Some(PromptRef::ContentAddress(a)) => {
                 let a = hex::encode(a);
-                let mapped = || match req.first_layer {
-                    0 => None,
+                let mapped = || match (req.first_layer, req.accept_fused) {
+                    (0, false) => None,
                     _ => self.lslm.by_address.get(&a),
                 };
                 self.by_address
@@ -401,10 +401,16 @@ impl CloudKv for CloudService {
         let this = &self.0;
         let permit = this.guard.admit(&req)?;
         let req = req.into_inner();
-        // This model's own KV, or a smaller model's through CE-LSLM adapters.
-        let adapters = match this.lslm.for_edge(&req.model_fingerprint) {
-            Some(set) => Some(set),
-            None => {
+        // A smaller model's own KV fused with this one's, where the edge takes it (every
+        // layer); else this model's own KV, or a smaller model's through CE-LSLM adapters.
+        let fused = match (req.accept_fused, req.first_layer) {
+            (true, 0) => this.lslm.fuser_for(&req.model_fingerprint),
+            _ => None,
+        };
+        let adapters = match (&fused, this.lslm.for_edge(&req.model_fingerprint)) {
+            (Some(_), _) => None,
+            (None, Some(set)) => Some(set),
+            (None, None) => {
                 crate::stream::check_fingerprint(&req, &this.model.fingerprint)?;
                 None
             }
@@ -421,9 +427,10 @@ impl CloudKv for CloudService {
             // The stream slot is held until the stream ends.
             let _permit = permit;
             let err_tx = tx.clone();
-            let done = match adapters {
-                Some(set) => me.produce_mapped(p, set, layout, codec, zstd, tx).await,
-                None => me.produce(p, layout, codec, zstd, tx).await.map(|_| ()),
+            let done = match (fused, adapters) {
+                (Some(f), _) => me.produce_fused(p, f, codec, zstd, tx).await,
+                (None, Some(set)) => me.produce_mapped(p, set, layout, codec, zstd, tx).await,
+                (None, None) => me.produce(p, layout, codec, zstd, tx).await.map(|_| ()),
             };
             if let Err(e) = done {
                 let _ = err_tx.send(Err(e)).await;
@@ -436,7 +443,7 @@ impl CloudKv for CloudService {
         let this = &self.0;
         this.guard.check(&req)?;
         let fp = &req.get_ref().model_fingerprint;
-        if fp != &this.model.fingerprint && this.lslm.for_edge(fp).is_none() {
+        if fp != &this.model.fingerprint && !this.lslm.serves(fp) {
             return Err(Status::failed_precondition(
                 "this cloud serves no KV to a model of that fingerprint",
             ));

@@ -62,6 +62,8 @@ pub struct Layout {
     /// Per layer head sizes and KV sources, where the layers differ (Gemma 4): a layer that
     /// reads another's KV is not sent.
     pub layers: LayerMap,
+    /// The edge model's own KV corrected by this fuser (SHA-256, hex): CE-LSLM fuser.
+    pub fuser: Option<String>,
 }
 
 impl Layout {
@@ -79,6 +81,7 @@ impl Layout {
             recurrent: c.recurrent.clone(),
             state: c.features.recurrence,
             layers: LayerMap::of(c),
+            fuser: None,
         }
     }
 
@@ -134,6 +137,7 @@ pub fn manifest(layout: &Layout, prompt_id: &str, token_ids: &[u32], codec: Code
         layout.mapped,
     )
     .with_layers(layout.layers.clone())
+    .with_fuser(layout.fuser.as_deref().unwrap_or_default())
 }
 
 /// The header. `values_codec`: what the values were decoded from where they were made, when
@@ -175,6 +179,7 @@ pub fn header(
             state_shape: edgeprompt_protocol::state_shape(&layout.recurrent, layout.state),
             head_dims: layout.layers.head_dims.iter().map(|&d| d as u32).collect(),
             kv_sources: layout.layers.kv_sources.iter().map(|&s| s as u32).collect(),
+            fuser: layout.fuser.clone().unwrap_or_default(),
         })),
     }
 }

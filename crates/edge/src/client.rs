@@ -29,6 +29,9 @@ pub struct CloudHeader {
     /// CE-LSLM: a larger cloud model's KV mapped to this model's (false: this model's own,
     /// exact).
     pub mapped: bool,
+    /// CE-LSLM fuser: this model's own KV fused with a larger model's by the fuser with this
+    /// SHA-256 (empty: not fused).
+    pub fuser: String,
     /// What the cloud signs for each layer (the values are what `manifest.codec` decodes to).
     pub manifest: Manifest,
     /// The encoded sizes of this edge's request (all it sent) and of the header it got.
@@ -76,6 +79,8 @@ pub struct CloudClient {
     trust: Option<TrustKey>,
     /// Longest wait from the request to the stream's header (or the list's reply).
     header_timeout: std::time::Duration,
+    /// Take this model's KV fused with a larger cloud model's (CE-LSLM fuser).
+    accept_fused: bool,
 }
 
 /// Longest wait for a connection (TCP, TLS and HTTP/2 handshakes together).
@@ -214,10 +219,17 @@ impl CloudClient {
             token: sec.token.clone(),
             trust: None,
             header_timeout: HEADER_TIMEOUT,
+            accept_fused: false,
         })
     }
 
     /// Give up on a request whose header (or list) has not come within `t`.
+    /// Ask for fused KV where the cloud has a fuser for this model (CE-LSLM fuser).
+    pub fn accepting_fused(mut self, fused: bool) -> Self {
+        self.accept_fused = fused;
+        self
+    }
+
     pub fn header_timeout(mut self, t: std::time::Duration) -> Self {
         self.header_timeout = t;
         self
@@ -330,6 +342,7 @@ impl CloudClient {
             accept_codecs: codecs.iter().map(|c| c.name().to_string()).collect(),
             accept_zstd: zstd,
             first_layer: first_layer as u32,
+            accept_fused: self.accept_fused,
         };
         let request_bytes = prost::Message::encoded_len(&req);
         let mut req = tonic::Request::new(req);
@@ -597,6 +610,7 @@ pub fn check_header(
         codec: values_codec,
         mapped: h.mapped,
         layers,
+        fuser: h.fuser.clone(),
     };
     let header = CloudHeader {
         prompt_id: h.prompt_id,
@@ -607,6 +621,7 @@ pub fn check_header(
         content_address: address,
         layer_starts: starts,
         mapped: h.mapped,
+        fuser: h.fuser,
         manifest,
         request_bytes: 0,
         header_bytes: 0,

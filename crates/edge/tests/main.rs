@@ -16,6 +16,7 @@ mod fallback;
 mod families;
 mod faults;
 mod first_contact;
+mod fused;
 mod hostile;
 mod http_api;
 mod hybrid;

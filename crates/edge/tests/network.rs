@@ -180,6 +180,7 @@ async fn bad_requests_get_clear_errors_and_the_cloud_keeps_serving() {
         accept_codecs: vec!["f16".into()],
         accept_zstd: false,
         first_layer: 0,
+        accept_fused: false,
     };
     let mut raw = edgeprompt_protocol::cloud_kv_client::CloudKvClient::connect(url.clone())
         .await

@@ -39,6 +39,9 @@ pub struct Manifest {
     /// Per layer, head sizes and the layers whose KV others read, when the model's layers
     /// differ (Gemma 4): signed with every layer, so no layer can be claimed owned or not.
     pub layers: LayerMap,
+    /// The edge model's own KV fused with a larger model's by the fuser with this SHA-256
+    /// (CE-LSLM fuser); empty: not fused.
+    pub fuser: String,
 }
 
 impl Manifest {
@@ -64,7 +67,14 @@ impl Manifest {
             codec,
             mapped,
             layers: LayerMap::default(),
+            fuser: String::new(),
         }
+    }
+
+    /// The same manifest for KV fused by the fuser `sha256` (hex).
+    pub fn with_fuser(mut self, sha256: &str) -> Self {
+        self.fuser = sha256.to_string();
+        self
     }
 
     /// The same manifest for a model whose layers differ (`LayerMap`).
@@ -104,6 +114,12 @@ impl Manifest {
                 m.extend_from_slice(&(d as u64).to_le_bytes());
                 m.extend_from_slice(&(s as u64).to_le_bytes());
             }
+        }
+        // Only for fused KV, likewise: which fuser made it is signed with every layer.
+        if !self.fuser.is_empty() {
+            m.extend_from_slice(b"fused\0");
+            m.extend_from_slice(&(self.fuser.len() as u32).to_le_bytes());
+            m.extend_from_slice(self.fuser.as_bytes());
         }
         m.extend_from_slice(digest);
         m

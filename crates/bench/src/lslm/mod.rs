@@ -1,6 +1,7 @@
 //! CE-LSLM experiments (`lslm`): quality of the small model with the large model's mapped
 //! KV, TTFT and bytes, on adapters the product's align job (`edgeprompt_align::job`) wrote.
 
+pub mod fused;
 pub mod latency;
 pub mod quality;
 

@@ -8,14 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use edgeprompt_align::conversation::{self, answer_logits, nll, prefix_of, Case, Limits};
 use edgeprompt_align::AdapterSet;
 use edgeprompt_engine::rope::Rope;
-use edgeprompt_engine::sequence::PrefillPass;
-use edgeprompt_engine::{LayerKv, Message, Model, PrefixKv};
+use edgeprompt_engine::{LayerKv, Model};
 use serde::{Deserialize, Serialize};
 
-use crate::sharegpt::Turn;
-use crate::workload::cut;
 use crate::BenchError;
 
 pub struct Settings {
@@ -53,12 +51,6 @@ pub struct Report {
     pub secs: f64,
 }
 
-struct Case {
-    cloud: Vec<u32>,
-    private: Vec<u32>,
-    answer: Vec<u32>,
-}
-
 /// Per scored position: the argmax and the negative log-likelihood of the true next token.
 #[derive(Clone)]
 struct Scored {
@@ -86,39 +78,12 @@ impl Tally {
 }
 
 fn cases(llm: &Model, slm: &Model, s: &Settings) -> Result<Vec<Case>, BenchError> {
-    let chat = llm
-        .chat
-        .as_ref()
-        .ok_or_else(|| BenchError::Data("model has no chat template".into()))?;
-    let convs = crate::sharegpt::conversations(&s.sharegpt, s.first_record + 40 * s.cases)?;
-    let mut out = Vec::new();
-    for conv in convs.iter().skip(s.first_record) {
-        let Some(k) = (2..conv.len().saturating_sub(1))
-            .find(|&k| conv[k].from == "human" && conv[k + 1].from == "gpt")
-        else {
-            continue;
-        };
-        let context = transcript(&conv[..k]);
-        // Shorter texts are kept whole.
-        let system = cut(llm, &context, s.cloud_tokens).unwrap_or(context);
-        let user = cut(llm, &conv[k].text, s.user_tokens).unwrap_or_else(|_| conv[k].text.clone());
-        let answer = llm.tokenizer.encode(&conv[k + 1].text)?;
-        let cloud_len = llm.tokenizer.encode(&system)?.len();
-        if answer.len() < 16 || cloud_len < s.cloud_tokens / 2 || user.trim().is_empty() {
-            continue;
-        }
-        let split = chat.split(&system, &[Message::new("user", &user)])?;
-        let cloud = super::system_ids(llm, slm, &system)?;
-        let private = llm.tokenizer.encode(&split.edge)?;
-        out.push(Case {
-            cloud,
-            private,
-            answer: answer[..answer.len().min(s.answer_tokens)].to_vec(),
-        });
-        if out.len() == s.cases {
-            break;
-        }
-    }
+    let limits = Limits {
+        cloud_tokens: s.cloud_tokens,
+        user_tokens: s.user_tokens,
+        answer_tokens: s.answer_tokens,
+    };
+    let out = conversation::cases(llm, slm, &s.sharegpt, s.first_record, s.cases, limits)?;
     if out.len() < s.cases {
         return Err(BenchError::Data(format!(
             "found {} held-out conversations, {} asked",
@@ -129,52 +94,16 @@ fn cases(llm: &Model, slm: &Model, s: &Settings) -> Result<Vec<Case>, BenchError
     Ok(out)
 }
 
-fn transcript(turns: &[Turn]) -> String {
-    turns
-        .iter()
-        .map(|t| {
-            let who = if t.from == "human" {
-                "User"
-            } else {
-                "Assistant"
-            };
-            format!("{who}: {}\n", t.text)
-        })
-        .collect()
-}
-
-fn prefix_of(model: &Model, ids: &[u32]) -> Result<PrefixKv, BenchError> {
-    let mut pass = PrefillPass::new(model, ids, 0)?;
-    for _ in 0..model.cfg.n_layer {
-        pass.run_layer(model, None)?;
-    }
-    Ok(pass.into_prefix(model)?)
-}
-
 /// Run private + answer after `layers` (one per model layer) and score the answer tokens.
 fn score(model: &Model, layers: &[Arc<LayerKv>], c: &Case) -> Result<Scored, BenchError> {
-    let full: Vec<u32> = c.private.iter().chain(&c.answer).copied().collect();
-    let mut pass = PrefillPass::new(model, &full, c.cloud.len())?;
-    for layer in layers {
-        pass.run_layer(model, Some(layer))?;
-    }
-    let d = model.cfg.n_embd;
-    let (p, n) = (c.private.len(), full.len());
-    let logits = model.logits(&pass.hidden()[(p - 1) * d..(n - 1) * d])?;
+    let logits = answer_logits(model, layers, c.cloud.len(), &c.private, &c.answer)?;
     let v = model.cfg.vocab_size;
     let mut out = Scored {
         argmax: Vec::new(),
         nll: Vec::new(),
     };
-    for (row, &target) in logits.chunks_exact(v).zip(&full[p..]) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let lse = max as f64
-            + row
-                .iter()
-                .map(|&x| ((x - max) as f64).exp())
-                .sum::<f64>()
-                .ln();
-        out.nll.push(lse - row[target as usize] as f64);
+    for (row, &target) in logits.chunks_exact(v).zip(&c.answer) {
+        out.nll.push(nll(row, target));
         out.argmax.push(edgeprompt_engine::sample::argmax(row));
     }
     Ok(out)

@@ -89,7 +89,8 @@ impl Prefixes {
                 let mut client = CloudClient::connect_with(&url, security)
                     .await?
                     .trusting(trust)
-                    .header_timeout(header_deadline);
+                    .header_timeout(header_deadline)
+                    .accepting_fused(to_cloud && self.cfg.fused);
                 let (header, rx) = client
                     .fetch_from(&self.model, prompt, &[codec], false, first)
                     .await
@@ -234,7 +235,8 @@ impl Prefixes {
             deep.push(kv);
             l += 1;
         }
-        // Kept (and relayed) when every layer streamed was signed.
+        // Kept (and relayed) when every layer streamed was signed. Fused KV is verified layer
+        // by layer as it arrives and kept in memory only: the seal at rest names no fuser.
         let seal = signatures
             .into_iter()
             .collect::<Option<Vec<_>>>()
@@ -244,7 +246,8 @@ impl Prefixes {
                 first_layer: first,
                 mapped: header.mapped,
                 signatures,
-            });
+            })
+            .filter(|_| header.fuser.is_empty());
         let (bytes, secs) = wire.map_or((0, 0.0), |(first, bytes, last)| {
             (bytes, last.saturating_duration_since(first).as_secs_f64())
         });
@@ -431,6 +434,13 @@ impl Prefixes {
         if ids.is_some_and(|ids| ids != header.token_ids.as_slice()) {
             return Err(EdgeError::Stream(
                 "the cloud's prompt tokens differ from this edge's tokenization".into(),
+            ));
+        }
+        // Fused KV only where this edge asked for it, and only from its cloud.
+        let asked_fused = to_cloud && self.cfg.fused;
+        if !header.fuser.is_empty() && !asked_fused {
+            return Err(EdgeError::Stream(
+                "the cloud sent fused KV (CE-LSLM fuser); this edge did not ask for it".into(),
             ));
         }
         // Mapped KV must never be kept where exact KV is expected (and served to peers).

@@ -151,6 +151,10 @@ pub struct PrefixConfig {
     /// `--cloud-layers-from auto`: the CE-LSLM split per fetch from the measured link, the
     /// engine's per-layer compute and a quality floor (overrides `cloud_layers_from`).
     pub auto_split: Option<Arc<crate::split_choice::AutoSplit>>,
+    /// CE-LSLM fuser: take every layer of a cloud prompt fused with the cloud's larger model
+    /// where the cloud has a fuser for this model (overrides both splits: a layer computed
+    /// here would not be fused). Never from peers or the object store, never offered to peers.
+    pub fused: bool,
     /// A completion whose prompt begins with a cloud prompt held here runs on its KV (the
     /// echoed prompt's shared tokens are then not scored).
     pub match_prompts: bool,
@@ -183,6 +187,7 @@ impl Default for PrefixConfig {
             cloud_layers_from: 0,
             auto_codec: None,
             auto_split: None,
+            fused: false,
             match_prompts: true,
             prefetch_bytes: 0,
         }
@@ -686,6 +691,9 @@ impl Prefixes {
     /// are (or may be) CE-LSLM's mapped ones, not the exact KV that address names to other
     /// edges.
     fn key(&self, address: &str) -> String {
+        if self.cfg.fused {
+            return format!("{address}-fused");
+        }
         match (self.cfg.cloud_layers_from, &self.cfg.auto_split) {
             (_, Some(a)) if !a.may_map() => address.to_string(),
             (_, Some(_)) => format!("{address}-lslm-auto"),
@@ -703,11 +711,16 @@ impl Prefixes {
     }
 
     fn lslm(&self) -> bool {
-        self.cfg.cloud_layers_from > 0 || self.cfg.auto_split.as_ref().is_some_and(|a| a.may_map())
+        self.cfg.fused
+            || self.cfg.cloud_layers_from > 0
+            || self.cfg.auto_split.as_ref().is_some_and(|a| a.may_map())
     }
 
     /// The first layer to take from the cloud for a prompt of `tokens` (None: length unknown).
     fn cloud_first_layer(&self, tokens: Option<usize>) -> usize {
+        if self.cfg.fused {
+            return 0;
+        }
         let Some(auto) = &self.cfg.auto_split else {
             return self.cfg.cloud_layers_from;
         };

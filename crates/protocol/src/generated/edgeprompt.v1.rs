@@ -18,6 +18,11 @@ pub struct FetchRequest {
     /// Must be below the model's layer count.
     #[prost(uint32, tag = "6")]
     pub first_layer: u32,
+    /// CE-LSLM fuser: the edge takes its own model's KV fused with a larger cloud model's, where
+    /// the cloud holds a fuser for this model (every layer, from layer 0; the header names the
+    /// fuser). False: never fused KV.
+    #[prost(bool, tag = "7")]
+    pub accept_fused: bool,
     #[prost(oneof = "fetch_request::Prompt", tags = "1, 2")]
     pub prompt: ::core::option::Option<fetch_request::Prompt>,
 }
@@ -177,6 +182,12 @@ pub struct Header {
     /// lists are part of every layer's signed statement (docs/protocol.md, "Seals").
     #[prost(uint32, repeated, tag = "16")]
     pub kv_sources: ::prost::alloc::vec::Vec<u32>,
+    /// CE-LSLM fuser: the layers are the edge model's own KV of the prompt, corrected by the
+    /// fuser with this SHA-256 (64 lowercase hex digits) from a larger model's KV of the same
+    /// prompt: approximate by design, sent only to an edge that set accept_fused. Part of every
+    /// layer's signed statement. Empty: not fused.
+    #[prost(string, tag = "17")]
+    pub fuser: ::prost::alloc::string::String,
 }
 /// The recurrent layers of a hybrid model and their state's shape: the edge refuses a stream
 /// whose shape is not its model's. A layer's state is f32 little-endian: the convolution's last
