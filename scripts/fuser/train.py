@@ -162,7 +162,10 @@ def main():
     ap.add_argument("--out", default=ROOT / "models/fuser", type=Path)
     ap.add_argument("--llm-layers", type=int, default=28, help="the large model's layer count")
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=1200, help="optimizer steps")
+    ap.add_argument("--steps", type=int, default=400,
+                    help="optimizer steps the learning-rate schedule spans")
+    ap.add_argument("--stop-after", type=int, default=200,
+                    help="steps actually taken (the checkpoint of a longer schedule)")
     ap.add_argument("--accum", type=int, default=2, help="cases per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--gate-lr", type=float, default=1e-3,
@@ -170,7 +173,7 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--alpha", type=float, default=0.5, help="weight of cross-entropy vs KL")
     ap.add_argument("--val", type=int, default=24, help="cases held apart for the curve")
-    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -201,7 +204,7 @@ def main():
     gates = [p for n, p in fuser.named_parameters() if n.endswith("gate")]
     rest = [p for n, p in fuser.named_parameters() if not n.endswith("gate")]
     opt = torch.optim.AdamW([{"params": rest, "lr": a.lr},
-                             {"params": gates, "lr": a.gate_lr, "weight_decay": 0.0}],
+                             {"params": gates, "lr": a.gate_lr}],
                             weight_decay=a.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps)))
@@ -226,7 +229,8 @@ def main():
           f"mean |diff| {gap.mean():.4f}, max {gap.max():.4f}", flush=True)
     base = record(0, {"train_loss": None})
     order, run_loss, run_n = [], 0.0, 0
-    for step in range(1, a.steps + 1):
+    last = min(a.stop_after, a.steps)
+    for step in range(1, last + 1):
         opt.zero_grad()
         for _ in range(a.accum):
             if not order:
@@ -243,7 +247,7 @@ def main():
             gates = torch.cat([p.gate.detach().abs() for p in list(fuser.k) + list(fuser.v)])
             print(f"step {step} loss {run_loss / run_n:.4f} |gate| mean {gates.mean():.3f} "
                   f"max {gates.max():.3f} ({time.time() - t0:.0f} s)", flush=True)
-        if step % a.eval_every == 0 or step == a.steps:
+        if step % a.eval_every == 0 or step == last:
             record(step, {"train_loss": run_loss / max(run_n, 1)})
             run_loss, run_n = 0.0, 0
             save(a, fuser, model, llm_fp, slm_fp, L, d_llm, matches, step, len(train), base)
@@ -260,7 +264,8 @@ def save(a, fuser, model, llm_fp, slm_fp, n_llm, d_llm, matches, step, n_train, 
         "slm_rope_base": model.rope_base,
         "matches": matches,
         "hidden": a.hidden,
-        "training": {"steps": step, "cases": n_train, "accum": a.accum, "lr": a.lr,
+        "training": {"steps": step, "schedule_steps": a.steps, "cases": n_train,
+                     "accum": a.accum, "lr": a.lr, "weight_decay": a.weight_decay,
                      "gate_lr": a.gate_lr, "hidden": a.hidden,
                      "alpha": a.alpha, "seed": a.seed, "torch": torch.__version__,
                      "val_ppl_untrained": base["ppl"]},

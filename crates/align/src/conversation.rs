@@ -34,8 +34,6 @@ pub struct Case {
     /// The private user turn, rendered up to where the answer starts.
     pub private: Vec<u32>,
     pub answer: Vec<u32>,
-    /// Other assistant answers of the same conversation (multiple-choice distractors).
-    pub other_answers: Vec<Vec<u32>>,
 }
 
 /// The earlier turns as one text, speaker by speaker.
@@ -90,23 +88,12 @@ pub fn cases(
         let split = chat.split(&system, &[Message::new("user", &user)])?;
         let cloud = system_ids(llm, slm, &system)?;
         let private = llm.tokenizer.encode(&split.edge)?;
-        let keep = |ids: Vec<u32>| ids[..ids.len().min(lim.answer_tokens)].to_vec();
-        let mut other_answers = Vec::new();
-        for (i, t) in conv.iter().enumerate() {
-            if t.from == "gpt" && i != k + 1 {
-                let ids = llm.tokenizer.encode(&t.text)?;
-                if ids.len() >= 16 {
-                    other_answers.push(keep(ids));
-                }
-            }
-        }
         out.push(Case {
             record,
             system,
             cloud,
             private,
-            answer: keep(answer),
-            other_answers,
+            answer: answer[..answer.len().min(lim.answer_tokens)].to_vec(),
         });
         if out.len() == n {
             break;

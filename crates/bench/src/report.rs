@@ -108,6 +108,7 @@ pub fn run(dir: &Path, out: &Path) -> Result<String, BenchError> {
     table_section(dir, &mut md);
     codecs_section(dir, &mut md);
     lslm_section(dir, &mut md);
+    crate::lslm::fused::section(dir, "xeon-207/", &mut md);
     crate::soak::report::section(dir, &mut md);
     crate::fleet::report::section(dir, &mut md);
     // The Xeon (family 6, model 207) it was measured on; other machines' runs join here.
@@ -1314,7 +1315,7 @@ fn codecs_section(dir: &Path, md: &mut String) {
 }
 
 /// `machine_line` for the two-model reports (align, lslm).
-fn pair_line(v: &Value) -> String {
+pub(crate) fn pair_line(v: &Value) -> String {
     let mut v = v.clone();
     v["model"] = Value::String(format!(
         "{} (cloud) / {} (edge)",

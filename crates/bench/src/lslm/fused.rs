@@ -3,8 +3,10 @@
 //! next user turn private, the real answer scored token by token. Per configuration (LLM
 //! alone, SLM alone, SLM with the fused KV the cloud serves, SLM with the adapters' mapped deep
 //! layers): perplexity, top-1 agreement with each model alone, and exact match on a
-//! multiple-choice task built from the same conversations (which of the real answer and up to
-//! three other answers, from the same conversation first, is the most likely per token).
+//! multiple-choice task built from the same conversations: which of the real answer and the
+//! answers of the next cases (other conversations), each cut to the same length (the shortest
+//! option's, at most `CHOICE_TOKENS`), the model finds most likely after the prompt and the
+//! private turn.
 //!
 //! Per case, the paired per-token difference from SLM alone and its standard error: a case is
 //! "worse beyond noise" when the fused KV raises its mean loss by more than two standard
@@ -21,6 +23,9 @@ use edgeprompt_engine::{LayerKv, Model};
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
+
+/// Tokens of each multiple-choice option compared (all options cut to one length).
+const CHOICE_TOKENS: usize = 32;
 
 pub struct Settings {
     pub llm: PathBuf,
@@ -139,23 +144,26 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// The options of case `i`: its answer first, then other answers of its conversation, then
-/// of the next cases, up to `k` in all.
+/// The options of case `i`: its answer first, then the answers of the next cases, up to `k`
+/// in all, each cut to the shortest one's length (at most `CHOICE_TOKENS`).
 fn options(all: &[Case], i: usize, k: usize) -> Vec<Vec<u32>> {
     let mut out = vec![all[i].answer.clone()];
-    let others = all[i]
-        .other_answers
-        .iter()
-        .cloned()
-        .chain((1..all.len()).map(|d| all[(i + d) % all.len()].answer.clone()));
-    for o in others {
+    for d in 1..all.len() {
         if out.len() == k {
             break;
         }
-        if !out.contains(&o) {
-            out.push(o);
+        let o = &all[(i + d) % all.len()].answer;
+        if !out.contains(o) {
+            out.push(o.clone());
         }
     }
+    let n = out
+        .iter()
+        .map(Vec::len)
+        .min()
+        .unwrap_or(0)
+        .min(CHOICE_TOKENS);
+    out.iter_mut().for_each(|o| o.truncate(n));
     out
 }
 
@@ -272,9 +280,10 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
                 t.agree_slm += usize::from(*a == scored[1].argmax[i]);
             }
             if opts.len() > 1 {
-                let mut best = (mean(&sc.nll), 0);
+                let n = opts[0].len();
+                let mut best = (sc.nll[..n].iter().sum::<f64>(), 0);
                 for (o, opt) in opts.iter().enumerate().skip(1) {
-                    let l = mean(&score(m, layers, c, opt)?.nll);
+                    let l: f64 = score(m, layers, c, opt)?.nll.iter().sum();
                     if l < best.0 {
                         best = (l, o);
                     }
@@ -494,4 +503,124 @@ fn wire(
         }
         Ok::<_, BenchError>(rows)
     })
+}
+
+/// The `docs/results.md` section from `<sub>fuser.json` and, where present, the learning
+/// curve `<sub>fuser-train.jsonl` the training script logged.
+pub fn section(dir: &std::path::Path, sub: &str, md: &mut String) {
+    use crate::report::{f, load, pair_line};
+    use std::fmt::Write;
+    let Some(v) = load(dir, &format!("{sub}fuser.json")) else {
+        return;
+    };
+    let t = &v["fuser_training"];
+    let _ = writeln!(
+        md,
+        "## CE-LSLM fuser (`edgeprompt-bench fuser`)\n\n{}; {} held-out ShareGPT conversations (records {}.., \
+         the first 8 those of \"CE-LSLM quality\"); the fuser trained {} steps of a {}-step schedule on {} \
+         conversations (records 10000..), both models frozen (`docs/lslm.md`, \"The fuser\"). Multiple \
+         choice: which of {} answers (the real one, the others from other conversations, all cut to one \
+         length) the model finds most likely after the prompt and the private turn.\n\n\
+         | configuration | perplexity | agreement with SLM alone | agreement with LLM alone | multiple choice |\n\
+         | --- | --- | --- | --- | --- |",
+        pair_line(&v),
+        v["cases"],
+        v["first_record"],
+        t["steps"],
+        t["schedule_steps"].as_u64().unwrap_or(400),
+        t["cases"],
+        v["choices"],
+    );
+    for c in v["configs"].as_array().cloned().unwrap_or_default() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {:.1} % | {:.1} % | {:.1} % |",
+            c["name"].as_str().unwrap_or("?"),
+            f(&c["perplexity"]),
+            100.0 * f(&c["agree_slm"]),
+            100.0 * f(&c["agree_llm"]),
+            100.0 * f(&c["choice_exact"])
+        );
+    }
+    // The first 8 cases alone (those of the lslm quality run), from the per-case losses.
+    let rows = v["per_case"].as_array().cloned().unwrap_or_default();
+    let ppl = |rows: &[serde_json::Value], key: &str| {
+        let (mut nll, mut n) = (0.0, 0.0);
+        for r in rows {
+            let a = f(&r["answer_tokens"]);
+            nll += f(&r[key]) * a;
+            n += a;
+        }
+        (nll / n.max(1.0)).exp()
+    };
+    let first = &rows[..rows.len().min(8)];
+    let worst = rows
+        .iter()
+        .map(|r| f(&r["fused_nll"]) - f(&r["slm_nll"]))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let _ = writeln!(
+        md,
+        "\nGap closed (SLM alone to LLM alone, perplexity): {:.1} % over all {}; on the first 8: SLM {:.2}, \
+         fused {:.2}, LLM {:.2} ({:.1} %). Cases worse with the fused KV than the SLM alone by more than two \
+         standard errors of the paired per-token difference: {} of {} (largest mean increase {:.3} nats per token).\n",
+        100.0 * f(&v["gap_closed"]),
+        v["cases"],
+        ppl(first, "slm_nll"),
+        ppl(first, "fused_nll"),
+        ppl(first, "llm_nll"),
+        100.0 * (ppl(first, "slm_nll") - ppl(first, "fused_nll"))
+            / (ppl(first, "slm_nll") - ppl(first, "llm_nll")),
+        v["worse_beyond_noise"],
+        v["cases"],
+        worst
+    );
+    let wire = v["wire"].as_array().cloned().unwrap_or_default();
+    if !wire.is_empty() {
+        let _ = writeln!(
+            md,
+            "TTFT (fetch, private prefill, first token) and bytes down over loopback gRPC through the same link \
+             profile: the cloud running the LLM with the fuser vs one running the SLM (EdgePrompt mode). Warm: \
+             median of three fetches after the first (the cloud's cached KV); cold: the first.\n\n\
+             | link | cloud + private tokens | fused warm s | EdgePrompt warm s | fused cold s | EdgePrompt cold s | bytes fused / EdgePrompt |\n\
+             | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for r in wire {
+            let _ = writeln!(
+                md,
+                "| {} | {} + {} | {:.3} | {:.3} | {:.3} | {:.3} | {} / {} |",
+                r["profile"].as_str().unwrap_or("?"),
+                r["cloud_tokens"],
+                r["private_tokens"],
+                f(&r["fused_warm_s"]),
+                f(&r["exact_warm_s"]),
+                f(&r["fused_cold_s"]),
+                f(&r["exact_cold_s"]),
+                r["fused_bytes"],
+                r["exact_bytes"]
+            );
+        }
+        let _ = writeln!(md);
+    }
+    let curve =
+        std::fs::read_to_string(dir.join(format!("{sub}fuser-train.jsonl"))).unwrap_or_default();
+    let points: Vec<serde_json::Value> = curve
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    if !points.is_empty() {
+        let _ = writeln!(
+            md,
+            "Learning curve (the 24 held-apart training-range conversations, the script's own forward pass): {}.\n",
+            points
+                .iter()
+                .map(|p| format!(
+                    "step {} perplexity {:.3}, agreement with LLM {:.1} %",
+                    p["step"],
+                    f(&p["val_ppl"]),
+                    100.0 * f(&p["val_agree_llm"])
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
 }
