@@ -13,10 +13,7 @@ use edgeprompt_align::conversation::prefix_of;
 use edgeprompt_align::fuser::write_for_test;
 use edgeprompt_align::Fuser;
 use edgeprompt_cloud::{CloudNode, PromptSpec};
-use edgeprompt_edge::http::access::ApiKeys;
-use edgeprompt_edge::http::{serve, EdgeServer, ServerConfig};
 use edgeprompt_edge::prefixes::{PrefixConfig, UnknownSystem};
-use edgeprompt_edge::scheduler::SchedulerConfig;
 use edgeprompt_edge::trust::CloudTrust;
 use edgeprompt_edge::{prefill_from_cloud, CloudClient};
 use edgeprompt_engine::sequence::PrefillPass;
@@ -25,12 +22,7 @@ use edgeprompt_kv::{Codec, SealKey};
 use edgeprompt_protocol::PromptRef;
 
 use crate::common;
-
-const SYSTEM: &str = "You are the release assistant of the Tern build system. Tern caches every \
-build step by the hash of its inputs, runs steps in parallel up to the core count, and never \
-uploads source code: only hashes leave the machine. Answer in two sentences and cite the \
-relevant flag: --jobs sets parallelism, --offline disables the remote cache, --explain prints \
-why a step re-ran, and --keep-going continues after a failed step.";
+use crate::lslm::{chat_body, post, serve_slm, SYSTEM};
 
 const USER: &str = "Which flag shows why my build step ran again?";
 
@@ -256,46 +248,4 @@ fn small_edge_model_answers_on_fused_kv_from_the_cloud() {
             "zero gates == the small model alone"
         );
     });
-}
-
-/// An edge server on the small model with `prefixes`, on an ephemeral port: its address and
-/// metrics.
-async fn serve_slm(
-    slm: &Arc<Model>,
-    prefixes: PrefixConfig,
-) -> (std::net::SocketAddr, Arc<edgeprompt_edge::metrics::Metrics>) {
-    let state = EdgeServer::start(
-        slm.clone(),
-        ServerConfig {
-            model_id: "qwen05".into(),
-            default_max_tokens: 24,
-            api_keys: ApiKeys::default(),
-        },
-        SchedulerConfig::default(),
-        prefixes,
-    )
-    .unwrap();
-    let metrics = state.metrics.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, state));
-    (addr, metrics)
-}
-
-fn chat_body(user: &str) -> String {
-    serde_json::json!({
-        "model": "qwen05",
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-        "max_tokens": 24,
-        "temperature": 0,
-    })
-    .to_string()
-}
-
-fn post(addr: std::net::SocketAddr, body: &str) -> String {
-    let (_, v) = common::post_json(addr, "/v1/chat/completions", body);
-    v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{v}"))
-        .to_string()
 }

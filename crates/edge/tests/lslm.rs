@@ -25,7 +25,8 @@ use edgeprompt_protocol::PromptRef;
 
 use crate::common;
 
-const SYSTEM: &str = "You are the release assistant of the Tern build system. Tern caches every \
+pub(crate) const SYSTEM: &str =
+    "You are the release assistant of the Tern build system. Tern caches every \
 build step by the hash of its inputs, runs steps in parallel up to the core count, and never \
 uploads source code: only hashes leave the machine. Answer in two sentences and cite the \
 relevant flag: --jobs sets parallelism, --offline disables the remote cache, --explain prints \
@@ -335,7 +336,7 @@ fn small_edge_model_reuses_the_large_cloud_models_mapped_kv() {
 
 /// An edge server on the small model with `prefixes`, on an ephemeral port: its address and
 /// metrics.
-async fn serve_slm(
+pub(crate) async fn serve_slm(
     slm: &Arc<Model>,
     prefixes: PrefixConfig,
 ) -> (std::net::SocketAddr, Arc<edgeprompt_edge::metrics::Metrics>) {
@@ -358,7 +359,7 @@ async fn serve_slm(
 }
 
 /// The test's chat, greedy, 24 tokens.
-fn chat_body(user: &str) -> String {
+pub(crate) fn chat_body(user: &str) -> String {
     serde_json::json!({
         "model": "qwen05",
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
@@ -369,7 +370,7 @@ fn chat_body(user: &str) -> String {
 }
 
 /// POST a chat to the server at `addr`; the answer's content.
-fn post(addr: std::net::SocketAddr, body: &str) -> String {
+pub(crate) fn post(addr: std::net::SocketAddr, body: &str) -> String {
     let (_, v) = common::post_json(addr, "/v1/chat/completions", body);
     v["choices"][0]["message"]["content"]
         .as_str()
