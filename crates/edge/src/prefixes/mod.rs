@@ -352,6 +352,8 @@ struct Entry {
 struct Flight {
     slot: Arc<Slot>,
     interest: std::sync::Weak<Interest>,
+    /// Started by the prefetcher: its fetch is the list's, whichever joined lookup runs it.
+    prefetch: bool,
 }
 
 pub struct Prefixes {
@@ -855,8 +857,30 @@ impl Prefixes {
                 .await?;
             return Ok(ready(r));
         }
-        let (slot, interest) = self.join(&key);
+        let (slot, interest, prefetch) = self.join(&key, false);
         let mut watch = slot.subscribe();
+        if prefetch {
+            // The prefetch's own lookup makes its fetch: a request that ran a lookup of its
+            // own might win the prompt's cell, and compute here what is arriving. It waits
+            // for the stream, or for the prefetch to end (the slot's last sender gone), then
+            // takes what the prefetch left: held, or else computed here.
+            drop(slot);
+            if let Ok(s) = watch.wait_for(Option::is_some).await {
+                if let Some(s) = s.clone() {
+                    return Ok(Lookup {
+                        kv: PromptKv::Streaming(s),
+                        source: Source::Cloud,
+                        wire: Wire::default(),
+                        _interest: Some(interest),
+                    });
+                }
+            }
+            drop(interest);
+            let r = self
+                .lookup(&key, prompt, ids.as_deref(), reach, None)
+                .await?;
+            return Ok(ready(r));
+        }
         let mut settling = Settling {
             prefixes: self.clone(),
             key,
@@ -906,13 +930,14 @@ impl Prefixes {
             .is_ok_and(|e| e.get(key).is_some_and(|x| x.cell.initialized()))
     }
 
-    /// The flight of `key`: its stream's slot and the interest its requests hold (a new one
-    /// when none runs, or when everyone who held the last one is gone).
-    fn join(&self, key: &str) -> (Arc<Slot>, Arc<Interest>) {
+    /// The flight of `key`: its stream's slot, the interest its requests hold (a new one
+    /// when none runs, or when everyone who held the last one is gone; `prefetch`: started by
+    /// the prefetcher), and whether the prefetcher started it.
+    fn join(&self, key: &str, prefetch: bool) -> (Arc<Slot>, Arc<Interest>, bool) {
         let mut m = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = m.get(key) {
             if let Some(i) = f.interest.upgrade() {
-                return (f.slot.clone(), i);
+                return (f.slot.clone(), i, f.prefetch);
             }
         }
         let slot = Arc::new(Slot::new(None));
@@ -922,9 +947,10 @@ impl Prefixes {
             Flight {
                 slot: slot.clone(),
                 interest: Arc::downgrade(&interest),
+                prefetch,
             },
         );
-        (slot, interest)
+        (slot, interest, prefetch)
     }
 
     /// The stream in `slot` learns the lookup's outcome, and the slot leaves the map.

@@ -107,7 +107,7 @@ impl Prefixes {
             .collect();
         for (key, address) in to_fetch {
             // The flight exists before this returns: a request that comes next joins it.
-            let (slot, interest) = me.join(&key);
+            let (slot, interest, _) = me.join(&key, true);
             let settling = Settling {
                 prefixes: me.clone(),
                 key: key.clone(),
