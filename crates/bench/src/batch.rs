@@ -152,7 +152,7 @@ fn run_scheme(
         while let Ok(ev) = rx.try_recv() {
             match ev {
                 Event::Done(d) => tokens += d.completion_tokens,
-                Event::Failed(m) => return Err(BenchError::Data(m)),
+                Event::Failed(m) => return Err(BenchError::Data(m.to_string())),
                 Event::Text(_) => {}
             }
         }

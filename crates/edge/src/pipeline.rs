@@ -11,8 +11,9 @@ use crate::client::{CloudHeader, LayerArrival};
 use crate::layer_stream::PromptKv;
 use crate::{EdgeError, Result};
 
-/// Seconds since the request started.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// When one layer of a cold cloud prompt landed and this request's private layer ran
+/// (seconds since the request was admitted).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct LayerTiming {
     pub layer: usize,
     pub arrived: f64,

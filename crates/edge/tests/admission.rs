@@ -95,7 +95,7 @@ fn a_stopped_scheduler_ends_every_request_with_the_reason_and_admits_none() {
         while let Ok(ev) = rx.try_recv() {
             last = Some(ev);
         }
-        assert_eq!(last, Some(Event::Failed(STOPPED.into())));
+        assert_eq!(last, Some(Event::Failed(STOPPED)));
     }
     assert_eq!(s.submit(job(4).0), Err(Refusal::Stopped));
     assert_eq!(s.reserved_bytes(), 0);

@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::response::{Health, Ready};
+use super::{ApiError, EdgeServer};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
-
-use super::{ApiError, EdgeServer};
 
 /// Seconds a refused client is told to wait (another replica should take it meanwhile).
 const RETRY_AFTER_SECS: u64 = 5;
@@ -97,13 +96,22 @@ pub async fn refuse_when_draining(
     next.run(req).await
 }
 
-/// `GET /ready`: 200 when a new request can be served now (the scheduler alive, not
-/// draining, and the cloud answers or prompts can be computed here), else 503; the body says
+/// Whether a new request can be served now: 200 when the scheduler is alive, the edge not
+/// draining, and the cloud answers or prompts can be computed here; else 503, the body saying
 /// which part is missing.
-pub async fn ready(State(s): State<Arc<EdgeServer>>) -> Response {
+#[utoipa::path(get, path = "/ready", responses(
+    (status = 200, description = "Ready", body = Ready),
+    (status = 503, description = "Draining, cloud unreachable, or dead", body = Ready),
+))]
+pub async fn ready(State(s): State<Arc<EdgeServer>>) -> (StatusCode, Json<Ready>) {
     if let Some(why) = s.scheduler.dead() {
-        let body = json!({"ready": false, "dead": true, "reason": why});
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        let body = Ready {
+            ready: false,
+            dead: Some(true),
+            reason: Some(why),
+            ..Ready::default()
+        };
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
     }
     let cloud = s.prefixes.cloud_reachable().await;
     let local = s.prefixes.computes_locally();
@@ -119,11 +127,72 @@ pub async fn ready(State(s): State<Arc<EdgeServer>>) -> Response {
         Some(true) => "reachable",
         Some(false) => "unreachable",
     };
-    let body = json!({
-        "ready": ready,
-        "draining": draining,
-        "cloud": cloud,
-        "local_compute": local,
-    });
-    (status, Json(body)).into_response()
+    let body = Ready {
+        ready,
+        draining: Some(draining),
+        cloud: Some(cloud),
+        local_compute: Some(local),
+        ..Ready::default()
+    };
+    (status, Json(body))
+}
+
+/// Alive (200, draining or not), or dead or in a key conflict (503, with the reason), so an
+/// orchestrator restarts it or an operator settles which key is the cloud's.
+#[utoipa::path(get, path = "/health", responses(
+    (status = 200, description = "Serving", body = Health),
+    (status = 503, description = "The scheduler is dead, or the cloud shows another signing key than the pinned one", body = Health),
+))]
+pub async fn health(State(s): State<Arc<EdgeServer>>) -> (StatusCode, Json<Health>) {
+    let u = s.scheduler.usage();
+    let dead = s.scheduler.dead();
+    let conflict = s.prefixes.trust_conflict();
+    let status = match (&dead, &conflict, s.is_draining()) {
+        (Some(_), _, _) => "dead",
+        (None, Some(_), _) => "key_conflict",
+        (None, None, true) => "draining",
+        (None, None, false) => "ok",
+    };
+    // A key conflict: the edge still answers (computing prompts here) but an operator must
+    // settle which key is the cloud's.
+    let reason = dead.or(conflict);
+    let code = match reason {
+        Some(_) => StatusCode::SERVICE_UNAVAILABLE,
+        None => StatusCode::OK,
+    };
+    let body = Health {
+        status,
+        pending_requests: s.scheduler.pending(),
+        model: s.cfg.model_id.clone(),
+        fingerprint: s.model.fingerprint.clone(),
+        active_sequences: u.sequences,
+        reason,
+    };
+    (code, Json(body))
+}
+
+/// Prometheus metrics (OpenMetrics text).
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "Metrics", content((String = "application/openmetrics-text"))),
+    (status = 401, description = "API keys are set and no admin key was sent", body = super::response::ErrorBody),
+))]
+pub async fn metrics(State(s): State<Arc<EdgeServer>>) -> Response {
+    let m = &s.metrics;
+    m.kv_reserved_bytes.set(s.scheduler.reserved_bytes() as i64);
+    let (cached, held) = s.prefixes.memory_bytes();
+    m.prefix_cache_bytes.set(cached as i64);
+    m.prefix_cache_held_bytes.set(held as i64);
+    m.private_cache_bytes.set(s.private.bytes() as i64);
+    m.trust_conflict
+        .set(s.prefixes.trust_conflict().is_some() as i64);
+    m.resident_memory_bytes
+        .set(edgeprompt_engine::machine::rss().unwrap_or(0) as i64);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
 }

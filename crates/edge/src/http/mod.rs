@@ -3,26 +3,34 @@
 //! private edge prompt and never leaves this node.
 
 pub mod access;
+mod answer;
+mod chat;
+mod completions;
 pub mod conn;
-mod handlers;
-pub mod schema;
-mod tokens;
-mod tools;
-#[doc(hidden)]
-pub use handlers::check_request;
+mod error;
 pub mod lifecycle;
-pub mod openai;
+mod models;
 mod origin;
 mod page;
+pub mod request;
+pub mod response;
+pub mod schema;
+mod stream;
+mod tokens;
+mod tools;
+mod validation;
+
+pub use error::ApiError;
+#[doc(hidden)]
+pub use validation::check_request;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{middleware, Router};
 use edgeprompt_engine::{Constraint, Grammars, Model, Spec};
 
 use crate::metrics::Metrics;
@@ -128,14 +136,14 @@ fn router_with(state: Arc<EdgeServer>, body: std::time::Duration) -> Router {
     let api = Router::new()
         .route(
             "/v1/chat/completions",
-            post(handlers::chat).layer(DefaultBodyLimit::max(limits.text)),
+            post(chat::chat).layer(DefaultBodyLimit::max(limits.text)),
         )
         .route(
             "/v1/completions",
-            post(handlers::completions).layer(DefaultBodyLimit::max(limits.text)),
+            post(completions::completions).layer(DefaultBodyLimit::max(limits.text)),
         )
-        .route("/v1/models", get(handlers::models))
-        .route("/v1/cloud_prompts", get(handlers::cloud_prompts))
+        .route("/v1/models", get(models::models))
+        .route("/v1/cloud_prompts", get(models::cloud_prompts))
         .route(
             "/tokenize",
             post(tokens::tokenize).layer(DefaultBodyLimit::max(limits.text)),
@@ -156,11 +164,11 @@ fn router_with(state: Arc<EdgeServer>, body: std::time::Duration) -> Router {
     Router::new()
         .route("/", get(page::index))
         .route("/page.js", get(page::script))
-        .route("/health", get(handlers::health))
+        .route("/health", get(lifecycle::health))
         .route("/ready", get(lifecycle::ready))
         .route(
             "/metrics",
-            get(handlers::metrics).route_layer(middleware::from_fn_with_state(
+            get(lifecycle::metrics).route_layer(middleware::from_fn_with_state(
                 keys.clone(),
                 access::require_admin,
             )),
@@ -202,7 +210,9 @@ const LARGE_BODY: usize = 64 << 10;
 const LARGE_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Held while a large body is parsed and tokenized (`EdgeServer::gate`).
-pub struct Gate(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+pub struct Gate {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl Drop for Gate {
     fn drop(&mut self) {
@@ -217,7 +227,7 @@ impl EdgeServer {
             return Ok(None);
         }
         match tokio::time::timeout(LARGE_BODY_WAIT, self.large.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(Some(Gate(p))),
+            Ok(Ok(p)) => Ok(Some(Gate { _permit: p })),
             _ => Err(ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(
@@ -276,48 +286,4 @@ pub async fn serve_with(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     conn::serve(listener, router_with(state, limits.body), limits, stop).await
-}
-
-/// An error in OpenAI's shape.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub retry_after: Option<u64>,
-    /// OpenAI's machine-readable `code` (e.g. `invalid_api_key`).
-    pub code: Option<&'static str>,
-    /// The request field at fault (OpenAI's `param`).
-    pub param: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            retry_after: None,
-            code: None,
-            param: None,
-        }
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut body = openai::error_body(self.status.as_u16(), &self.message, self.code);
-        if let Some(p) = self.param {
-            body["error"]["param"] = p.into();
-        }
-        let mut r = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after {
-            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-        }
-        r
-    }
 }

@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
-
+use super::response::{CloudPromptOrigin, EdgepromptBlock};
 use crate::layer_stream::PromptKv;
 use crate::prefixes::Lookup;
 use crate::private_cache::Hit;
@@ -23,7 +22,7 @@ pub struct Origin {
 /// are counted to its end), then only the facts, so a slow reader pins no KV.
 enum Cloud {
     Lookup(Lookup, Option<String>),
-    Facts(Value),
+    Facts(CloudPromptOrigin),
 }
 
 impl Origin {
@@ -54,34 +53,31 @@ impl Origin {
     }
 
     /// The block for one answer of `private_tokens` prompt tokens of its own.
-    pub fn block(&mut self, done: &Done, private_tokens: usize) -> Value {
+    pub fn block(&mut self, done: &Done, private_tokens: usize) -> EdgepromptBlock {
         if let Some(Cloud::Lookup(l, id)) = &self.cloud {
             let wire = l.wire();
-            self.cloud = Some(Cloud::Facts(json!({
-                "id": id,
-                "tokens": l.kv.token_ids().len(),
-                "source": l.source().name(),
-                "bytes_up": wire.up,
-                "bytes_down": wire.down,
-            })));
+            self.cloud = Some(Cloud::Facts(CloudPromptOrigin {
+                id: id.clone(),
+                tokens: l.kv.token_ids().len(),
+                source: l.source().name(),
+                bytes_up: wire.up,
+                bytes_down: wire.down,
+            }));
         }
-        let cloud = match &self.cloud {
-            Some(Cloud::Facts(v)) => v.clone(),
-            _ => Value::Null,
+        let cloud_prompt = match &self.cloud {
+            Some(Cloud::Facts(o)) => Some(o.clone()),
+            _ => None,
         };
         let held = self.held.as_ref().map_or(0, |(_, n)| *n);
         let secs = |t: Instant| t.saturating_duration_since(self.arrived).as_secs_f64();
-        let mut v = json!({
-            "cloud_prompt": cloud,
+        EdgepromptBlock {
+            cloud_prompt,
             // The whole private prompt; of it, what earlier turns computed.
-            "private_tokens": private_tokens + held,
-            "private_cached_tokens": held,
-            "admitted_s": secs(done.served.admitted),
-            "ttft_s": done.served.first_token.map(secs),
-        });
-        if let Some(t) = &done.timeline {
-            v["timeline"] = json!(t.layers);
+            private_tokens: private_tokens + held,
+            private_cached_tokens: held,
+            admitted_s: secs(done.served.admitted),
+            ttft_s: done.served.first_token.map(secs),
+            timeline: done.timeline.as_ref().map(|t| t.layers.clone()),
         }
-        v
     }
 }

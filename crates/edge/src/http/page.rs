@@ -11,6 +11,10 @@ const SCRIPT: &str = include_str!("page/page.js");
 const POLICY: &str = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; \
                       frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
+/// The chat page.
+#[utoipa::path(get, path = "/", responses(
+    (status = 200, description = "The page", content((String = "text/html"))),
+))]
 pub async fn index() -> Response {
     (
         [
@@ -23,6 +27,10 @@ pub async fn index() -> Response {
         .into_response()
 }
 
+/// The chat page's script.
+#[utoipa::path(get, path = "/page.js", responses(
+    (status = 200, description = "The script", content((String = "text/javascript"))),
+))]
 pub async fn script() -> Response {
     (
         [

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use edgeprompt_engine::Spec;
 
-use super::openai::{FunctionCall, Tool, ToolCall, ToolChoice};
+use super::request::{FunctionCall, Tool, ToolCall, ToolChoice};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";

@@ -220,7 +220,7 @@ impl Source {
 }
 
 /// A cloud prompt a request may name by id.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Named {
     pub id: String,
     pub tokens: usize,
