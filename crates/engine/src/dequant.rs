@@ -5,6 +5,7 @@ use half::{bf16, f16};
 
 use crate::gguf::Dtype;
 use crate::kernels::IQ4;
+use crate::{EngineError, Result};
 
 fn half_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -32,29 +33,36 @@ pub fn runs(dtype: Dtype) -> bool {
     )
 }
 
-/// One row of `out.len()` values from its bytes (whole blocks of `dtype`, which `runs`).
-pub fn row(dtype: Dtype, b: &[u8], out: &mut [f32]) {
+/// One row of `out.len()` values from its bytes (whole blocks of `dtype`); a type that does
+/// not `run` here is an error, never a row of zeros.
+pub fn row(dtype: Dtype, b: &[u8], out: &mut [f32]) -> Result<()> {
+    let block: fn(&[u8], &mut [f32]) = match dtype {
+        Dtype::F32 => |blk, y| y[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
+        Dtype::F16 => |blk, y| y[0] = half_at(blk, 0),
+        Dtype::BF16 => |blk, y| y[0] = bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
+        Dtype::Q4_0 => q4_0,
+        Dtype::Q4_1 => q4_1,
+        Dtype::Q5_0 => q5_0,
+        Dtype::Q5_1 => q5_1,
+        Dtype::Q8_0 => q8_0,
+        Dtype::Q2K => q2_k,
+        Dtype::Q3K => q3_k,
+        Dtype::Q4K => q4_k,
+        Dtype::Q5K => q5_k,
+        Dtype::Q6K => q6_k,
+        Dtype::IQ4NL => iq4_nl,
+        Dtype::IQ4XS => iq4_xs,
+        Dtype::Q8_1 | Dtype::Q8K | Dtype::Other(_) => {
+            return Err(EngineError::Gguf(format!(
+                "{dtype} vectors are not read by this engine"
+            )))
+        }
+    };
     let (per, size) = dtype.block().unwrap_or((1, 1));
     for (blk, y) in b.chunks_exact(size).zip(out.chunks_exact_mut(per)) {
-        match dtype {
-            Dtype::F32 => y[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
-            Dtype::F16 => y[0] = half_at(blk, 0),
-            Dtype::BF16 => y[0] = bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
-            Dtype::Q4_0 => q4_0(blk, y),
-            Dtype::Q4_1 => q4_1(blk, y),
-            Dtype::Q5_0 => q5_0(blk, y),
-            Dtype::Q5_1 => q5_1(blk, y),
-            Dtype::Q8_0 => q8_0(blk, y),
-            Dtype::Q2K => q2_k(blk, y),
-            Dtype::Q3K => q3_k(blk, y),
-            Dtype::Q4K => q4_k(blk, y),
-            Dtype::Q5K => q5_k(blk, y),
-            Dtype::Q6K => q6_k(blk, y),
-            Dtype::IQ4NL => iq4_nl(blk, y),
-            Dtype::IQ4XS => iq4_xs(blk, y),
-            _ => y.fill(0.0),
-        }
+        block(blk, y);
     }
+    Ok(())
 }
 
 fn q4_0(b: &[u8], y: &mut [f32]) {

@@ -106,7 +106,7 @@ impl Table {
                 )));
             }
             let at = id * self.row_bytes + l * self.layer_bytes;
-            crate::dequant::row(self.dtype, &self.map[at..at + self.layer_bytes], o);
+            crate::dequant::row(self.dtype, &self.map[at..at + self.layer_bytes], o)?;
             o.iter_mut().for_each(|a| *a *= scale);
         }
         Ok(())

@@ -36,7 +36,21 @@ fn floats(dtype: Dtype, raw: &[u8]) -> Option<Floats> {
         ),
         Dtype::F16 => Floats::F16(two().map(half::f16::from_bits).collect()),
         Dtype::BF16 => Floats::BF16(two().map(half::bf16::from_bits).collect()),
-        _ => return None,
+        Dtype::Q4_0
+        | Dtype::Q4_1
+        | Dtype::Q5_0
+        | Dtype::Q5_1
+        | Dtype::Q8_0
+        | Dtype::Q8_1
+        | Dtype::Q2K
+        | Dtype::Q3K
+        | Dtype::Q4K
+        | Dtype::Q5K
+        | Dtype::Q6K
+        | Dtype::Q8K
+        | Dtype::IQ4NL
+        | Dtype::IQ4XS
+        | Dtype::Other(_) => return None,
     })
 }
 
@@ -54,7 +68,7 @@ fn own_format(dtype: Dtype) -> Option<Format> {
         Dtype::Q6K => Some(Format::Q6K),
         Dtype::IQ4NL => Some(Format::IQ4NL),
         Dtype::IQ4XS => Some(Format::IQ4XS),
-        _ => None,
+        Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::Q8_1 | Dtype::Q8K | Dtype::Other(_) => None,
     }
 }
 
@@ -718,7 +732,7 @@ impl Loader<'_> {
             )));
         }
         let mut v = vec![0f32; len];
-        dequant::row(dtype, &raw, &mut v);
+        dequant::row(dtype, &raw, &mut v)?;
         Ok(v)
     }
 

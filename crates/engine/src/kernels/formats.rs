@@ -77,7 +77,65 @@ pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+/// How a 32-block's values lie in a repacked plane (`repack.rs`): the one place that says it
+/// per format, so what reads or writes planes matches on this, not on formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plane {
+    /// q8_0's signed bytes, eight 32-byte chunks.
+    Bytes,
+    /// q2_K's 2-bit values, two chunks.
+    TwoBit,
+    /// Values split in a low nibble and a high part: four chunks of two values a byte, and
+    /// the high parts' top bits after them.
+    Split(Bits),
+}
+
+/// Bits of a split plane's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bits {
+    /// 4 bits: nothing after the four chunks.
+    Four,
+    /// 5 bits: one chunk of top bits (q5_0, q5_1, q5_K).
+    Five,
+    /// 6 bits: two chunks of top bits (q6_K).
+    Six,
+}
+
 impl Format {
+    pub(crate) const fn plane(self) -> Plane {
+        match self {
+            Format::Q8_0 => Plane::Bytes,
+            Format::Q2K => Plane::TwoBit,
+            Format::Q5_0 | Format::Q5_1 | Format::Q5K => Plane::Split(Bits::Five),
+            Format::Q6K => Plane::Split(Bits::Six),
+            Format::Q4_0
+            | Format::Q4_1
+            | Format::Q3K
+            | Format::Q4K
+            | Format::IQ4NL
+            | Format::IQ4XS => Plane::Split(Bits::Four),
+        }
+    }
+
+    /// What a stored value stands for above zero (`d * (q - zero)`): the 32-block formats'
+    /// unsigned offsets; the others store signed values or a min.
+    pub(crate) const fn zero_point(self) -> i32 {
+        match self {
+            Format::Q4_0 => 8,
+            Format::Q5_0 => 16,
+            Format::Q4_1
+            | Format::Q5_1
+            | Format::Q8_0
+            | Format::Q2K
+            | Format::Q3K
+            | Format::Q4K
+            | Format::Q5K
+            | Format::Q6K
+            | Format::IQ4NL
+            | Format::IQ4XS => 0,
+        }
+    }
+
     /// Values per stored block (32, or 256 for the K formats).
     pub fn block_values(self) -> usize {
         match self {

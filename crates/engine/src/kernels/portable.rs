@@ -3,7 +3,7 @@
 //! plain Rust that CPUs with no SIMD path run (`run_groups`).
 
 use super::act_quant::Acts;
-use super::formats::{f16_at, IQ4};
+use super::formats::{f16_at, Bits, Plane, IQ4};
 use super::repack::ROWS;
 use super::{Format, QMatrix, ACT_CHUNK, QK};
 #[cfg(test)]
@@ -121,37 +121,40 @@ type Chunks = [[i8; QK]; 8];
 /// (looked up in `IQ4`).
 fn unpack(f: Format, p: &[u8]) -> Chunks {
     let mut v = [[0i8; QK]; 8];
-    if f == Format::Q8_0 {
-        for (j, vj) in v.iter_mut().enumerate() {
-            for (x, &b) in vj.iter_mut().zip(&p[QK * j..QK * (j + 1)]) {
-                *x = b as i8;
+    let bits = match f.plane() {
+        Plane::Bytes => {
+            for (j, vj) in v.iter_mut().enumerate() {
+                for (x, &b) in vj.iter_mut().zip(&p[QK * j..QK * (j + 1)]) {
+                    *x = b as i8;
+                }
             }
+            return v;
         }
-        return v;
-    }
-    if f == Format::Q2K {
-        // 2-bit values: chunk `j / 4`, bits `2 (j % 4)`.
-        for (j, vj) in v.iter_mut().enumerate() {
-            for (x, &b) in vj.iter_mut().zip(&p[QK * (j / 4)..QK * (j / 4 + 1)]) {
-                *x = ((b >> (2 * (j % 4))) & 3) as i8;
+        Plane::TwoBit => {
+            // 2-bit values: chunk `j / 4`, bits `2 (j % 4)`.
+            for (j, vj) in v.iter_mut().enumerate() {
+                for (x, &b) in vj.iter_mut().zip(&p[QK * (j / 4)..QK * (j / 4 + 1)]) {
+                    *x = ((b >> (2 * (j % 4))) & 3) as i8;
+                }
             }
+            return v;
         }
-        return v;
-    }
+        Plane::Split(bits) => bits,
+    };
     for j in 0..4 {
         let c = &p[QK * j..QK * (j + 1)];
         let (lo, hi) = v.split_at_mut(4);
         for (k, &b) in c.iter().enumerate() {
-            let (l, h) = match f {
-                Format::Q5_0 | Format::Q5_1 | Format::Q5K => {
+            let (l, h) = match bits {
+                Bits::Five => {
                     let top = (p[4 * QK + k] >> (2 * j)) & 3;
                     (b & 0x1F, (b >> 5) | (top << 3))
                 }
-                Format::Q6K => {
+                Bits::Six => {
                     let nib = (p[(4 + j / 2) * QK + k] >> (4 * (j % 2))) & 15;
                     (b & 0x3F, (b >> 6) | (nib << 2))
                 }
-                _ => (b & 15, b >> 4),
+                Bits::Four => (b & 15, b >> 4),
             };
             lo[j][k] = l as i8;
             hi[j][k] = h as i8;
@@ -191,11 +194,7 @@ fn store(lanes: &[[f32; ROWS]; 8], out: &mut [f32; ROWS]) {
 
 fn tile_n(f: Format, group: &[u8], acts: &Acts, i0: usize, out: &mut [[f32; ROWS]]) {
     let (hb, pb, sb) = (f.header_bytes(), f.plane_bytes(), f.super_bytes());
-    let zero_point = match f {
-        Format::Q4_0 => 8,
-        Format::Q5_0 => 16,
-        _ => 0,
-    };
+    let zero_point = f.zero_point();
     let mut lanes = [[[0f32; ROWS]; 8]; TILE_ROWS];
     let lanes = &mut lanes[..out.len()];
     for b in 0..acts.nb {

@@ -36,7 +36,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::formats::{
-    iq4xs_scale, k_values, q2k_values, q3k_scale, q3k_values, q4k_scale_min, Format,
+    iq4xs_scale, k_values, q2k_values, q3k_scale, q3k_values, q4k_scale_min, Bits, Format, Plane,
 };
 use super::QK;
 use rayon::prelude::*;
@@ -303,7 +303,15 @@ fn d_at(f: Format) -> usize {
         Format::Q6K => 208,
         Format::Q3K => 108,
         Format::Q2K => 80,
-        _ => 0,
+        Format::Q4_0
+        | Format::Q4_1
+        | Format::Q5_0
+        | Format::Q5_1
+        | Format::Q8_0
+        | Format::Q4K
+        | Format::Q5K
+        | Format::IQ4NL
+        | Format::IQ4XS => 0,
     }
 }
 
@@ -316,7 +324,14 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
                 h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4])
             }
             Format::Q2K => h[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[82..84]),
-            _ => {}
+            // No min.
+            Format::Q4_0
+            | Format::Q5_0
+            | Format::Q8_0
+            | Format::Q3K
+            | Format::Q6K
+            | Format::IQ4NL
+            | Format::IQ4XS => {}
         }
         match f {
             Format::Q4K | Format::Q5K => {
@@ -348,7 +363,13 @@ fn write_header(f: Format, blks: &[&[u8]; ROWS], h: &mut [u8]) {
                     h[16 + 8 * j + r] = iq4xs_scale(blk, j).wrapping_sub(32);
                 }
             }
-            _ => {}
+            // One scale per block: `d` alone.
+            Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q8_0
+            | Format::IQ4NL => {}
         }
     }
 }
@@ -361,7 +382,13 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
             blk[2..4].copy_from_slice(&h[16 + 2 * r..18 + 2 * r])
         }
         Format::Q2K => blk[82..84].copy_from_slice(&h[16 + 2 * r..18 + 2 * r]),
-        _ => {}
+        Format::Q4_0
+        | Format::Q5_0
+        | Format::Q8_0
+        | Format::Q3K
+        | Format::Q6K
+        | Format::IQ4NL
+        | Format::IQ4XS => {}
     }
     match f {
         Format::Q4K | Format::Q5K => {
@@ -409,45 +436,54 @@ fn read_header(f: Format, h: &[u8], r: usize, blk: &mut [u8]) {
                 blk[4 + j] = (ls[2 * j] & 15) | (ls[2 * j + 1] & 15) << 4;
             }
         }
-        _ => {}
+        Format::Q4_0
+        | Format::Q4_1
+        | Format::Q5_0
+        | Format::Q5_1
+        | Format::Q8_0
+        | Format::IQ4NL => {}
     }
 }
 
 fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
-    if f == Format::Q2K {
-        for (r, vr) in v.iter().enumerate() {
-            for j in 0..8 {
-                for t in 0..4 {
-                    p[32 * (j / 4) + 4 * r + t] |= vr[4 * j + t] << (2 * (j % 4));
-                }
-            }
-        }
-        return;
-    }
-    if f == Format::Q8_0 {
-        for j in 0..8 {
+    let bits = match f.plane() {
+        Plane::TwoBit => {
             for (r, vr) in v.iter().enumerate() {
-                for t in 0..4 {
-                    p[32 * j + 4 * r + t] = vr[4 * j + t];
+                for j in 0..8 {
+                    for t in 0..4 {
+                        p[32 * (j / 4) + 4 * r + t] |= vr[4 * j + t] << (2 * (j % 4));
+                    }
                 }
             }
+            return;
         }
-        return;
-    }
+        Plane::Bytes => {
+            for j in 0..8 {
+                for (r, vr) in v.iter().enumerate() {
+                    for t in 0..4 {
+                        p[32 * j + 4 * r + t] = vr[4 * j + t];
+                    }
+                }
+            }
+            return;
+        }
+        Plane::Split(bits) => bits,
+    };
     for (r, vr) in v.iter().enumerate() {
         for t in 0..4 {
             let at = 4 * r + t;
             for j in 0..4 {
                 let (a, b) = (vr[4 * j + t], vr[16 + 4 * j + t]);
-                p[32 * j + at] = match f {
-                    Format::Q5_0 | Format::Q5_1 | Format::Q5K => a | (b & 7) << 5,
-                    Format::Q6K => a | (b & 3) << 6,
-                    _ => a | b << 4,
-                };
-                match f {
-                    Format::Q5_0 | Format::Q5_1 | Format::Q5K => p[128 + at] |= (b >> 3) << (2 * j),
-                    Format::Q6K => p[128 + 32 * (j / 2) + at] |= (b >> 2) << (4 * (j % 2)),
-                    _ => {}
+                match bits {
+                    Bits::Four => p[32 * j + at] = a | b << 4,
+                    Bits::Five => {
+                        p[32 * j + at] = a | (b & 7) << 5;
+                        p[128 + at] |= (b >> 3) << (2 * j);
+                    }
+                    Bits::Six => {
+                        p[32 * j + at] = a | (b & 3) << 6;
+                        p[128 + 32 * (j / 2) + at] |= (b >> 2) << (4 * (j % 2));
+                    }
                 }
             }
         }
@@ -455,35 +491,36 @@ fn write_plane(f: Format, v: &[&[u8]; ROWS], p: &mut [u8]) {
 }
 
 fn read_plane(f: Format, p: &[u8], r: usize, v: &mut [u8]) {
-    if f == Format::Q2K {
-        for j in 0..8 {
-            for t in 0..4 {
-                v[4 * j + t] = (p[32 * (j / 4) + 4 * r + t] >> (2 * (j % 4))) & 3;
+    let bits = match f.plane() {
+        Plane::TwoBit => {
+            for j in 0..8 {
+                for t in 0..4 {
+                    v[4 * j + t] = (p[32 * (j / 4) + 4 * r + t] >> (2 * (j % 4))) & 3;
+                }
             }
+            return;
         }
-        return;
-    }
-    if f == Format::Q8_0 {
-        for j in 0..8 {
-            for t in 0..4 {
-                v[4 * j + t] = p[32 * j + 4 * r + t];
+        Plane::Bytes => {
+            for j in 0..8 {
+                for t in 0..4 {
+                    v[4 * j + t] = p[32 * j + 4 * r + t];
+                }
             }
+            return;
         }
-        return;
-    }
+        Plane::Split(bits) => bits,
+    };
     for t in 0..4 {
         let at = 4 * r + t;
         for j in 0..4 {
             let x = p[32 * j + at];
-            (v[4 * j + t], v[16 + 4 * j + t]) = match f {
-                Format::Q5_0 | Format::Q5_1 | Format::Q5K => {
-                    (x & 31, x >> 5 | ((p[128 + at] >> (2 * j)) & 3) << 3)
-                }
-                Format::Q6K => (
+            (v[4 * j + t], v[16 + 4 * j + t]) = match bits {
+                Bits::Four => (x & 15, x >> 4),
+                Bits::Five => (x & 31, x >> 5 | ((p[128 + at] >> (2 * j)) & 3) << 3),
+                Bits::Six => (
                     x & 63,
                     x >> 6 | ((p[128 + 32 * (j / 2) + at] >> (4 * (j % 2))) & 15) << 2,
                 ),
-                _ => (x & 15, x >> 4),
             };
         }
     }

@@ -26,6 +26,7 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use crate::kernels::act_quant::Acts;
+use crate::kernels::formats::{Bits, Plane};
 use crate::kernels::repack::ROWS;
 pub(crate) use crate::kernels::tile::{tile_rows, Tile};
 use crate::kernels::{Format, IQ4, QK};
@@ -359,32 +360,35 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
     let ld = |i: usize| [vld1q_u8(p.add(32 * i)), vld1q_u8(p.add(32 * i + 16))];
     let s = vreinterpretq_s8_u8;
     let mut v = [[vdupq_n_s8(0); 2]; 8];
-    if F == Q8_0 {
-        for j in 0..8 {
-            let c = ld(j);
-            v[j] = [s(c[0]), s(c[1])];
-        }
-        return v;
-    }
-    if F == Q2K {
-        // Four 2-bit values a byte, in two chunks.
-        let m2 = vdupq_n_u8(3);
-        for c in 0..2 {
-            for (h, x) in ld(c).into_iter().enumerate() {
-                v[4 * c][h] = s(vandq_u8(x, m2));
-                v[4 * c + 1][h] = s(vandq_u8(vshrq_n_u8::<2>(x), m2));
-                v[4 * c + 2][h] = s(vandq_u8(vshrq_n_u8::<4>(x), m2));
-                v[4 * c + 3][h] = s(vshrq_n_u8::<6>(x));
+    let bits = match Format::of_code(F).plane() {
+        Plane::Bytes => {
+            for j in 0..8 {
+                let c = ld(j);
+                v[j] = [s(c[0]), s(c[1])];
             }
+            return v;
         }
-        return v;
-    }
+        Plane::TwoBit => {
+            // Four 2-bit values a byte, in two chunks.
+            let m2 = vdupq_n_u8(3);
+            for c in 0..2 {
+                for (h, x) in ld(c).into_iter().enumerate() {
+                    v[4 * c][h] = s(vandq_u8(x, m2));
+                    v[4 * c + 1][h] = s(vandq_u8(vshrq_n_u8::<2>(x), m2));
+                    v[4 * c + 2][h] = s(vandq_u8(vshrq_n_u8::<4>(x), m2));
+                    v[4 * c + 3][h] = s(vshrq_n_u8::<6>(x));
+                }
+            }
+            return v;
+        }
+        Plane::Split(bits) => bits,
+    };
     let c: [[uint8x16_t; 2]; 4] = std::array::from_fn(ld);
     for j in 0..4 {
         for h in 0..2 {
-            let (lo, hi) = match F {
+            let (lo, hi) = match bits {
                 // Low 5 bits, then 3 bits above them and 2 from chunk 4 (`repack.rs`).
-                Q5_0 | Q5_1 | Q5K => {
+                Bits::Five => {
                     let c4 = ld(4)[h];
                     let top = match j {
                         0 => c4,
@@ -399,7 +403,7 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
                     )
                 }
                 // Low 6 bits, then 2 bits above them and a nibble of chunk 4 or 5.
-                Q6K => {
+                Bits::Six => {
                     let c45 = ld(4 + j / 2)[h];
                     let nib = if j % 2 == 0 {
                         c45
@@ -412,7 +416,7 @@ unsafe fn weights<const F: u8>(p: *const u8) -> [Chunk; 8] {
                         vandq_u8(hi, vdupq_n_u8(0x3F)),
                     )
                 }
-                _ => (
+                Bits::Four => (
                     vandq_u8(c[j][h], vdupq_n_u8(0x0F)),
                     vshrq_n_u8::<4>(c[j][h]),
                 ),
@@ -490,11 +494,7 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize>(
 ) {
     let f = Format::of_code(F);
     let has_min = F == Q4_1 || F == Q5_1;
-    let zero_point = match F {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        _ => 0,
-    };
+    let zero_point = f.zero_point();
     let span = if F == Q8_0 || F == IQ4NL {
         D::SPAN_Q8
     } else {

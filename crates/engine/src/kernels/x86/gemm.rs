@@ -631,15 +631,20 @@ unsafe fn tile_n<D: Dots, const F: u8, const MT: usize, const P: usize>(
             let da = _mm256_set1_ps(*r.d[i].add(b));
             for p in 0..P {
                 let (v, q) = (&v[p], &q[p]);
-                let isum = match F {
-                    Q4_0 => _mm256_sub_epi32(D::q4(v, a), _mm256_set1_epi32(8 * bsum)),
-                    Q4_1 => D::q4(v, a),
-                    Q5_1 => D::q5(v, a),
-                    Q5_0 => _mm256_sub_epi32(D::q5(v, a), _mm256_set1_epi32(16 * bsum)),
-                    Q8_0 | IQ4NL => {
+                let isum = match Format::of_code(F) {
+                    Format::Q4_0 => _mm256_sub_epi32(D::q4(v, a), _mm256_set1_epi32(8 * bsum)),
+                    Format::Q4_1 => D::q4(v, a),
+                    Format::Q5_1 => D::q5(v, a),
+                    Format::Q5_0 => _mm256_sub_epi32(D::q5(v, a), _mm256_set1_epi32(16 * bsum)),
+                    Format::Q8_0 | Format::IQ4NL => {
                         _mm256_sub_epi32(D::q8(v, q, a), _mm256_set1_epi32(D::Q8_BIAS * bsum))
                     }
-                    _ => unreachable!("not a 32-block format"),
+                    Format::Q2K
+                    | Format::Q3K
+                    | Format::Q4K
+                    | Format::Q5K
+                    | Format::Q6K
+                    | Format::IQ4XS => unreachable!("not a 32-block format"),
                 };
                 let scale = _mm256_mul_ps(wd[p], da);
                 let mut t = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum));

@@ -347,12 +347,14 @@ unsafe fn tile_n<const F: u8, const MT: usize, const P: usize>(t: &Tile, _planes
     let mut acc = [[[MaybeUninit::<__m512>::uninit(); 8]; P]; MT];
     let gp = pair_ptrs::<P>(group);
     // What the weights add per unit of the activation block sum: zero points, q8_0's bias.
-    let zero = match F {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        Q8_0 | IQ4NL => 128,
-        Q4_1 | Q5_1 => 0,
-        _ => unreachable!("not a 32-block format"),
+    let zero = match Format::of_code(F) {
+        Format::Q4_0 => 8,
+        Format::Q5_0 => 16,
+        Format::Q8_0 | Format::IQ4NL => 128,
+        Format::Q4_1 | Format::Q5_1 => 0,
+        Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
+            unreachable!("not a 32-block format")
+        }
     };
     for b in 0..nb {
         let h: [(*const u8, *const u8); P] =
