@@ -291,7 +291,7 @@ mod tests {
                 .collect();
             assert_eq!(want.len(), n, "{name}");
             let mut got = vec![0f32; n];
-            row(dtype, raw, &mut got);
+            row(dtype, raw, &mut got).expect(name);
             // A value may be a difference of two products (scale and min): rounding is
             // relative to the block's largest value.
             for (blk, (g, w)) in got.chunks(per).zip(want.chunks(per)).enumerate() {
