@@ -8,7 +8,8 @@
 //!
 //! "Cloud" and "edge" hardware are emulated by the thread count (stated in the output).
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,8 +19,10 @@ use edgeprompt_engine::{Message, Model, PrefixKv, SamplingParams, Sequence};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::plot::{line_chart, Series};
+use crate::results::{f, load, machine_line};
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
 
@@ -231,4 +234,119 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         )?;
     }
     Ok(report)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    /// Groups (distinct cloud prompts); the paper uses 100.
+    #[arg(long, default_value_t = 2)]
+    groups: usize,
+    /// Requests per group; the paper uses 10.
+    #[arg(long, default_value_t = 8)]
+    per_group: usize,
+    #[arg(long, default_value_t = 64)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Hardware settings as label:threads.
+    #[arg(long, value_delimiter = ',', default_value = "cloud:2,edge:1")]
+    hardware: Vec<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench batch`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let mut hardware = Vec::new();
+    for h in &a.hardware {
+        let (label, t) = h
+            .split_once(':')
+            .ok_or_else(|| BenchError::Failed(format!("hardware is label:threads, got {h}")))?;
+        let t = t
+            .parse::<usize>()
+            .map_err(|e| BenchError::Failed(e.to_string()))?;
+        hardware.push((label.to_string(), t.max(1)));
+    }
+    let s = Settings {
+        model: resolve(&a.model)?,
+        workload: WorkloadSpec {
+            sharegpt: sharegpt()?,
+            groups: a.groups.max(1),
+            per_group: a.per_group.max(1),
+            cloud_len: 0,
+            edge_len: a.edge_len,
+            seed: a.seed,
+        },
+        cloud_lens: a.cloud_lens,
+        max_tokens: a.max_tokens,
+        hardware,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/batch.json and batch-*.svg",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `batch.json`.
+pub fn section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "batch.json") else {
+        return;
+    };
+    let w = &v["workload"];
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "## Throughput against cloud prompt length (`edgeprompt-bench batch`, EdgePrompt Fig. 3)\n\n{}; {} groups × {} \
+         requests, private prompts of {} tokens, max_tokens {}; `split` takes the cloud prompt's KV as received (its \
+         prefill is the cloud's work)\n\n| hardware | cloud tokens | no sharing tok/s | shared tok/s | split tok/s | split / no sharing |\n| --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        w["groups"],
+        w["per_group"],
+        w["edge_len"],
+        v["max_tokens"]
+    );
+    let mut keys: Vec<(String, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["hardware"].as_str().unwrap_or("?").to_string(),
+                r["threads"].as_u64().unwrap_or(0),
+                r["cloud_tokens"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    keys.dedup();
+    for (hw, threads, len) in keys {
+        let get = |scheme: &str| {
+            rows.iter()
+                .find(|r| {
+                    r["hardware"] == hw.as_str()
+                        && r["cloud_tokens"] == len
+                        && r["scheme"] == scheme
+                })
+                .map_or(f64::NAN, |r| f(&r["tok_s"]))
+        };
+        let _ = writeln!(
+            md,
+            "| {hw} ({threads} threads) | {len} | {:.1} | {:.1} | {:.1} | {:.2}x |",
+            get("no_sharing"),
+            get("shared"),
+            get("split"),
+            get("split") / get("no_sharing")
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![cloud](results/batch-cloud.svg) ![edge](results/batch-edge.svg)\n"
+    );
 }

@@ -3,7 +3,8 @@
 //! KV (RelayAttention-like, what the edge server does) versus a private copy per request
 //! (PagedAttention-like, no sharing). Same model, same kernels, same run.
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,8 +12,10 @@ use edgeprompt_engine::sample::argmax;
 use edgeprompt_engine::{Model, PrefixKv, Sequence};
 use serde::Serialize;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::plot::{line_chart, Series};
+use crate::results::{f, load, machine_line};
 use crate::BenchError;
 
 pub struct Settings {
@@ -278,4 +281,106 @@ fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
         line_chart(&title, "cloud prompt tokens", "tokens/s", &by_len),
     )?;
     Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    batch_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    private_tokens: usize,
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Measurements per point; the best is kept.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench decode`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        sharegpt: sharegpt().ok(),
+        cloud_lens: a.cloud_lens,
+        batch_sizes: a.batch_sizes,
+        private_tokens: a.private_tokens,
+        steps: a.steps.max(1),
+        repeats: a.repeats,
+        threads: a.threads,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/decode.json and decode-*.svg",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `<sub>decode.json`.
+pub fn section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}decode.json")) else {
+        return;
+    };
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let get = |mode: &str, len: u64, b: u64| {
+        rows.iter()
+            .find(|r| r["mode"] == mode && r["cloud_tokens"] == len && r["batch"] == b)
+            .map_or(f64::NAN, |r| f(&r["tok_s"]))
+    };
+    let mut lens: Vec<u64> = rows
+        .iter()
+        .filter_map(|r| r["cloud_tokens"].as_u64())
+        .collect();
+    lens.sort();
+    lens.dedup();
+    let mut batches: Vec<u64> = rows.iter().filter_map(|r| r["batch"].as_u64()).collect();
+    batches.sort();
+    batches.dedup();
+    let (Some(&lo), Some(&hi)) = (lens.first(), lens.last()) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Batched decode: shared prefix vs per-request copy (`edgeprompt-bench decode`, `{sub}decode.json`)\n\n{}; private prompt {} \
+         tokens, {} timed steps, best of {}\n\n| batch | shared tok/s at {} / {} cloud tokens | copy tok/s at {lo} / {hi} | shared {hi}/{lo} | shared / copy at {hi} | prefix KV held at {hi}: shared / copies |\n| --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        v["private_tokens"],
+        v["steps"],
+        v["repeats"],
+        lo,
+        hi
+    );
+    let bytes = |mode: &str, b: u64| {
+        rows.iter()
+            .find(|r| r["mode"] == mode && r["cloud_tokens"] == hi && r["batch"] == b)
+            .map_or(f64::NAN, |r| f(&r["prefix_kv_bytes"]) / 1e6)
+    };
+    for b in batches {
+        let _ = writeln!(
+            md,
+            "| {b} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} | {:.2}x | {:.1} MB / {:.1} MB |",
+            get("shared", lo, b),
+            get("shared", hi, b),
+            get("copy", lo, b),
+            get("copy", hi, b),
+            get("shared", hi, b) / get("shared", lo, b),
+            get("shared", hi, b) / get("copy", hi, b),
+            bytes("shared", b),
+            bytes("copy", b)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![by batch](results/{sub}decode-batch.svg) ![by length](results/{sub}decode-prefix-len.svg)\n"
+    );
 }

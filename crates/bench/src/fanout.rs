@@ -4,7 +4,8 @@
 //! (`weed mini`), and N edge lookups (the edge's `Prefixes`, each with its own memory), each
 //! behind a byte-counting link. Every edge's KV is checked bit for bit against the cloud's.
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,8 +17,10 @@ use edgeprompt_kv::{BucketStore, SealKey};
 use edgeprompt_link::{Link, Profile};
 use serde::Serialize;
 
+use crate::inputs::resolve;
 use crate::machine::Machine;
 use crate::nodes::{cloud_ids, same_kv, serve};
+use crate::results::{f, load, machine_of};
 use crate::BenchError;
 
 pub struct Settings {
@@ -165,4 +168,78 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         std::fs::write(s.out.join("fanout.json"), json).map_err(BenchError::data)?;
         Ok(report)
     })
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+    edges: Vec<usize>,
+    /// Edges fetching at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Words in the cloud prompt's house rules (about 3 tokens each).
+    #[arg(long, default_value_t = 300)]
+    prompt_words: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fanout`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        edges: a.edges.clone(),
+        concurrency: a.concurrency,
+        prompt_words: a.prompt_words,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/fanout.json",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `<sub>fanout.json`.
+pub fn section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}fanout.json")) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Fan-out: edges reading the object store (`edgeprompt-bench fanout`)\n\n{}; model {}; one \
+         cloud node and SeaweedFS (`weed mini`) on loopback, a published prompt of {} tokens ({:.1} MB \
+         as one object), N edge lookups ({} at once) each behind a byte-counting link; `store`: edges \
+         read the object over HTTP (the filer, standing for a CDN), `grpc`: the cloud streams it to \
+         each (`{sub}fanout.json`).\n\n\
+         | edges | path | bytes from the cloud | MB from the store | seconds | exact |\n\
+         | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["prompt_tokens"],
+        f(&v["object_bytes"]) / 1e6,
+        v["concurrency"],
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let cloud = f(&r["cloud_bytes"]);
+        let shown = match cloud >= 1e6 {
+            true => format!("{:.1} MB", cloud / 1e6),
+            false => format!("{:.1} kB", cloud / 1e3),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {shown} | {:.1} | {:.2} | {} of {} |",
+            r["edges"],
+            r["path"].as_str().unwrap_or("?"),
+            f(&r["store_bytes"]) / 1e6,
+            f(&r["seconds"]),
+            r["exact"],
+            r["edges"],
+        );
+    }
+    md.push('\n');
 }

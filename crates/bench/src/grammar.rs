@@ -4,7 +4,8 @@
 //! batched forward pass plus every row's draw (the grammar's mask included), as the edge
 //! server's scheduler runs it.
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,7 +15,9 @@ use edgeprompt_engine::{
 use serde::Serialize;
 use serde_json::json;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
+use crate::results::{f, load, machine_line};
 use crate::BenchError;
 
 pub struct Settings {
@@ -269,4 +272,89 @@ fn measure(
         draw_ms: draw_secs * 1e3 / steps as f64,
         ended_rows: ended.iter().filter(|&&e| e).count(),
     })
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    #[arg(long, default_value_t = 256)]
+    cloud_tokens: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    batch_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    private_tokens: usize,
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// Rounds; each point keeps its best.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench grammar`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        sharegpt: sharegpt().ok(),
+        cloud_tokens: a.cloud_tokens,
+        private_tokens: a.private_tokens,
+        batch_sizes: a.batch_sizes,
+        steps: a.steps.max(1),
+        repeats: a.repeats,
+        threads: a.threads,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/grammar.json",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `grammar.json`.
+pub fn section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "grammar.json") else {
+        return;
+    };
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "## Constrained decoding's cost (`edgeprompt-bench grammar`, `grammar.json`)\n\n{}; cloud prompt {} tokens, \
+         private {} each, {} timed greedy steps, best of {}. Each step is the batched forward pass and every \
+         row's draw, the grammar's mask included. `json_schema`: an object holding an array of at least 60 \
+         objects, so no answer ends in the run. `tools_auto_text`: the free-text rule of `tool_choice: auto`. \
+         The masks' share is what the draws add over the plain draws, in a plain step's time. It is measured \
+         apart, so host noise moves it less than the throughput ratio.\n\n\
+         | batch | mode | tok/s | vs plain | draws per step | masks' share of a step |\n| --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        v["cloud_tokens"],
+        v["private_tokens"],
+        v["steps"],
+        v["repeats"]
+    );
+    for r in &rows {
+        let Some(plain) = rows
+            .iter()
+            .find(|p| p["batch"] == r["batch"] && p["mode"] == "plain")
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.3}x | {:.2} ms | {:.1} % |",
+            r["batch"],
+            r["mode"].as_str().unwrap_or(""),
+            f(&r["tok_s"]),
+            f(&r["tok_s"]) / f(&plain["tok_s"]),
+            f(&r["draw_ms"]),
+            100.0 * (f(&r["draw_ms"]) - f(&plain["draw_ms"])) / f(&plain["step_ms"])
+        );
+    }
+    let _ = writeln!(md);
 }

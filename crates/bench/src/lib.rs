@@ -1,9 +1,8 @@
 //! The project's benchmarks. Each prints the machine, the model, the settings and the
-//! baselines measured in the same run, and writes JSON under `bench-out/`.
+//! baselines measured in the same run, and writes JSON under `bench-out/`. A bench's module
+//! also holds its flags (`Args`), its subcommand (`cli`) and its section of `docs/results.md`.
 
 pub mod batch;
-#[cfg(feature = "candle")]
-pub mod candle;
 pub mod chat;
 pub mod codecs;
 pub mod decode;
@@ -12,11 +11,14 @@ pub mod failover;
 pub mod fanout;
 pub mod fleet;
 pub mod grammar;
+mod inputs;
 pub mod lslm;
 pub mod nodes;
 pub mod plot;
 pub mod replicas;
 pub mod report;
+mod results;
+mod scripts;
 pub mod serve;
 pub mod soak;
 pub mod table;
@@ -50,6 +52,9 @@ pub enum BenchError {
     Align(#[from] edgeprompt_align::AlignError),
     #[error("kv: {0}")]
     Kv(#[from] edgeprompt_kv::KvError),
+    /// A message that says it all: a flag's bad value, a missing input, a run's failed checks.
+    #[error("{0}")]
+    Failed(String),
 }
 
 pub use edgeprompt_engine::machine::start;

@@ -5,7 +5,8 @@
 //! lookups and their latency (an edge's time to the prompt's KV, its TTFT before the private
 //! part), every KV checked bit for bit against a single node's.
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,8 +18,10 @@ use edgeprompt_engine::{Model, PrefixKv};
 use edgeprompt_kv::{RedisStore, SealKey};
 use serde::Serialize;
 
+use crate::inputs::resolve;
 use crate::machine::Machine;
 use crate::nodes::{cloud_ids, same_kv, serve};
+use crate::results::{f, load, machine_of};
 use crate::BenchError;
 
 pub struct Settings {
@@ -201,4 +204,86 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     let json = serde_json::to_string_pretty(&report).map_err(BenchError::data)?;
     std::fs::write(s.out.join("replicas.json"), json).map_err(BenchError::data)?;
     Ok(report)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    replicas: Vec<usize>,
+    #[arg(long, default_value_t = 12)]
+    prompts: usize,
+    #[arg(long, default_value_t = 96)]
+    lookups: usize,
+    #[arg(long, default_value_t = 100)]
+    prompt_words: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench replicas`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        replicas: a.replicas.clone(),
+        prompts: a.prompts.max(1),
+        lookups: a.lookups,
+        prompt_words: a.prompt_words,
+        seed: a.seed,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/replicas.json",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `<sub>replicas.json`.
+pub fn section(dir: &Path, sub: &str, md: &mut String) {
+    let Some(v) = load(dir, &format!("{sub}replicas.json")) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "## Scale-out: cloud replicas behind one store (`edgeprompt-bench replicas`)\n\n{}; model {}; \
+         R cloud replicas (in one process, real gRPC) sharing one `redis-server` and SeaweedFS, \
+         cold for each R; {} edge lookups started at once over {} published prompts of {} tokens \
+         (each prompt's replica by rendezvous hashing); latency is an edge's time to the prompt's \
+         whole KV (`{sub}replicas.json`).\n\n\
+         | replicas | prefills | shared-tier hits per replica | completed | from the cloud | exact | p50 s | p99 s | wall s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_of(&v["machine"]),
+        v["model"].as_str().unwrap_or("?"),
+        v["lookups"],
+        v["prompts"],
+        v["prompt_tokens"],
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let hits: Vec<String> = r["shared_hits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|h| h.to_string())
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            r["replicas"],
+            r["prefills"],
+            hits.join(" / "),
+            r["completed"],
+            r["from_cloud"],
+            r["exact"],
+            f(&r["p50_s"]),
+            f(&r["p99_s"]),
+            f(&r["seconds"]),
+        );
+    }
+    md.push('\n');
 }

@@ -5,16 +5,19 @@
 //! time, the KV the edge holds, the share of user data uploaded, bytes on the link, and answer
 //! quality as agreement with the single-node (edge-only) answer.
 
-use std::path::PathBuf;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
 
 use edgeprompt_edge::scheduler::kv_bytes_per_token;
 use edgeprompt_kv::Codec;
 use edgeprompt_link::{Link, Profile};
 use serde::Serialize;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::nodes;
 use crate::plot::bar_chart;
+use crate::results::{f, load, machine_line};
 use crate::serve::one;
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
@@ -214,4 +217,105 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         ),
     )?;
     Ok(report)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Requests, each on its own cloud prompt.
+    #[arg(long, default_value_t = 8)]
+    requests: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 128)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    #[arg(long, default_value = "5g")]
+    profile: String,
+    #[arg(long, value_delimiter = ',', default_value = "f16,int8,int4")]
+    codecs: Vec<String>,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench table`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let codecs = a
+        .codecs
+        .iter()
+        .map(|c| {
+            Codec::parse(c)
+                .ok_or_else(|| BenchError::Failed(format!("codec {c}: one of {}", Codec::names())))
+        })
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let s = Settings {
+        model: resolve(&a.model)?,
+        model_id: a.model.clone(),
+        workload: WorkloadSpec {
+            sharegpt: sharegpt()?,
+            groups: a.requests.max(1),
+            per_group: 1,
+            cloud_len: a.cloud_len,
+            edge_len: a.edge_len,
+            seed: a.seed,
+        },
+        max_tokens: a.max_tokens,
+        profile: a.profile,
+        codecs,
+        threads: a.threads,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} rows to {}/table.json",
+        r.rows.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// The section of `docs/results.md` from `table.json`.
+pub fn section(dir: &Path, md: &mut String) {
+    let Some(v) = load(dir, "table.json") else {
+        return;
+    };
+    let w = &v["workload"];
+    let _ = writeln!(
+        md,
+        "## Cloud-only vs edge-only vs cloud-edge (`edgeprompt-bench table`, CE-LSLM Table II analogue)\n\n{}; {} \
+         requests, each on its own cloud prompt of {} tokens, private prompts of {} tokens, max_tokens {}, link {}. \
+         Quality: answers identical to the single-node (edge-only) answer, and the share of its tokens reproduced \
+         before the first difference.\n\n| scheme | mean TTFT s | mean total s | edge KV MB per request | user data uploaded | link up MB, all requests | link down MB, all requests | identical answers | common prefix |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        machine_line(&v),
+        w["groups"],
+        w["cloud_len"],
+        w["edge_len"],
+        v["max_tokens"],
+        v["profile"][0].as_str().unwrap_or("?")
+    );
+    for r in v["rows"].as_array().cloned().unwrap_or_default() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {:.2} | {:.1} | {:.0} % | {:.3} | {:.2} | {:.0} % | {:.0} % |",
+            r["scheme"].as_str().unwrap_or("?"),
+            f(&r["ttft_s"]),
+            f(&r["total_s"]),
+            f(&r["edge_kv_mb"]),
+            100.0 * f(&r["user_data_uploaded"]),
+            f(&r["link_up_mb"]),
+            f(&r["link_down_mb"]),
+            100.0 * f(&r["identical_answers"]),
+            100.0 * f(&r["common_prefix"])
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![ttft](results/table-ttft.svg) ![link](results/table-link.svg)\n"
+    );
 }

@@ -3,6 +3,7 @@
 //! `l` as soon as layer `l` is computed. With CE-LSLM adapters it also serves a smaller edge
 //! model: its deep layers' KV, mapped from this model's (`lslm`).
 
+mod adapters;
 pub mod guard;
 mod lslm;
 mod prompts;

@@ -44,7 +44,7 @@ pub struct CloudNode {
     /// Prompts found in a shared tier instead of prefilled.
     shared_hits: AtomicUsize,
     guard: Guard,
-    pub(crate) lslm: crate::lslm::Adapters,
+    pub(crate) lslm: crate::adapters::Adapters,
     /// Sliding-window layers sent and kept cut to the window (on unless turned off to
     /// measure what the cut saves).
     window_cut: bool,
@@ -418,7 +418,7 @@ impl CloudKv for CloudService {
         let p = this.resolve(&req)?;
         let (codec, zstd) = crate::stream::negotiate(&req)?;
         let layout = match &adapters {
-            Some(set) => crate::lslm::layout(set, req.first_layer)?,
+            Some(set) => crate::adapters::layout(set, req.first_layer)?,
             None => this.own_layout().from_layer(req.first_layer)?,
         };
         let (tx, rx) = mpsc::channel(64);

@@ -1,18 +1,9 @@
 //! Hyper-parameters read from GGUF metadata.
 
-use crate::gguf::{Content, Value};
-
 use crate::arch::Meta;
-pub use crate::arch::{Arch, Features, Moe};
+pub use crate::arch::{Arch, Features, Moe, RopeStyle};
+use crate::gguf::{meta_str, Content, Value};
 use crate::{EngineError, Result};
-
-/// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
-/// adjacent pairs rotate; qwen2 keeps the NEOX layout (dimension i pairs with i + d/2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum RopeStyle {
-    Adjacent,
-    Neox,
-}
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelConfig {
@@ -269,42 +260,6 @@ impl ModelConfig {
 
     pub fn group_size(&self) -> usize {
         self.n_head / self.n_kv_head
-    }
-}
-
-pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value> {
-    content
-        .metadata
-        .get(key)
-        .ok_or_else(|| EngineError::Gguf(format!("missing metadata key {key}")))
-}
-
-pub(crate) fn meta_str(content: &Content, key: &str) -> Result<String> {
-    meta(content, key)?
-        .to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))
-}
-
-pub(crate) fn meta_usize(content: &Content, key: &str) -> Result<usize> {
-    let v = meta(content, key)?;
-    let n = match v {
-        Value::U8(x) => *x as u64,
-        Value::U16(x) => *x as u64,
-        Value::U32(x) => *x as u64,
-        Value::U64(x) => *x,
-        Value::I32(x) if *x >= 0 => *x as u64,
-        Value::I64(x) if *x >= 0 => *x as u64,
-        other => return Err(EngineError::Gguf(format!("{key}: not a count: {other:?}"))),
-    };
-    Ok(n as usize)
-}
-
-pub(crate) fn meta_f32(content: &Content, key: &str) -> Result<f32> {
-    match meta(content, key)? {
-        Value::F32(x) => Ok(*x),
-        Value::F64(x) => Ok(*x as f32),
-        other => Err(EngineError::Gguf(format!("{key}: not a float: {other:?}"))),
     }
 }
 

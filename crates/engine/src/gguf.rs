@@ -426,6 +426,43 @@ impl Content {
     }
 }
 
+/// Metadata readers: a key's value, refused by name when missing or of another type.
+pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value> {
+    content
+        .metadata
+        .get(key)
+        .ok_or_else(|| EngineError::Gguf(format!("missing metadata key {key}")))
+}
+
+pub(crate) fn meta_str(content: &Content, key: &str) -> Result<String> {
+    meta(content, key)?
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| EngineError::Gguf(format!("{key}: not a string")))
+}
+
+pub(crate) fn meta_usize(content: &Content, key: &str) -> Result<usize> {
+    let v = meta(content, key)?;
+    let n = match v {
+        Value::U8(x) => *x as u64,
+        Value::U16(x) => *x as u64,
+        Value::U32(x) => *x as u64,
+        Value::U64(x) => *x,
+        Value::I32(x) if *x >= 0 => *x as u64,
+        Value::I64(x) if *x >= 0 => *x as u64,
+        other => return Err(EngineError::Gguf(format!("{key}: not a count: {other:?}"))),
+    };
+    Ok(n as usize)
+}
+
+pub(crate) fn meta_f32(content: &Content, key: &str) -> Result<f32> {
+    match meta(content, key)? {
+        Value::F32(x) => Ok(*x),
+        Value::F64(x) => Ok(*x as f32),
+        other => Err(EngineError::Gguf(format!("{key}: not a float: {other:?}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,12 +9,13 @@ use sha2::{Digest, Sha256};
 
 use crate::attention::{attend_batch_kept, KeptView, KvView, Scores};
 use crate::chat::ChatTemplate;
-use crate::config::{meta_str, ModelConfig};
-use crate::kv::{LayerKv, LayerSpan, PrefixKv};
+use crate::config::ModelConfig;
+use crate::gguf::meta_str;
+use crate::kv::{LayerKv, LayerSpan};
+use crate::norm::{rms_norm, rms_norm_in_place, rms_norm_into};
 use crate::recurrent::{convolve_qkv, head, short_conv, Params, Recurrence, Recurrent, Rows};
 use crate::rope::Rope;
 use crate::sample::{logprobs, TokenLogprobs};
-use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Attention, DeltaNetWeights, Ffn, Linear, Mixer, ShortConvWeights, Weights};
 use crate::{EngineError, Result};
@@ -63,7 +64,7 @@ pub struct Scratch {
 
 impl Scratch {
     /// Floats held (capacity) over all buffers.
-    fn floats(&self) -> usize {
+    pub(crate) fn floats(&self) -> usize {
         let all = [&self.h, &self.attn, &self.o, &self.down]
             .into_iter()
             .chain(&self.qkv)
@@ -72,16 +73,8 @@ impl Scratch {
     }
 }
 
-/// The largest scratch a thread keeps between passes (16 MB: a decode batch's, not a long
-/// prefill's).
-const KEEP_SCRATCH_FLOATS: usize = 4 << 20;
-
 /// Most rows a layer runs at once (`forward_layer`): llama.cpp's micro-batch.
 const LAYER_ROWS: usize = 512;
-
-thread_local! {
-    static SCRATCH: std::cell::Cell<Scratch> = Default::default();
-}
 
 /// One sequence's share of a layer call: its new rows are the next `rows` rows of the batch.
 pub struct LayerInput<'a> {
@@ -730,7 +723,12 @@ impl Model {
     }
 
     /// `logits` into the caller's buffers (`h`: the output norm's rows), reused as they are.
-    fn logits_into(&self, x: &[f32], h: &mut Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+    pub(crate) fn logits_into(
+        &self,
+        x: &[f32],
+        h: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let rows = x.len() / self.cfg.n_embd;
         rms_norm_into(x, &self.weights.output_norm, self.cfg.rms_eps, h);
         Linear::forward_many_into(&[&self.weights.output], h, rows, std::slice::from_mut(out))?;
@@ -740,95 +738,6 @@ impl Model {
             crate::kernels::softcap(out, cap);
         }
         Ok(())
-    }
-
-    /// Run new tokens through the whole model for a batch of sequences; returns each
-    /// sequence's last-row logits.
-    pub fn forward(&self, batch: &mut [(&mut Sequence, &[u32])]) -> Result<Vec<Vec<f32>>> {
-        let none = vec![None; batch.len()];
-        Ok(self
-            .forward_scoring(batch, &none)?
-            .into_iter()
-            .map(|(logits, _)| logits)
-            .collect())
-    }
-
-    /// `forward`, and for each sequence with `score[i] = Some(top)` the log-probability of
-    /// every fed token after the first, from the row before it, with `top` alternatives (the
-    /// rows of a prompt a client asked to score). Logits are per row, so scoring leaves every
-    /// last-row logit as `forward` gives it.
-    #[allow(clippy::type_complexity)]
-    pub fn forward_scoring(
-        &self,
-        batch: &mut [(&mut Sequence, &[u32])],
-        score: &[Option<usize>],
-    ) -> Result<Vec<(Vec<f32>, Vec<TokenLogprobs>)>> {
-        let ids: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-        if ids.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
-            return Err(EngineError::Input("no tokens to run".into()));
-        }
-        // Checked before any KV is written, so a refused batch leaves every sequence as it was.
-        for (seq, t) in batch.iter() {
-            if seq.len() + t.len() > self.max_positions() {
-                return Err(EngineError::Input(format!(
-                    "context of {} tokens exceeds the model's {}",
-                    seq.len() + t.len(),
-                    self.max_positions()
-                )));
-            }
-        }
-        let mut x = self.embed(&ids)?;
-        let embedded = match self.layers_read_embeddings() {
-            true => x.clone(),
-            false => Vec::new(),
-        };
-        let tokens = PassTokens {
-            ids: &ids,
-            embedded: &embedded,
-        };
-        // This thread's scratch from its last pass: a batched decode step would otherwise
-        // zero and fault in fresh buffers every step. A long prefill's (tens of MB) is let go.
-        let mut scratch = SCRATCH.with(|c| c.take());
-        for l in 0..self.cfg.n_layer {
-            let mut parts: Vec<LayerInput> = batch
-                .iter_mut()
-                .map(|(seq, t)| seq.layer_input(self, l, t.len()))
-                .collect();
-            self.forward_layer(l, &mut x, tokens, &mut parts, &mut scratch)?;
-        }
-        if scratch.floats() <= KEEP_SCRATCH_FLOATS {
-            SCRATCH.with(|c| c.set(scratch));
-        }
-        let d = self.cfg.n_embd;
-        let mut last = Vec::with_capacity(batch.len() * d);
-        let mut scores = Vec::with_capacity(batch.len());
-        let mut r = 0;
-        for (i, (seq, t)) in batch.iter_mut().enumerate() {
-            let rows = &x[r * d..(r + t.len()) * d];
-            scores.push(match score.get(i).copied().flatten() {
-                Some(top) => self.score_rows(&rows[..rows.len() - d], &t[1..], top)?,
-                None => Vec::new(),
-            });
-            r += t.len();
-            last.extend_from_slice(&x[(r - 1) * d..r * d]);
-            seq.push_tokens(t);
-        }
-        // The head's output lands in this thread's buffer, kept from call to call: a fresh
-        // `[rows, vocab]` buffer per step (6 MB for a batch of 32 on SmolLM2) was page faults
-        // and zeroing on the caller's thread while the pool's other threads waited.
-        HEAD.with(|cell| {
-            let mut buf = cell.borrow_mut();
-            let (h, out) = &mut *buf;
-            self.logits_into(&last, h, out)?;
-            // Each row's copy (200 KB to 1 MB) made over the pool.
-            let vocab = self.cfg.vocab_size;
-            let mut rows = vec![Vec::new(); out.len() / vocab.max(1)];
-            let out = &*out;
-            crate::par::each(&mut rows, 4, &|i, r| {
-                *r = out[i * vocab..(i + 1) * vocab].to_vec()
-            });
-            Ok(rows.into_iter().zip(scores).collect())
-        })
     }
 
     /// Log-probability of `next[j]` after hidden row `j` of `x` (`[next.len(), n_embd]`, before
@@ -853,50 +762,6 @@ impl Model {
         }
         Ok(out)
     }
-
-    /// The logits a single node has after the prompt `prefix` holds: its last token run again
-    /// on the KV of the others (row arithmetic does not depend on the chunking, so this is the
-    /// row the cloud computed). `None` when a sliding window already cut a position that
-    /// token needs, or a recurrent layer holds only the state after it.
-    pub fn prefix_logits(&self, prefix: &PrefixKv) -> Result<Option<Vec<f32>>> {
-        let Some((&last, before)) = prefix.token_ids.split_last() else {
-            return Ok(None);
-        };
-        if prefix.layers.iter().any(|l| l.state.is_some()) {
-            return Ok(None);
-        }
-        let n = before.len();
-        let cut = PrefixKv {
-            fingerprint: prefix.fingerprint.clone(),
-            token_ids: before.to_vec(),
-            layers: prefix
-                .layers
-                .iter()
-                .map(|l| {
-                    let mut l = match l.kv_of {
-                        Some(src) => LayerKv::reading(l.n_kv_head, l.head_dim, n, src),
-                        None => (**l).clone(),
-                    };
-                    l.truncate(n.saturating_sub(l.start()));
-                    Arc::new(l)
-                })
-                .collect(),
-        };
-        let fits = cut
-            .layers
-            .iter()
-            .enumerate()
-            .all(|(l, kv)| kv.start() <= self.cfg.visible_from(l, n));
-        if !fits {
-            return Ok(None);
-        }
-        let mut seq = if n == 0 {
-            Sequence::new(self)
-        } else {
-            Sequence::with_prefix(self, Arc::new(cut))?
-        };
-        seq.prefill(self, &[last]).map(Some)
-    }
 }
 
 /// Hand the allocator's free pages back to the system. glibc keeps freed small allocations
@@ -914,81 +779,6 @@ fn template(tokenizer: &Tokenizer, src: &str) -> Result<ChatTemplate> {
     let tok = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
     ChatTemplate::new(src, &tok(tokenizer.bos_id), &tok(tokenizer.eos_id))
 }
-
-thread_local! {
-    /// The output norm's rows and the head's logits of this thread's last `forward_scoring`.
-    static HEAD: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
-}
-
-pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = Vec::new();
-    rms_norm_into(x, w, eps, &mut out);
-    out
-}
-
-/// `rms_norm` into `out` (resized to `x`'s length, every value written).
-fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
-    out.resize(x.len(), 0.0);
-    crate::par::rows2(out, x, w.len(), &|out, x| {
-        let d = w.len();
-        let inv = inv_rms_rows(x, d, eps);
-        for ((row, o), &inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(&inv) {
-            for ((o, &a), &g) in o.iter_mut().zip(row).zip(w) {
-                *o = a * inv * g;
-            }
-        }
-    });
-}
-
-/// Each row of `w.len()` values of `x` scaled to unit RMS, times `w`.
-pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    crate::par::rows2(x, &[], w.len(), &|x, _| {
-        let inv = inv_rms_rows(x, w.len(), eps);
-        for (row, &inv) in x.chunks_exact_mut(w.len()).zip(&inv) {
-            for (a, &g) in row.iter_mut().zip(w) {
-                *a = *a * inv * g;
-            }
-        }
-    });
-}
-
-/// Rows summed together in `inv_rms_rows`.
-const NORM_ROWS: usize = 8;
-
-/// 1 / RMS of each `d`-wide row of `x` (sum of squares in f64, in index order). A row's sum
-/// is one chain of dependent adds; rows run `NORM_ROWS` at a time so their chains overlap
-/// (each still adds in its own order: the same bits as one row alone). The sums live in a
-/// local array of whole rows' slices, which the compiler keeps in registers (indexing one
-/// flat slice kept them on the stack, each add waiting on a store).
-#[allow(clippy::needless_range_loop)]
-fn inv_rms_rows(x: &[f32], d: usize, eps: f32) -> Vec<f32> {
-    let mut inv = Vec::with_capacity(x.len() / d.max(1));
-    if d == 0 {
-        return inv;
-    }
-    let mut groups = x.chunks_exact(d * NORM_ROWS);
-    for g in &mut groups {
-        let rows: [&[f32]; NORM_ROWS] = std::array::from_fn(|r| &g[r * d..(r + 1) * d]);
-        let mut ss = [0f64; NORM_ROWS];
-        for i in 0..d {
-            for r in 0..NORM_ROWS {
-                let a = rows[r][i] as f64;
-                ss[r] += a * a;
-            }
-        }
-        inv.extend(ss.map(|s| inv_of(s, d, eps)));
-    }
-    for row in groups.remainder().chunks_exact(d) {
-        let ss = row.iter().fold(0f64, |s, &a| s + (a as f64) * (a as f64));
-        inv.push(inv_of(ss, d, eps));
-    }
-    inv
-}
-
-fn inv_of(ss: f64, d: usize, eps: f32) -> f32 {
-    (1.0 / (ss / d as f64 + eps as f64).sqrt()) as f32
-}
-
 /// The gated activation (`gelu_mul` or `silu_mul`) on `[rows, width]`, rows split over the
 /// pool when there are many (element by element: the same bits however it is cut).
 fn gated_par(g: &mut [f32], u: &[f32], width: usize, gelu: bool) {
@@ -1044,21 +834,6 @@ mod tests {
         (0..n)
             .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / 4e8 - 5.0)
             .collect()
-    }
-
-    #[test]
-    fn rows_normed_together_match_each_alone_bitwise() {
-        let d = 576;
-        for rows in [1, 3, 4, 5, 9] {
-            let x = values(rows * d, rows as u32);
-            let got = inv_rms_rows(&x, d, 1e-5);
-            for (row, &g) in x.chunks_exact(d).zip(&got) {
-                // One row alone, as the sum of squares was taken before rows were grouped.
-                let ss: f64 = row.iter().map(|&a| (a as f64) * (a as f64)).sum();
-                let want = (1.0 / (ss / d as f64 + 1e-5f64).sqrt()) as f32;
-                assert_eq!(g.to_bits(), want.to_bits());
-            }
-        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::fs::File;
 use memmap2::Mmap;
 
 use crate::gguf::{Content, Dtype};
-use crate::weights::Linear;
+use crate::linear::Linear;
 use crate::{EngineError, Result};
 
 /// The token table, as the file stores it.
@@ -137,7 +137,7 @@ impl PerLayer {
         let mut x = proj.forward(embedded, ids.len())?;
         let s = 1.0 / (proj.in_dim as f32).sqrt();
         x.iter_mut().for_each(|a| *a *= s);
-        let mut x = crate::model::rms_norm(&x, &self.proj_norm, eps);
+        let mut x = crate::norm::rms_norm(&x, &self.proj_norm, eps);
         let mut t = vec![0f32; ids.len() * n];
         self.table.layer_rows(ids, l, (n as f32).sqrt(), &mut t)?;
         let half = 1.0 / 2f32.sqrt();
@@ -159,7 +159,7 @@ impl LayerPle {
         let mut g = self.gate.forward(x, rows)?;
         crate::kernels::gelu_mul(&mut g, input);
         let mut y = self.proj.forward(&g, rows)?;
-        crate::model::rms_norm_in_place(&mut y, &self.post_norm, eps);
+        crate::norm::rms_norm_in_place(&mut y, &self.post_norm, eps);
         for (a, b) in x.iter_mut().zip(&y) {
             *a += b;
         }

@@ -3,7 +3,7 @@
 
 use std::sync::RwLock;
 
-use crate::config::RopeStyle;
+use crate::arch::RopeStyle;
 
 /// Positions the table grows by.
 const GROW: usize = 2048;

@@ -31,7 +31,7 @@ use self::pieces::Pieces;
 use self::spm::Spm;
 use self::vocab::Vocab;
 
-use crate::config::meta_str;
+use crate::gguf::meta_str;
 use crate::{EngineError, Result};
 
 /// GPT-2's split pattern, also used after the digit split by SmolLM.

@@ -11,9 +11,7 @@ use crate::codec::{self, Codec};
 use crate::layers::LayerMap;
 use crate::{KvError, Result};
 
-/// Most tokens one chunk may carry (senders use 256): a bound on what one chunk can make a
-/// receiver decode, whatever it claims.
-pub const MAX_CHUNK_TOKENS: usize = 1024;
+pub use crate::codec::MAX_CHUNK_TOKENS;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chunk {

@@ -17,6 +17,10 @@ use half::f16;
 
 use crate::{KvError, Result};
 
+/// Most tokens one chunk may carry (senders use 256): a bound on what one chunk can make a
+/// receiver decode, whatever it claims.
+pub const MAX_CHUNK_TOKENS: usize = 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Codec {
     F16,
@@ -339,7 +343,7 @@ pub fn decode(
     n_tokens: usize,
 ) -> Result<(Vec<Vec<f16>>, Vec<Vec<f16>>)> {
     // Bounded before anything is allocated: zstd below reserves `expect` bytes.
-    if n_tokens > crate::chunk::MAX_CHUNK_TOKENS || n_kv_head > 1024 || head_dim > 4096 {
+    if n_tokens > MAX_CHUNK_TOKENS || n_kv_head > 1024 || head_dim > 4096 {
         return Err(KvError::Shape(format!(
             "a chunk of {n_tokens} tokens x {n_kv_head} heads x {head_dim} is past the bounds"
         )));

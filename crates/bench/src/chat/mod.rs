@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::serve::chat;
 use crate::workload::{Workload, WorkloadSpec};
@@ -378,4 +379,73 @@ fn point(samples: &[TurnSample], server: &str, rate: f64, turn: usize, asked: us
         admitted_to_first_s: mean(&|x| Some(x.server_ttft_s? - x.server_admitted_s?)),
         to_client_s: mean(&|x| Some(x.ttft_s - x.server_ttft_s?)),
     }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Conversations started per second (Poisson), one sweep point each.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.5")]
+    rates: Vec<f64>,
+    /// Conversations per rate, each with its own ShareGPT conversation.
+    #[arg(long, default_value_t = 8)]
+    conversations: usize,
+    /// User turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    /// Distinct cloud prompts the conversations share.
+    #[arg(long, default_value_t = 2)]
+    groups: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    /// A user turn is cut to this many tokens.
+    #[arg(long, default_value_t = 128)]
+    turn_len: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Our edge's batch; llama-server's slots should be the same (scripts/bench_serve.sh).
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// llama.cpp's OpenAI-compatible server on the same GGUF (scripts/bench_serve.sh starts one).
+    #[arg(long)]
+    llama_server: Option<String>,
+    #[arg(long)]
+    llama_server_args: Option<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench chat`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        model_id: a.model.clone(),
+        sharegpt: sharegpt()?,
+        conversations: a.conversations.max(1),
+        turns: a.turns.max(1),
+        groups: a.groups.max(1),
+        cloud_len: a.cloud_len,
+        turn_len: a.turn_len.max(1),
+        max_tokens: a.max_tokens,
+        rates: a.rates,
+        seed: a.seed,
+        threads: a.threads,
+        max_batch: a.max_batch.max(1),
+        llama_server: a.llama_server,
+        llama_server_args: a.llama_server_args,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "wrote {} turns to {}/chat{}.json",
+        r.samples.len(),
+        a.out.display(),
+        crate::serve::file_tag(&s.model_id)
+    );
+    Ok(())
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::report::{f, load, machine_line};
+use crate::results::{f, load, machine_line};
 
 /// Every machine's and model's multi-turn run, where there is one.
 pub fn section(dir: &Path, md: &mut String) {

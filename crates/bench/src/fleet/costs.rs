@@ -15,6 +15,7 @@ use edgeprompt_planner::fleet::model::Costs;
 use edgeprompt_planner::fleet::server::{StepCost, Work};
 use serde::{Deserialize, Serialize};
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::BenchError;
 
@@ -205,4 +206,32 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
         fit_error,
         points,
     })
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// The JSON file to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fleet-costs`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let r = run(&Settings {
+        model: resolve(&a.model)?,
+        sharegpt: sharegpt()?,
+        threads: a.threads.max(1),
+        repeats: a.repeats.max(1),
+    })?;
+    if let Some(dir) = a.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&a.out, serde_json::to_string_pretty(&r)?)?;
+    Ok(())
 }

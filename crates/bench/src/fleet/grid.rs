@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::BenchError;
 
@@ -360,4 +361,40 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     };
     crate::write_json(&s.out, "fleet-grid.json", &report)?;
     Ok(report)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "qwen15")]
+    cloud_model: String,
+    #[arg(long, default_value = "qwen05")]
+    edge_model: String,
+    /// The real fleet run: its CE-LSLM split and KV bytes per token.
+    #[arg(long, default_value = "docs/results/fleet.json")]
+    fleet: PathBuf,
+    #[arg(long, default_value = "5g")]
+    link: String,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fleet-grid`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        bench: std::env::current_exe()?,
+        cloud_model: resolve(&a.cloud_model)?,
+        edge_model: resolve(&a.edge_model)?,
+        sharegpt: sharegpt()?,
+        fleet: a.fleet,
+        link: a.link,
+        repeats: a.repeats.max(1),
+        dir: std::env::temp_dir().join(format!("edgeprompt-grid-{}", std::process::id())),
+        out: a.out.clone(),
+    };
+    run(&s)?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    eprintln!("wrote {}/fleet-grid.json", a.out.display());
+    Ok(())
 }

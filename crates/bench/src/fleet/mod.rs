@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::inputs::{beside, resolve, sharegpt};
 use crate::workload::{Workload, WorkloadSpec};
 use crate::BenchError;
 use real::{cpu_secs, Launch, Nodes};
@@ -814,4 +815,144 @@ pub fn kv_name(kv: Kv) -> &'static str {
         Kv::Cloud | Kv::Tier | Kv::Prefilled => "cloud",
         Kv::CloudOnly => "cloud-only",
     }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The cloud node's model (and cloud-only's).
+    #[arg(long, default_value = "qwen15")]
+    cloud_model: String,
+    /// The edges' model; CE-LSLM when it differs from the cloud's.
+    #[arg(long, default_value = "qwen05")]
+    edge_model: String,
+    /// CE-LSLM adapters (`edgeprompt align`); made with `edgeprompt align` when missing.
+    #[arg(long, default_value = "models/align/adapters.safetensors")]
+    adapters: PathBuf,
+    /// Layers from this one on come from the cloud [default: the smallest split the CE-LSLM
+    /// quality table allows, or 0 for one model].
+    #[arg(long)]
+    split: Option<usize>,
+    #[arg(long, default_value = "docs/results/lslm.json")]
+    lslm_table: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    prompts: usize,
+    #[arg(long, default_value_t = 512)]
+    prefix_len: usize,
+    #[arg(long, default_value_t = 48)]
+    private_len: usize,
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    #[arg(long, default_value = "wifi")]
+    link: String,
+    /// edgeprompt-N (a cloud and N edges), cloud-only, llama-server.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "edgeprompt-1,edgeprompt-2,cloud-only,llama-server"
+    )]
+    setups: Vec<String>,
+    /// Offered requests per second over the fleet.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    rates: Vec<f64>,
+    /// Seconds of arrivals per rate.
+    #[arg(long, default_value_t = 60.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// llama.cpp's `llama-server` binary (scripts/llama_server.sh builds it).
+    #[arg(long)]
+    llama_server: Option<PathBuf>,
+    /// Rates for llama-server [default: --rates].
+    #[arg(long, value_delimiter = ',')]
+    llama_rates: Vec<f64>,
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Timings per calibration pass (the median is kept).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    /// Run nothing: replay a saved fleet.json's traces through the simulator again, in place.
+    #[arg(long)]
+    replay: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fleet`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    if let Some(file) = &a.replay {
+        replay(file, &resolve(&a.edge_model)?)?;
+        eprintln!("rewrote {}", file.display());
+        return Ok(());
+    }
+    let edgeprompt = beside(a.edgeprompt)?;
+    let setups = a
+        .setups
+        .iter()
+        .map(|x| {
+            Setup::parse(x).ok_or_else(|| {
+                BenchError::Failed(format!(
+                    "setup {x}: edgeprompt-N, cloud-only or llama-server"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let lslm = a.cloud_model != a.edge_model;
+    if lslm && !a.adapters.exists() {
+        eprintln!(
+            "no {}: running `edgeprompt align` (about a minute)",
+            a.adapters.display()
+        );
+        let ok = std::process::Command::new(&edgeprompt)
+            .args(["align", "--llm", &a.cloud_model, "--slm", &a.edge_model])
+            .status()?
+            .success();
+        if !(ok && a.adapters.exists()) {
+            return Err(BenchError::Failed(format!(
+                "edgeprompt align did not write {}",
+                a.adapters.display()
+            )));
+        }
+    }
+    let split = match a.split {
+        Some(k) => k,
+        None if lslm => crate::lslm::quality_floor(&a.lslm_table).ok_or_else(|| {
+            BenchError::Failed(format!(
+                "no split floor in {}: pass --split",
+                a.lslm_table.display()
+            ))
+        })?,
+        None => 0,
+    };
+    let s = Settings {
+        edgeprompt,
+        bench: std::env::current_exe()?,
+        cloud_model: resolve(&a.cloud_model)?,
+        cloud_model_id: a.cloud_model.clone(),
+        edge_model: resolve(&a.edge_model)?,
+        edge_model_id: a.edge_model.clone(),
+        adapters: lslm.then_some(a.adapters.clone()),
+        split,
+        sharegpt: sharegpt()?,
+        prompts: a.prompts.max(1),
+        prefix_len: a.prefix_len,
+        private_len: a.private_len,
+        max_tokens: a.max_tokens,
+        link: a.link,
+        setups,
+        rates: a.rates,
+        secs: a.secs,
+        seed: a.seed,
+        llama_server: a.llama_server,
+        llama_rates: a.llama_rates,
+        slots: a.slots,
+        repeats: a.repeats.max(1),
+        dir: std::env::temp_dir().join(format!("edgeprompt-fleet-{}", std::process::id())),
+        out: a.out.clone(),
+    };
+    run(&s)?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    eprintln!("wrote {}/fleet.json", a.out.display());
+    Ok(())
 }

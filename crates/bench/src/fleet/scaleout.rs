@@ -457,3 +457,37 @@ pub fn run(s: &Settings) -> Result<Report, BenchError> {
     crate::write_json(&s.out, "fleet-scaleout.json", &report)?;
     Ok(report)
 }
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where the fan-out, scale-out and SmolLM2 cost runs are.
+    #[arg(long, default_value = "docs/results/xeon-207")]
+    runs: PathBuf,
+    #[arg(long, default_value = "docs/results/fleet-grid.json")]
+    grid: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    edges: Vec<usize>,
+    /// Seconds of load simulated per fleet.
+    #[arg(long, default_value_t = 120.0)]
+    secs: f64,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fleet-scaleout`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        runs: a.runs,
+        grid: a.grid,
+        edges: a.edges,
+        secs: a.secs,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    eprintln!(
+        "worst predicted error {:.1} %; wrote {}/fleet-scaleout.json",
+        r.worst_predicted_error * 100.0,
+        a.out.display()
+    );
+    Ok(())
+}

@@ -22,6 +22,7 @@ use edgeprompt_align::{AdapterSet, Fuser};
 use edgeprompt_engine::{LayerKv, Model};
 use serde::{Deserialize, Serialize};
 
+use crate::inputs::{resolve, sharegpt};
 use crate::BenchError;
 
 /// Tokens of each multiple-choice option compared (all options cut to one length).
@@ -505,122 +506,88 @@ fn wire(
     })
 }
 
-/// The `docs/results.md` section from `<sub>fuser.json` and, where present, the learning
-/// curve `<sub>fuser-train.jsonl` the training script logged.
-pub fn section(dir: &std::path::Path, sub: &str, md: &mut String) {
-    use crate::report::{f, load, pair_line};
-    use std::fmt::Write;
-    let Some(v) = load(dir, &format!("{sub}fuser.json")) else {
-        return;
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "qwen15")]
+    llm: String,
+    #[arg(long, default_value = "qwen05")]
+    slm: String,
+    /// The fuser `scripts/fuser/train.py` wrote.
+    #[arg(long, default_value = "models/fuser/fuser.safetensors")]
+    fuser: PathBuf,
+    /// Adapters from `edgeprompt align`, to compare today's mapped layers (skipped if absent).
+    #[arg(long, default_value = "models/align/adapters.safetensors")]
+    adapters: PathBuf,
+    /// The mapped layers compared start here (the split the quality floor allows).
+    #[arg(long, default_value_t = 18)]
+    mapped_split: usize,
+    /// Conversations in ShareGPT's format (default: the packaged ShareGPT).
+    #[arg(long)]
+    conversations: Option<PathBuf>,
+    /// First record used: 4000 holds out the cases `bench lslm` scores (its 8 first), apart
+    /// from calibration and from the fuser's training data (records 10000..).
+    #[arg(long, default_value_t = 4000)]
+    first_record: usize,
+    #[arg(long, default_value_t = 72)]
+    cases: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    user_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    answer_tokens: usize,
+    /// Options per multiple-choice question.
+    #[arg(long, default_value_t = 4)]
+    choices: usize,
+    /// Cases whose TTFT and bytes are measured on loopback gRPC, fused vs EdgePrompt mode.
+    #[arg(long, default_value_t = 4)]
+    wire_cases: usize,
+    /// Link profile for those measurements.
+    #[arg(long, default_value = "wifi")]
+    profile: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench fuser`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    if !a.fuser.exists() {
+        return Err(BenchError::Failed(format!(
+            "{} missing: run `edgeprompt fuser-data` and scripts/fuser/train.py first",
+            a.fuser.display()
+        )));
+    }
+    if a.cases == 0 || a.choices == 0 {
+        return Err(BenchError::Failed(
+            "--cases and --choices are at least 1".into(),
+        ));
+    }
+    let s = Settings {
+        llm: resolve(&a.llm)?,
+        slm: resolve(&a.slm)?,
+        fuser: a.fuser,
+        adapters: a.adapters.exists().then_some(a.adapters),
+        mapped_split: a.mapped_split,
+        conversations: match a.conversations {
+            Some(p) => p,
+            None => sharegpt()?,
+        },
+        first_record: a.first_record,
+        cases: a.cases,
+        limits: edgeprompt_align::conversation::Limits {
+            cloud_tokens: a.cloud_tokens,
+            user_tokens: a.user_tokens,
+            answer_tokens: a.answer_tokens,
+        },
+        choices: a.choices,
+        wire_cases: a.wire_cases,
+        profile: a.profile,
+        threads: a.threads,
+        out: a.out.clone(),
     };
-    let t = &v["fuser_training"];
-    let _ = writeln!(
-        md,
-        "## CE-LSLM fuser (`edgeprompt-bench fuser`)\n\n{}; {} held-out ShareGPT conversations (records {}.., \
-         the first 8 those of \"CE-LSLM quality\"); the fuser trained {} steps of a {}-step schedule on {} \
-         conversations (records 10000..), both models frozen (`docs/lslm.md`, \"The fuser\"). Multiple \
-         choice: which of {} answers (the real one, the others from other conversations, all cut to one \
-         length) the model finds most likely after the prompt and the private turn.\n\n\
-         | configuration | perplexity | agreement with SLM alone | agreement with LLM alone | multiple choice |\n\
-         | --- | --- | --- | --- | --- |",
-        pair_line(&v),
-        v["cases"],
-        v["first_record"],
-        t["steps"],
-        t["schedule_steps"].as_u64().unwrap_or(400),
-        t["cases"],
-        v["choices"],
-    );
-    for c in v["configs"].as_array().cloned().unwrap_or_default() {
-        let _ = writeln!(
-            md,
-            "| {} | {:.3} | {:.1} % | {:.1} % | {:.1} % |",
-            c["name"].as_str().unwrap_or("?"),
-            f(&c["perplexity"]),
-            100.0 * f(&c["agree_slm"]),
-            100.0 * f(&c["agree_llm"]),
-            100.0 * f(&c["choice_exact"])
-        );
-    }
-    // The first 8 cases alone (those of the lslm quality run), from the per-case losses.
-    let rows = v["per_case"].as_array().cloned().unwrap_or_default();
-    let ppl = |rows: &[serde_json::Value], key: &str| {
-        let (mut nll, mut n) = (0.0, 0.0);
-        for r in rows {
-            let a = f(&r["answer_tokens"]);
-            nll += f(&r[key]) * a;
-            n += a;
-        }
-        (nll / n.max(1.0)).exp()
-    };
-    let first = &rows[..rows.len().min(8)];
-    let worst = rows
-        .iter()
-        .map(|r| f(&r["fused_nll"]) - f(&r["slm_nll"]))
-        .fold(f64::NEG_INFINITY, f64::max);
-    let _ = writeln!(
-        md,
-        "\nGap closed (SLM alone to LLM alone, perplexity): {:.1} % over all {}; on the first 8: SLM {:.2}, \
-         fused {:.2}, LLM {:.2} ({:.1} %). Cases worse with the fused KV than the SLM alone by more than two \
-         standard errors of the paired per-token difference: {} of {} (largest mean increase {:.3} nats per token).\n",
-        100.0 * f(&v["gap_closed"]),
-        v["cases"],
-        ppl(first, "slm_nll"),
-        ppl(first, "fused_nll"),
-        ppl(first, "llm_nll"),
-        100.0 * (ppl(first, "slm_nll") - ppl(first, "fused_nll"))
-            / (ppl(first, "slm_nll") - ppl(first, "llm_nll")),
-        v["worse_beyond_noise"],
-        v["cases"],
-        worst
-    );
-    let wire = v["wire"].as_array().cloned().unwrap_or_default();
-    if !wire.is_empty() {
-        let _ = writeln!(
-            md,
-            "TTFT (fetch, private prefill, first token) and bytes down over loopback gRPC through the same link \
-             profile: the cloud running the LLM with the fuser vs one running the SLM (EdgePrompt mode). Warm: \
-             median of three fetches after the first (the cloud's cached KV); cold: the first.\n\n\
-             | link | cloud + private tokens | fused warm s | EdgePrompt warm s | fused cold s | EdgePrompt cold s | bytes fused / EdgePrompt |\n\
-             | --- | --- | --- | --- | --- | --- | --- |"
-        );
-        for r in wire {
-            let _ = writeln!(
-                md,
-                "| {} | {} + {} | {:.3} | {:.3} | {:.3} | {:.3} | {} / {} |",
-                r["profile"].as_str().unwrap_or("?"),
-                r["cloud_tokens"],
-                r["private_tokens"],
-                f(&r["fused_warm_s"]),
-                f(&r["exact_warm_s"]),
-                f(&r["fused_cold_s"]),
-                f(&r["exact_cold_s"]),
-                r["fused_bytes"],
-                r["exact_bytes"]
-            );
-        }
-        let _ = writeln!(md);
-    }
-    let curve =
-        std::fs::read_to_string(dir.join(format!("{sub}fuser-train.jsonl"))).unwrap_or_default();
-    let points: Vec<serde_json::Value> = curve
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    if !points.is_empty() {
-        let _ = writeln!(
-            md,
-            "Learning curve (the 24 held-apart training-range conversations, the script's own forward pass): {}.\n",
-            points
-                .iter()
-                .map(|p| format!(
-                    "step {} perplexity {:.3}, agreement with LLM {:.1} %",
-                    p["step"],
-                    f(&p["val_ppl"]),
-                    100.0 * f(&p["val_agree_llm"])
-                ))
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
-    }
+    run(&s)?;
+    eprintln!("wrote {}/fuser.json", a.out.display());
+    Ok(())
 }

@@ -4,11 +4,16 @@
 pub mod fused;
 pub mod latency;
 pub mod quality;
+pub mod report;
+
+use std::path::PathBuf;
 
 use edgeprompt_align::job as align;
 pub use edgeprompt_align::job::{describe, system_ids};
 use edgeprompt_engine::Model;
+use edgeprompt_kv::Codec;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::BenchError;
 
 /// `edgeprompt-bench lslm`: quality, then TTFT and bytes.
@@ -265,4 +270,94 @@ fn n_layers(quality: Option<&quality::Report>, latency: &[latency::Row]) -> usiz
 pub fn quality_floor(table: &std::path::Path) -> Option<usize> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(table).ok()?).ok()?;
     v["quality_split"].as_u64().map(|k| k as usize)
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "qwen15")]
+    llm: String,
+    #[arg(long, default_value = "qwen05")]
+    slm: String,
+    /// Adapter files from `edgeprompt align` (the first drives latency and the per-layer study).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "models/align/adapters.safetensors,models/align/adapters-think50.safetensors"
+    )]
+    adapters: Vec<PathBuf>,
+    /// Held-out conversations scored (0 skips the quality part).
+    #[arg(long, default_value_t = 8)]
+    cases: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    user_tokens: usize,
+    #[arg(long, default_value_t = 96)]
+    answer_tokens: usize,
+    /// First ShareGPT record used (the ones before are calibration's).
+    #[arg(long, default_value_t = 4000)]
+    first_record: usize,
+    /// Cloud prompt lengths for TTFT.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024")]
+    cloud_lens: Vec<usize>,
+    /// Quality only.
+    #[arg(long)]
+    skip_latency: bool,
+    #[arg(long, default_value_t = 64)]
+    edge_len: usize,
+    #[arg(long, value_delimiter = ',', default_value = "6g,wifi,4g")]
+    profiles: Vec<String>,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    /// The planner only loads layers whose split kept this next-token agreement with the SLM
+    /// alone in the quality run.
+    #[arg(long, default_value_t = 0.9)]
+    min_agreement: f64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench lslm`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let sharegpt = sharegpt()?;
+    let codec = Codec::parse(&a.codec)
+        .ok_or_else(|| BenchError::Failed(format!("codec is one of {}", Codec::names())))?;
+    let s = Settings {
+        llm: resolve(&a.llm)?,
+        slm: resolve(&a.slm)?,
+        adapters: a.adapters,
+        quality: (a.cases > 0).then(|| quality::Settings {
+            sharegpt: sharegpt.clone(),
+            cases: a.cases,
+            cloud_tokens: a.cloud_tokens,
+            user_tokens: a.user_tokens,
+            answer_tokens: a.answer_tokens,
+            first_record: a.first_record,
+        }),
+        latency: (!a.skip_latency).then_some({
+            latency::Settings {
+                cloud_lens: a.cloud_lens,
+                edge_len: a.edge_len,
+                profiles: a.profiles,
+                codec,
+            }
+        }),
+        min_agreement: a.min_agreement,
+        sharegpt,
+        threads: a.threads,
+        out: a.out.clone(),
+    };
+    for p in &s.adapters {
+        if !p.exists() {
+            return Err(BenchError::Failed(format!(
+                "{} missing: run `edgeprompt align` first",
+                p.display()
+            )));
+        }
+    }
+    run(&s)?;
+    eprintln!("wrote {}/lslm.json and lslm-*.svg", a.out.display());
+    Ok(())
 }

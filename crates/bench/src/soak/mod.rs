@@ -23,6 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::inputs::{beside, resolve, sharegpt};
 use crate::machine::Machine;
 use crate::BenchError;
 use client::{Outcome, Spec};
@@ -553,4 +554,79 @@ fn summary(r: &Report) -> String {
         );
     }
     t
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Length of the load (faults are placed along it).
+    #[arg(long, default_value_t = 600.0)]
+    secs: f64,
+    /// Poisson arrivals per second over both edges.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Cloud prompts registered with the cloud nodes.
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    #[arg(long, default_value_t = 192)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 32)]
+    user_len: usize,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Link profile between each edge and its cloud node.
+    #[arg(long, default_value = "wifi")]
+    link: String,
+    #[arg(long, default_value_t = 128)]
+    kv_budget_mb: usize,
+    #[arg(long, default_value_t = 16)]
+    prefix_cache_mb: usize,
+    /// Each edge's private prefix cache (conversations kept for their next turns).
+    #[arg(long, default_value_t = 16)]
+    private_cache_mb: usize,
+    #[arg(long, default_value_t = 32)]
+    max_queue: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The `edgeprompt` binary the processes run (default: beside this one).
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench soak`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        edgeprompt: beside(a.edgeprompt)?,
+        sharegpt: sharegpt()?,
+        secs: a.secs,
+        rate: a.rate,
+        prompts: a.prompts.max(1),
+        cloud_len: a.cloud_len,
+        user_len: a.user_len,
+        max_tokens: a.max_tokens,
+        link: a.link,
+        kv_budget_mb: a.kv_budget_mb,
+        prefix_cache_mb: a.prefix_cache_mb,
+        private_cache_mb: a.private_cache_mb,
+        max_queue: a.max_queue,
+        seed: a.seed,
+        client_timeout_secs: 180,
+        dir: std::env::temp_dir().join(format!("edgeprompt-soak-{}", std::process::id())),
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    eprintln!("wrote {}/soak.json", a.out.display());
+    let bad = r.violations();
+    if !bad.is_empty() {
+        return Err(BenchError::Failed(format!(
+            "the soak found: {}",
+            bad.join("; ")
+        )));
+    }
+    Ok(())
 }

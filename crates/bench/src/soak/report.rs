@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::plot::{timeline, Panel, Series};
-use crate::report::{f, load, machine_line};
+use crate::results::{f, load, machine_line};
 
 pub fn section(dir: &Path, md: &mut String) {
     let Some(v) = load(dir, "soak.json") else {

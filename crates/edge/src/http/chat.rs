@@ -26,7 +26,8 @@ use crate::scheduler::Keep;
 /// Answers a chat; `stream: true` sends `chat.completion.chunk` events, then `[DONE]`.
 #[utoipa::path(post, path = "/v1/chat/completions", request_body = super::request::ChatRequest,
     responses(
-        (status = 200, description = "The answer", content(
+        (status = 200, description = "The answer; with `stream: true`, server-sent events \
+            whose data is a `ChatCompletionChunk`, an `ErrorBody` that ends the stream, or `[DONE]`", content(
             (super::response::ChatCompletion = "application/json"),
             (String = "text/event-stream"))),
         ApiError,

@@ -23,7 +23,8 @@ use super::EdgeServer;
 /// Completes a prompt; `stream: true` sends `text_completion` events, then `[DONE]`.
 #[utoipa::path(post, path = "/v1/completions", request_body = super::request::CompletionRequest,
     responses(
-        (status = 200, description = "The answer", content(
+        (status = 200, description = "The answer; with `stream: true`, server-sent events \
+            whose data is a `CompletionChunk`, an `ErrorBody` that ends the stream, or `[DONE]`", content(
             (super::response::Completion = "application/json"),
             (String = "text/event-stream"))),
         ApiError,

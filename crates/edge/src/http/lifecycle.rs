@@ -96,9 +96,10 @@ pub async fn refuse_when_draining(
     next.run(req).await
 }
 
-/// Whether a new request can be served now: 200 when the scheduler is alive, the edge not
-/// draining, and the cloud answers or prompts can be computed here; else 503, the body saying
-/// which part is missing.
+/// Whether a new request can be served now.
+///
+/// 200 when the scheduler is alive, the edge not draining, and the cloud answers or prompts
+/// can be computed here; else 503, the body saying which part is missing.
 #[utoipa::path(get, path = "/ready", responses(
     (status = 200, description = "Ready", body = Ready),
     (status = 503, description = "Draining, cloud unreachable, or dead", body = Ready),
@@ -137,8 +138,9 @@ pub async fn ready(State(s): State<Arc<EdgeServer>>) -> (StatusCode, Json<Ready>
     (status, Json(body))
 }
 
-/// Alive (200, draining or not), or dead or in a key conflict (503, with the reason), so an
-/// orchestrator restarts it or an operator settles which key is the cloud's.
+/// Alive (200, draining or not), or dead or in a key conflict (503, with the reason).
+///
+/// An orchestrator restarts a dead edge; an operator settles which key is the cloud's.
 #[utoipa::path(get, path = "/health", responses(
     (status = 200, description = "Serving", body = Health),
     (status = 503, description = "The scheduler is dead, or the cloud shows another signing key than the pinned one", body = Health),

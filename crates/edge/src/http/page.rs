@@ -12,7 +12,7 @@ const POLICY: &str = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-
                       frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 /// The chat page.
-#[utoipa::path(get, path = "/", responses(
+#[utoipa::path(get, path = "/", operation_id = "page", responses(
     (status = 200, description = "The page", content((String = "text/html"))),
 ))]
 pub async fn index() -> Response {
@@ -28,7 +28,7 @@ pub async fn index() -> Response {
 }
 
 /// The chat page's script.
-#[utoipa::path(get, path = "/page.js", responses(
+#[utoipa::path(get, path = "/page.js", operation_id = "page_script", responses(
     (status = 200, description = "The script", content((String = "text/javascript"))),
 ))]
 pub async fn script() -> Response {

@@ -373,10 +373,18 @@ pub fn check_request(
     let err = |e: ApiError| e.message;
     let tokens = |t: &str| model.tokenizer.encode(t).map_err(|e| e.to_string());
     if !is_chat {
-        let v = completion(model, model_id, body).map_err(err)?;
-        return match v.ids {
-            Some(ids) => Ok(ids.len()),
-            None => tokens(&v.text).map(|t| t.len()),
+        // Every prompt of a batch is tokenized or checked, though a request runs one.
+        let req: CompletionRequest = parse(body).map_err(err)?;
+        let params = params(model_id, Kind::Completion, req.common).map_err(err)?;
+        format_spec(&params.sampling).map_err(err)?;
+        return match req.prompt {
+            PromptText::One(t) => tokens(&t).map(|t| t.len()),
+            PromptText::Batch(v) => Ok(v.iter().map(|t| tokens(t).map_or(0, |t| t.len())).sum()),
+            PromptText::Ids(ids) => prompt_ids(model, ids).map(|_| 0).map_err(err),
+            PromptText::IdBatch(v) => Ok(v
+                .into_iter()
+                .filter_map(|ids| prompt_ids(model, ids).ok())
+                .count()),
         };
     }
     let v = chat(model, model_id, body).map_err(err)?;

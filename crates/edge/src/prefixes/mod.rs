@@ -13,27 +13,31 @@
 
 use sha2::Digest;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use edgeprompt_engine::{Model, PrefixKv};
-use edgeprompt_kv::{content_address, Codec, DiskStore, Expect, Seal};
+use edgeprompt_kv::{content_address, Codec, DiskStore, Seal};
 use edgeprompt_protocol::PromptRef;
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
 use crate::catalog::Catalog;
-use crate::layer_stream::{LayerStream, PromptKv, StreamFailure, Wire};
+use crate::layer_stream::{PromptKv, StreamFailure, Wire};
 use crate::link_meter::LinkMeter;
 use crate::metrics::Metrics;
 use crate::private_cache::Scope;
-use crate::trust::CloudTrust;
-use crate::{ClientSecurity, CloudClient, EdgeError};
+use crate::CloudClient;
 
+mod config;
 mod fetch;
+mod flight;
 mod prefetch;
+mod tiers;
+
+pub use config::{Deadlines, PrefixConfig, UnknownSystem};
+use flight::{Flight, Interest, Slot};
 
 /// How far a lookup may go for a prompt's KV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,30 +58,6 @@ impl Reach {
     }
 }
 
-/// A lookup in flight, joined by every request on its prompt: the stream, once the cloud's
-/// header is in.
-type Slot = tokio::sync::watch::Sender<Option<Arc<LayerStream>>>;
-
-/// How long a fetch may take before it counts as failed (the caller then falls back): the
-/// header, each layer, and the whole fetch. Each is a floor: the edge lengthens the header's
-/// and the whole fetch's by what it measured of its link.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Deadlines {
-    pub header: Duration,
-    pub layer: Duration,
-    pub whole: Duration,
-}
-
-impl Default for Deadlines {
-    fn default() -> Self {
-        Self {
-            header: crate::client::HEADER_TIMEOUT,
-            layer: Duration::from_secs(30),
-            whole: Duration::from_secs(120),
-        }
-    }
-}
-
 /// How long a cloud prompt id the cloud did not know is answered as unknown without asking
 /// again, and how many such ids are remembered.
 const UNKNOWN_ID_TTL: Duration = Duration::from_secs(5);
@@ -93,105 +73,6 @@ fn private_key(key: &str, scope: &Scope) -> String {
 /// owner a private entry carries.
 fn tier_key(key: &str) -> &str {
     key.split('@').next().unwrap_or(key)
-}
-
-/// What to do with a system message no cloud prompt matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnknownSystem {
-    /// Prefill it on the edge (once) and share it like a cloud prompt.
-    ComputeLocally,
-    Refuse,
-}
-
-#[derive(Debug, Clone)]
-pub struct PrefixConfig {
-    /// gRPC URL of the cloud node; none means every prefix is computed here.
-    pub cloud_url: Option<String>,
-    /// More endpoints of the same cloud service (its replicas, signing with its key): each
-    /// prompt is asked of the endpoints in an order of its own (rendezvous hashing on its
-    /// address), so replicas share the prompts; one that fails is followed by the next.
-    pub cloud_replicas: Vec<String>,
-    /// The object store the cloud replicas keep published prompts in (or a CDN in front of
-    /// it), read before the cloud: only published prompts, by address, each checked as from
-    /// the disk tier.
-    pub kv_store: Option<Arc<edgeprompt_kv::BucketStore>>,
-    /// Without `kv_store`, read published prompts from the store the cloud's signed list
-    /// names (over HTTP(S), given no credentials).
-    pub listed_store: bool,
-    pub codec: Codec,
-    pub unknown_system: UnknownSystem,
-    /// Bytes of prompt KV kept in memory; idle prompts beyond it are dropped, oldest first.
-    pub cache_bytes: usize,
-    /// Directory of the disk tier (none: no disk tier).
-    pub disk_dir: Option<PathBuf>,
-    /// gRPC URLs of peer edges asked (by content address) before the cloud.
-    pub peers: Vec<String>,
-    /// TLS trust and bearer token for the cloud.
-    pub security: ClientSecurity,
-    /// TLS trust and the peer token for peers (never the cloud's token).
-    pub peer_security: ClientSecurity,
-    /// The key KV from the cloud, a peer or the disk must be signed by: given, pinned on
-    /// first contact (the default), or none by explicit choice.
-    pub trust: CloudTrust,
-    /// When a fetch is given up (and the prompt computed here).
-    pub deadlines: Deadlines,
-    /// The cloud's published prompts this edge takes at all (none: every one it publishes).
-    pub cloud_prompts: Option<Vec<String>>,
-    /// Bytes the disk tier may hold (least recently used files go first).
-    pub disk_max_bytes: u64,
-    /// System prompts computed here at once (beyond it: busy, retry later).
-    pub max_local_prefills: usize,
-    /// CE-LSLM: the first layer taken from the cloud (a larger model's KV mapped to this
-    /// model's by the cloud's adapters); the layers below it are computed here. 0: all layers
-    /// from the cloud, exact.
-    pub cloud_layers_from: usize,
-    /// `--codec auto`: the codec per fetch from the measured link and the quality table
-    /// (overrides `codec`).
-    pub auto_codec: Option<Arc<crate::codec_choice::AutoCodec>>,
-    /// `--cloud-layers-from auto`: the CE-LSLM split per fetch from the measured link, the
-    /// engine's per-layer compute and a quality floor (overrides `cloud_layers_from`).
-    pub auto_split: Option<Arc<crate::split_choice::AutoSplit>>,
-    /// CE-LSLM fuser: take every layer of a cloud prompt fused with the cloud's larger model
-    /// where the cloud has a fuser for this model (overrides both splits: a layer computed
-    /// here would not be fused). Never from peers or the object store, never offered to peers.
-    pub fused: bool,
-    /// A completion whose prompt begins with a cloud prompt held here runs on its KV (the
-    /// echoed prompt's shared tokens are then not scored).
-    pub match_prompts: bool,
-    /// Bytes of published prompts fetched as soon as the cloud lists them and kept while
-    /// listed, once `start_prefetch` runs (`EdgeServer::start` does); a system message
-    /// matching a published prompt is then never fetched on use. 0: published prompts are
-    /// fetched when first used.
-    pub prefetch_bytes: usize,
-}
-
-impl Default for PrefixConfig {
-    fn default() -> Self {
-        Self {
-            cloud_url: None,
-            cloud_replicas: Vec::new(),
-            kv_store: None,
-            listed_store: true,
-            codec: Codec::F16,
-            unknown_system: UnknownSystem::ComputeLocally,
-            cache_bytes: 1 << 30,
-            disk_dir: None,
-            peers: Vec::new(),
-            security: ClientSecurity::default(),
-            peer_security: ClientSecurity::default(),
-            trust: CloudTrust::default(),
-            deadlines: Deadlines::default(),
-            cloud_prompts: None,
-            disk_max_bytes: u64::MAX,
-            max_local_prefills: 4,
-            cloud_layers_from: 0,
-            auto_codec: None,
-            auto_split: None,
-            fused: false,
-            match_prompts: true,
-            prefetch_bytes: 0,
-        }
-    }
 }
 
 /// Where a prompt's KV came from.
@@ -221,6 +102,7 @@ impl Source {
 
 /// A cloud prompt a request may name by id.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = NamedPrompt)]
 pub struct Named {
     pub id: String,
     pub tokens: usize,
@@ -245,44 +127,6 @@ pub struct Lookup {
     /// While a fetch streams: the requests that hold it keep it going; when the last one is
     /// gone (refused, cancelled, done), the fetch is stopped.
     _interest: Option<Arc<Interest>>,
-}
-
-/// Stops the lookups of a fetch in the background when the last request holding it is gone.
-pub struct Interest(Mutex<Vec<tokio::task::AbortHandle>>);
-
-impl Drop for Interest {
-    fn drop(&mut self) {
-        for h in self.0.get_mut().unwrap_or_else(|p| p.into_inner()).iter() {
-            h.abort();
-        }
-    }
-}
-
-/// Settles a lookup's stream however its task ends, even one stopped before it first ran: a
-/// task stopped because no request held it any more fails the stream and leaves no entry, so
-/// nothing waits on it.
-struct Settling {
-    prefixes: Arc<Prefixes>,
-    key: String,
-    slot: Arc<Slot>,
-    done: bool,
-}
-
-impl Settling {
-    fn settle(&mut self, got: &Result<Resolved, LookupError>) {
-        self.prefixes.settle(&self.key, &self.slot, got);
-        self.done = true;
-    }
-}
-
-impl Drop for Settling {
-    fn drop(&mut self) {
-        if !self.done {
-            let why = LookupError::Failed("no request holds this fetch any more".into());
-            self.prefixes.settle(&self.key, &self.slot, &Err(why));
-            self.prefixes.forget_unfilled(&self.key, None);
-        }
-    }
 }
 
 impl StreamFailure {
@@ -346,14 +190,6 @@ struct Entry {
     /// to peers.
     source: Source,
     last_used: u64,
-}
-
-/// A lookup in flight with the requests that hold it.
-struct Flight {
-    slot: Arc<Slot>,
-    interest: std::sync::Weak<Interest>,
-    /// Started by the prefetcher: its fetch is the list's, whichever joined lookup runs it.
-    prefetch: bool,
 }
 
 pub struct Prefixes {
@@ -834,159 +670,6 @@ impl Prefixes {
             .await
     }
 
-    /// Whole from memory; else the lookup runs in the background (joined by every request on
-    /// the prompt) and this returns its stream once the cloud's header is in, or the prompt
-    /// whole if another tier had it. The background fetch lives while a request holds it.
-    async fn resolve(
-        self: &Arc<Self>,
-        key: String,
-        prompt: PromptRef,
-        ids: Option<Vec<u32>>,
-        reach: Reach,
-    ) -> Result<Lookup, LookupError> {
-        let ready = |r: Resolved| Lookup {
-            kv: PromptKv::Ready(r.prefix),
-            source: r.source,
-            wire: r.wire,
-            _interest: None,
-        };
-        self.distrust();
-        if self.held(&key) {
-            let r = self
-                .lookup(&key, prompt, ids.as_deref(), reach, None)
-                .await?;
-            return Ok(ready(r));
-        }
-        let (slot, interest, prefetch) = self.join(&key, false);
-        let mut watch = slot.subscribe();
-        if prefetch {
-            // The prefetch's own lookup makes its fetch: a request that ran a lookup of its
-            // own might win the prompt's cell, and compute here what is arriving. It waits
-            // for the stream, or for the prefetch to end (the slot's last sender gone), then
-            // takes what the prefetch left: held, or else computed here.
-            drop(slot);
-            if let Ok(s) = watch.wait_for(Option::is_some).await {
-                if let Some(s) = s.clone() {
-                    return Ok(Lookup {
-                        kv: PromptKv::Streaming(s),
-                        source: Source::Cloud,
-                        wire: Wire::default(),
-                        _interest: Some(interest),
-                    });
-                }
-            }
-            drop(interest);
-            let r = self
-                .lookup(&key, prompt, ids.as_deref(), reach, None)
-                .await?;
-            return Ok(ready(r));
-        }
-        let mut settling = Settling {
-            prefixes: self.clone(),
-            key,
-            slot,
-            done: false,
-        };
-        let task = tokio::spawn(async move {
-            let (me, key, slot) = (
-                settling.prefixes.clone(),
-                settling.key.clone(),
-                settling.slot.clone(),
-            );
-            let got = me
-                .lookup(&key, prompt, ids.as_deref(), reach, Some(&slot))
-                .await;
-            settling.settle(&got);
-            got
-        });
-        interest
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(task.abort_handle());
-        tokio::select! {
-            // A failed wait (the lookup ended and dropped the slot) leaves the task's answer.
-            // Only a cloud fetch streams.
-            Ok(s) = watch.wait_for(Option::is_some) => match s.clone() {
-                Some(s) => Ok(Lookup {
-                    kv: PromptKv::Streaming(s),
-                    source: Source::Cloud,
-                    wire: Wire::default(),
-                    _interest: Some(interest),
-                }),
-                None => Err(LookupError::Failed("stream vanished".into())),
-            },
-            r = task => {
-                let r = r.map_err(|e| LookupError::Failed(e.to_string()))??;
-                Ok(ready(r))
-            }
-        }
-    }
-
-    /// Whether `key`'s prompt is in memory (without making an entry for it).
-    fn held(&self, key: &str) -> bool {
-        self.entries
-            .lock()
-            .is_ok_and(|e| e.get(key).is_some_and(|x| x.cell.initialized()))
-    }
-
-    /// The flight of `key`: its stream's slot, the interest its requests hold (a new one
-    /// when none runs, or when everyone who held the last one is gone; `prefetch`: started by
-    /// the prefetcher), and whether the prefetcher started it.
-    fn join(&self, key: &str, prefetch: bool) -> (Arc<Slot>, Arc<Interest>, bool) {
-        let mut m = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = m.get(key) {
-            if let Some(i) = f.interest.upgrade() {
-                return (f.slot.clone(), i, f.prefetch);
-            }
-        }
-        let slot = Arc::new(Slot::new(None));
-        let interest = Arc::new(Interest(Mutex::new(Vec::new())));
-        m.insert(
-            key.to_string(),
-            Flight {
-                slot: slot.clone(),
-                interest: Arc::downgrade(&interest),
-                prefetch,
-            },
-        );
-        (slot, interest, prefetch)
-    }
-
-    /// The stream in `slot` learns the lookup's outcome, and the slot leaves the map.
-    fn settle(&self, key: &str, slot: &Arc<Slot>, got: &Result<Resolved, LookupError>) {
-        if let Some(stream) = slot.borrow().as_ref() {
-            match got {
-                Ok(r) if r.source == Source::Local => stream.complete_here(r.prefix.clone()),
-                Ok(r) => stream.complete(r.prefix.clone()),
-                Err(e) => stream.fail(StreamFailure::of(e)),
-            }
-        }
-        if let Ok(mut m) = self.streams.lock() {
-            if m.get(key).is_some_and(|f| Arc::ptr_eq(&f.slot, slot)) {
-                m.remove(key);
-            }
-        }
-    }
-
-    /// Drop `key`'s entry if it holds nothing and no request waits on it (`waiting`: the
-    /// references to its cell the caller knows of, the map's included).
-    fn forget_unfilled(&self, key: &str, cell: Option<&Arc<OnceCell<Arc<PrefixKv>>>>) {
-        let Ok(mut m) = self.entries.lock() else {
-            return;
-        };
-        let idle = m.get(key).is_some_and(|x| {
-            x.cell.get().is_none()
-                && match cell {
-                    Some(c) => Arc::ptr_eq(&x.cell, c) && Arc::strong_count(c) == 2,
-                    None => Arc::strong_count(&x.cell) == 1,
-                }
-        });
-        if idle {
-            m.remove(key);
-        }
-    }
-
     /// The lookup; with `slot`, a cloud fetch publishes its stream there as layers land.
     /// `public`: the cloud publishes the prompt (or it is named by id); anything else is
     /// computed here and asked of no one.
@@ -1083,194 +766,6 @@ impl Prefixes {
         })
     }
 
-    /// What goes to the disk tier: only public prompts (a private system message is never
-    /// written down), never KV from a peer unless its cloud signature was checked, never
-    /// unsigned KV where only signed KV is read back, and no exact fallback of a CE-LSLM edge
-    /// (after a restart it asks the cloud again for the mix its peers serve).
-    fn keeps_on_disk(&self, source: Source, signed: bool, public: bool) -> bool {
-        let readable = signed || !self.verifies();
-        match source {
-            Source::Cloud | Source::Store => readable,
-            Source::Peer => signed && self.verifies(),
-            Source::Local => public && readable && !self.lslm(),
-            Source::Memory | Source::Disk => false,
-        }
-    }
-
-    /// A prompt from the disk tier, only if it is the one `key` names (its ids hash to the
-    /// address), fits this model, and, with the cloud's key, carries its signature on every
-    /// layer. Anything else is ignored (and fetched again), never used.
-    async fn read_disk(&self, key: &str) -> Option<(PrefixKv, Option<Seal>)> {
-        let disk = self.disk.clone()?;
-        let k = key.to_string();
-        let expect = Expect::of(&self.model.cfg);
-        let got = tokio::task::spawn_blocking(move || disk.get(&k, &expect))
-            .await
-            .ok()?;
-        let (p, seal) = match got {
-            Ok(Some(x)) => x,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!("disk tier: {e}; ignoring the entry");
-                return None;
-            }
-        };
-        let address = key.split('-').next().unwrap_or(key);
-        let vetted = self
-            .vet(&format!("disk tier: {key}"), address, p, seal)
-            .await;
-        if let Err(Refused::Forged(_)) = &vetted {
-            // Not the trusted key's: dropped, not kept to be refused again.
-            if let Some(d) = &self.disk {
-                let _ = d.remove(key);
-            }
-        }
-        vetted.ok()
-    }
-
-    /// A published prompt from the cloud's object store (`kv_store`), checked as one from disk:
-    /// read no longer than a prompt of `tokens` tokens (the list's count) can be, and held
-    /// against the prompt cache's budget while it arrives.
-    async fn read_store(&self, address: &str, tokens: usize) -> Option<(PrefixKv, Option<Seal>)> {
-        let store = match &self.cfg.kv_store {
-            Some(s) => s.clone(),
-            None => self.listed_store()?,
-        };
-        let mut expect = Expect::of(&self.model.cfg);
-        expect.max_tokens = expect.max_tokens.min(tokens);
-        let _held = match self.hold(self.model.cfg.prompt_bytes(tokens), false) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::info!("object store: {address} not read now: {e}");
-                return None;
-            }
-        };
-        let (p, seal) = match store.get(&self.model.fingerprint, address, &expect).await {
-            Ok(Some(x)) => x,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!("object store: {e}; asking the cloud");
-                return None;
-            }
-        };
-        self.vet(&format!("object store: {address}"), address, p, seal)
-            .await
-            .ok()
-    }
-
-    /// The store the cloud's signed list names (unless told not to read it), opened when the
-    /// list first names it or names another.
-    fn listed_store(&self) -> Option<Arc<edgeprompt_kv::BucketStore>> {
-        if !self.cfg.listed_store {
-            return None;
-        }
-        let url = self.catalog.current().store.clone()?;
-        // Plain HTTP only where the cloud is reached without TLS too, or on this machine:
-        // otherwise anyone on the path would see which published prompts this edge uses.
-        let cloud_plain = self
-            .cfg
-            .cloud_url
-            .as_deref()
-            .is_some_and(|c| c.starts_with("http://"));
-        if !(crate::client::plaintext_ok(&url) || cloud_plain) {
-            tracing::warn!("the cloud names a store over plain HTTP ({url}); not read");
-            return None;
-        }
-        let mut open = self.listed_store.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, s)) = open.as_ref().filter(|(u, _)| *u == url) {
-            return Some(s.clone());
-        }
-        match edgeprompt_kv::BucketStore::open_listed(&url) {
-            Ok(s) => {
-                tracing::info!("reading published prompts from the store the cloud names: {url}");
-                let s = Arc::new(s);
-                *open = Some((url, s.clone()));
-                Some(s)
-            }
-            Err(e) => {
-                tracing::warn!("{e}");
-                None
-            }
-        }
-    }
-
-    /// A stored prompt is taken only if it is the one `address` names (its ids hash to it),
-    /// fits this model, and, with the cloud's key, carries its signature on every layer.
-    async fn vet(
-        &self,
-        what: &str,
-        address: &str,
-        p: PrefixKv,
-        seal: Option<Seal>,
-    ) -> Result<(PrefixKv, Option<Seal>), Refused> {
-        let refuse = |why: Refused| {
-            tracing::warn!("{what} refused: {}; taking it from elsewhere", why.reason());
-            Err(why)
-        };
-        if let Err(e) = p.check_fits(&self.model.cfg, &self.model.fingerprint) {
-            return refuse(Refused::Unfit(e.to_string()));
-        }
-        if content_address(&p.fingerprint, &p.token_ids) != address {
-            return refuse(Refused::Unfit(
-                "its token ids are not the prompt it is named for".into(),
-            ));
-        }
-        let trust = match self.catalog.key().await {
-            Ok(t) => t,
-            Err(e) => return refuse(Refused::Unfit(e.to_string())),
-        };
-        if let Some(trust) = &trust {
-            match &seal {
-                None => {
-                    return refuse(Refused::Unfit(
-                        "unsigned, and this edge takes only signed KV".into(),
-                    ))
-                }
-                Some(s) => {
-                    if let Err(e) = s.verify_whole(trust, &p, |c| self.takes_codec(c)) {
-                        return refuse(Refused::Forged(e.to_string()));
-                    }
-                }
-            }
-        }
-        Ok((p, seal))
-    }
-
-    /// Keep a copy on disk (in the background; a failure only costs the next restart a fetch).
-    fn write_disk(&self, prefix: &Arc<PrefixKv>, seal: Option<Arc<Seal>>) {
-        let Some(disk) = self.disk.clone() else {
-            return;
-        };
-        let prefix = prefix.clone();
-        let key = self.key(&content_address(&prefix.fingerprint, &prefix.token_ids));
-        let writes = self.writes.clone();
-        writes.fetch_add(1, Ordering::AcqRel);
-        let metrics = self.metrics.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = disk.put(&key, &prefix, seal.as_deref()) {
-                metrics.disk_write_errors.inc();
-                tracing::warn!("disk tier: could not store {key}: {e}");
-            }
-            writes.fetch_sub(1, Ordering::AcqRel);
-        });
-    }
-
-    fn cell(&self, key: &str) -> Arc<OnceCell<Arc<PrefixKv>>> {
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        let mut e = match self.entries.lock() {
-            Ok(e) => e,
-            Err(p) => p.into_inner(),
-        };
-        let entry = e.entry(key.to_string()).or_insert_with(|| Entry {
-            cell: Arc::new(OnceCell::new()),
-            seal: None,
-            source: Source::Local,
-            last_used: now,
-        });
-        entry.last_used = now;
-        entry.cell.clone()
-    }
-
     /// Drop the least recently used prompts that no request holds until under the budget.
     fn evict(&self) {
         let _ = self.memory_bytes();
@@ -1301,168 +796,6 @@ impl Prefixes {
             total -= bytes;
         }
         (total, held)
-    }
-
-    /// The tiers below memory, in order: disk, peers, the cloud's object store, the cloud,
-    /// then compute here. A private
-    /// prompt goes straight to the last: no tier below memory ever sees it; a published one
-    /// reached `Here` only reads the disk first.
-    async fn fetch_or_compute(
-        &self,
-        prompt: PromptRef,
-        address: Option<&str>,
-        ids: Option<&[u32]>,
-        reach: Reach,
-        slot: Option<&Arc<Slot>>,
-    ) -> Result<Got, LookupError> {
-        let local = |prefix| Got {
-            prefix,
-            source: Source::Local,
-            seal: None,
-            wire: Wire::default(),
-        };
-        // The disk tier is this edge's own: it holds only prompts the cloud published (a
-        // private one is never written there), so it is read whether or not the cloud's list
-        // can be had now: a restart without the cloud still finds them.
-        if let Some(a) = address {
-            if let Some((prefix, seal)) = self.read_disk(a).await {
-                return Ok(Got {
-                    prefix,
-                    source: Source::Disk,
-                    seal,
-                    wire: Wire::default(),
-                });
-            }
-        }
-        match reach {
-            Reach::Private => {
-                let ids = ids.ok_or_else(|| {
-                    LookupError::Failed("a private prompt without its tokens".into())
-                })?;
-                if self.cfg.unknown_system == UnknownSystem::Refuse {
-                    return Err(LookupError::UnknownSystem);
-                }
-                return Ok(local(self.compute(ids).await?));
-            }
-            // Published, but neither held nor arriving (past the prefetch budget, or its
-            // prefetch failed): asking for it now would tell the cloud it was used.
-            Reach::Here => {
-                let ids = ids.ok_or_else(|| {
-                    LookupError::Failed("a published prompt without its tokens".into())
-                })?;
-                return Ok(local(self.compute(ids).await?));
-            }
-            Reach::Anywhere => {}
-        }
-        if let Some(a) = address {
-            let by_address = PromptRef::ContentAddress(hex::decode(a).unwrap_or_default());
-            // Peers hold exact prefixes; a CE-LSLM edge takes its mix from the cloud.
-            let peers = match self.lslm() {
-                false => self.cfg.peers.as_slice(),
-                true => &[],
-            };
-            for peer in peers {
-                match self
-                    .fetch(std::slice::from_ref(peer), by_address.clone(), ids, None, 0)
-                    .await
-                {
-                    Ok((prefix, seal, wire)) => {
-                        return Ok(Got {
-                            prefix,
-                            source: Source::Peer,
-                            seal,
-                            wire,
-                        })
-                    }
-                    Err(e) => tracing::info!("peer {peer} has no copy ({e})"),
-                }
-            }
-        }
-        // The cloud's object store (a CDN, for many edges) before the cloud itself; a CE-LSLM
-        // edge takes its mix from the cloud.
-        let listed = address.and_then(|a| self.catalog.current().at(a).map(|l| l.tokens));
-        if let (Some(a), Some(tokens), false) =
-            (address, ids.map(<[u32]>::len).or(listed), self.lslm())
-        {
-            if let Some((prefix, seal)) = self.read_store(a, tokens).await {
-                return Ok(Got {
-                    prefix,
-                    source: Source::Store,
-                    seal,
-                    wire: Wire::default(),
-                });
-            }
-        }
-        let first = self.cloud_first_layer(ids.map(<[u32]>::len));
-        let fetched = match (&self.cfg.cloud_url, ids) {
-            // The planner computes every layer here: the cloud has nothing to add.
-            (Some(_), Some(ids)) if first >= self.model.cfg.n_layer => {
-                return Ok(local(self.compute(ids).await?));
-            }
-            (Some(_), _) => {
-                let first = first.min(self.model.cfg.n_layer - 1);
-                let urls = self.cloud_order(&prompt);
-                Some(self.fetch(&urls, prompt.clone(), ids, slot, first).await)
-            }
-            (None, _) => None,
-        };
-        // A prompt named by id that failed after its header: its tokens are known now.
-        // With the cloud's key, only once a signed layer bound them to the prompt: an unsigned
-        // header's ids are the sender's choice.
-        let streamed = slot.and_then(|s| {
-            s.borrow()
-                .as_ref()
-                .filter(|s| !self.verifies() || s.vouched())
-                .map(|s| s.token_ids().to_vec())
-        });
-        let ids = ids.or(streamed.as_deref());
-        let by_id = |id: &str| LookupError::UnknownId(id.to_string());
-        match (fetched, ids, &prompt) {
-            (Some(Ok((prefix, seal, wire))), _, _) => Ok(Got {
-                prefix,
-                source: Source::Cloud,
-                seal,
-                wire,
-            }),
-            (Some(Err(EdgeError::NotFound(_))) | None, None, PromptRef::Id(id)) => Err(by_id(id)),
-            (Some(Err(EdgeError::Busy(m))), None, _) => Err(LookupError::Busy(m)),
-            (Some(Err(EdgeError::TooLong(m))), _, _) => Err(LookupError::TooLong(m)),
-            (Some(Err(e)), None, _) => Err(LookupError::Failed(e.to_string())),
-            (Some(Err(EdgeError::NotFound(_))) | None, Some(_), _)
-                if self.cfg.unknown_system == UnknownSystem::Refuse =>
-            {
-                Err(LookupError::UnknownSystem)
-            }
-            (fetched, Some(ids), _) => {
-                // The cloud does not know the prompt, or is down, or died mid-stream: compute
-                // it here; the KV is the same bit for bit, so is the answer.
-                if let Some(Err(e)) = fetched {
-                    if !matches!(e, EdgeError::NotFound(_)) {
-                        tracing::warn!("cloud unavailable ({e}); computing the prompt here");
-                    }
-                }
-                Ok(local(self.compute(ids).await?))
-            }
-            (None, None, PromptRef::ContentAddress(_)) => {
-                Err(LookupError::Failed("no cloud configured".into()))
-            }
-        }
-    }
-}
-
-/// Why a stored prompt was not taken.
-enum Refused {
-    /// Not this model's, not the prompt named, unsigned, or no key to check it with.
-    Unfit(String),
-    /// Signed, but not by the trusted key (or altered since).
-    Forged(String),
-}
-
-impl Refused {
-    fn reason(&self) -> &str {
-        match self {
-            Refused::Unfit(r) | Refused::Forged(r) => r,
-        }
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use edgeprompt_protocol::PromptRef;
 
-use super::{Prefixes, Reach, Settling};
+use super::flight::Settling;
+use super::{Prefixes, Reach};
 use crate::catalog::Published;
 
 /// How often the prefetch loop looks for a new list (the catalog asks the cloud at most every

@@ -3,8 +3,8 @@
 //! global ones (Gemma 2: every other layer; Gemma 3: five in six, with per-head norms of Q and
 //! K and their own RoPE base). Gemma 2 soft-caps the attention scores and the logits.
 
+use super::RopeStyle;
 use super::{Features, Meta};
-use crate::config::RopeStyle;
 
 fn gemma(plain: Features, n_embd: usize) -> Features {
     Features {

@@ -16,8 +16,8 @@
 //!
 //! The MoE variant (26B-A4B: experts beside a dense MLP, its own router norm) is refused.
 
+use super::RopeStyle;
 use super::{Features, Meta};
-use crate::config::RopeStyle;
 use crate::gguf::Value;
 use crate::{EngineError, Result};
 

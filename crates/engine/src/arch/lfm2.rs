@@ -4,8 +4,8 @@
 //! others are GQA with per-head Q/K RMS norms and NEOX RoPE. The norm before the head is named
 //! `token_embd_norm`.
 
+use super::RopeStyle;
 use super::{Features, Meta};
-use crate::config::RopeStyle;
 use crate::recurrent::{Recurrence, ShortConv};
 use crate::{EngineError, Result};
 

@@ -16,8 +16,16 @@ mod smollm3;
 
 use crate::gguf::{Content, Value};
 
-use crate::config::{meta_f32, meta_usize, RopeStyle};
+use crate::gguf::{meta_f32, meta_usize};
 use crate::{EngineError, Result};
+
+/// How RoPE pairs dimensions. GGUF llama weights are permuted by the converter so that
+/// adjacent pairs rotate; qwen2 keeps the NEOX layout (dimension i pairs with i + d/2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RopeStyle {
+    Adjacent,
+    Neox,
+}
 
 /// The families, by the name GGUF gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -3,8 +3,8 @@
 //! of each head only (Phi-4-mini: 96 of 128), and LongRoPE's per-frequency factors (the short
 //! ones: this engine's contexts stay within the original length) and attention factor.
 
+use super::RopeStyle;
 use super::{Features, Meta};
-use crate::config::RopeStyle;
 use crate::{EngineError, Result};
 
 pub fn features(plain: Features, m: &Meta, head_dim: usize) -> Result<Features> {

@@ -2,8 +2,8 @@
 //! biases) and Qwen3-MoE (`qwen3moe`: Qwen3's attention, a routed mixture of experts for FFN).
 //! All rotate in the NEOX layout (dimension i with i + d/2).
 
+use super::RopeStyle;
 use super::{Features, Meta, Moe};
-use crate::config::RopeStyle;
 use crate::{EngineError, Result};
 
 pub fn qwen2(plain: Features) -> Features {

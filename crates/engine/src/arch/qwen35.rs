@@ -7,8 +7,8 @@
 //! the file are left unread. Qwen3.5-MoE (`qwen35moe`) is the same trunk with routed experts
 //! and a gated shared expert for FFN.
 
+use super::RopeStyle;
 use super::{Features, Meta};
-use crate::config::RopeStyle;
 use crate::gguf::Value;
 use crate::recurrent::{DeltaNet, Recurrence};
 use crate::{EngineError, Result};

@@ -18,6 +18,7 @@ pub(crate) mod arm;
 pub(crate) mod delta;
 pub(crate) mod exp;
 pub(crate) mod float;
+pub(crate) mod float_tile;
 mod formats;
 pub(crate) mod gated;
 mod level;

@@ -6,7 +6,7 @@ use std::arch::aarch64::*;
 use half::{bf16, f16};
 
 use super::gemm::half8;
-use crate::kernels::float::{tiles, Elem, Lanes};
+use crate::kernels::float_tile::{tiles, Elem, Lanes};
 
 /// A float matrix value as the aarch64 paths read it.
 pub(crate) trait Load: Elem {

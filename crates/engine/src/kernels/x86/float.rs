@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use crate::kernels::float::{tiles, Elem, Lanes};
+use crate::kernels::float_tile::{tiles, Elem, Lanes};
 
 /// A float matrix value as the x86 paths read it.
 pub(crate) trait Load: Elem {

@@ -1,41 +1,22 @@
 //! `edgeprompt-bench engine`: prefill and decode speed of our engine, candle's stock
 //! quantized model and llama.cpp, on the same GGUF, threads and token ids, in one run.
 
+#[cfg(feature = "candle")]
+mod candle;
+pub mod report;
+mod speeds;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use edgeprompt_engine::{Arch, Model, Sequence};
 use serde::Serialize;
 
+use crate::inputs::resolve;
 use crate::machine::{peak_rss, reset_peak_rss, Machine};
 use crate::BenchError;
-
-#[derive(Clone)]
-pub struct Settings {
-    pub model: PathBuf,
-    pub threads: usize,
-    pub prompt_lens: Vec<usize>,
-    pub decode_tokens: usize,
-    pub repeats: usize,
-    /// Python with `llama_cpp` installed (scripts/bench_engine.sh makes one).
-    pub llama_python: Option<PathBuf>,
-    pub skip_candle: bool,
-    /// Context the decode runs after (default: 512, or the longest prompt if shorter).
-    pub decode_at: Option<usize>,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Speeds {
-    /// (prompt tokens, tokens per second)
-    pub prefill: Vec<(usize, f64)>,
-    pub decode: f64,
-    /// Peak RSS of this engine in its own process (llama.cpp only), bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rss_bytes: Option<u64>,
-    /// The SIMD this engine was built for (llama.cpp only, e.g. `AVX2/AVX512/AVX512_VNNI`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub simd: Option<String>,
-}
+use speeds::{best_of, best_speeds};
+pub use speeds::{Settings, Speeds};
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -136,17 +117,6 @@ fn bench_ids(model: &Model, n: usize) -> Result<Vec<u32>, BenchError> {
     Ok(ids)
 }
 
-pub(crate) fn best_of<F: FnMut() -> Result<f64, BenchError>>(
-    n: usize,
-    mut f: F,
-) -> Result<f64, BenchError> {
-    let mut best = f64::INFINITY;
-    for _ in 0..n.max(1) {
-        best = best.min(f()?);
-    }
-    Ok(best)
-}
-
 /// What the rounds measured: the best of each engine, each round's (our decode tok/s, stream
 /// probe GB/s right after it), and our peak RSS outside the probes (None: not measurable).
 struct Turns {
@@ -204,25 +174,6 @@ fn median(mut v: Vec<f64>) -> f64 {
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
-
-/// The faster of two runs, figure by figure (and the larger memory peak).
-fn best_speeds(a: Option<Speeds>, b: Speeds) -> Speeds {
-    let Some(a) = a else {
-        return b;
-    };
-    Speeds {
-        prefill: a
-            .prefill
-            .iter()
-            .zip(&b.prefill)
-            .map(|(x, y)| (x.0, x.1.max(y.1)))
-            .collect(),
-        decode: a.decode.max(b.decode),
-        rss_bytes: a.rss_bytes.max(b.rss_bytes),
-        simd: a.simd.or(b.simd),
-    }
-}
-
 fn time_ours(model: &Model, ids: &[u32], s: &Settings, ctx: usize) -> Result<Speeds, BenchError> {
     let mut out = Speeds::default();
     for &n in &s.prompt_lens {
@@ -444,7 +395,7 @@ fn candle_baseline(
     s: &Settings,
     ctx: usize,
 ) -> Option<Speeds> {
-    crate::candle::time(path, arch, ids, s, ctx)
+    candle::time(path, arch, ids, s, ctx)
         .inspect_err(|e| eprintln!("  candle   failed, left out: {e}"))
         .ok()
 }
@@ -533,6 +484,55 @@ pub fn table(r: &Report) -> String {
         mb(r.llama_cpp_rss_bytes),
     );
     t
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, value_delimiter = ',', default_value = "128,512,1024")]
+    prompt_lens: Vec<usize>,
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Runs of each figure, ours and llama.cpp alike; the best is kept (this host's speed
+    /// moves by 10-20 % from minute to minute: best of 2 was not enough).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// A Python with `llama_cpp` (scripts/bench_engine.sh builds .venv-bench).
+    #[arg(long)]
+    llama_python: Option<PathBuf>,
+    #[arg(long)]
+    skip_candle: bool,
+    /// Context the decode is timed after [default: 512, or the longest prompt if shorter].
+    #[arg(long)]
+    decode_at: Option<usize>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench engine`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let settings = Settings {
+        model: resolve(&a.model)?,
+        threads: a.threads,
+        prompt_lens: a.prompt_lens,
+        decode_tokens: a.decode_tokens,
+        repeats: a.repeats,
+        llama_python: a.llama_python,
+        skip_candle: a.skip_candle,
+        decode_at: a.decode_at,
+    };
+    let report = run(&settings)?;
+    println!("{}", table(&report));
+    std::fs::create_dir_all(&a.out)?;
+    let path = a
+        .out
+        .join(format!("engine-{}.json", crate::file_part(&a.model)));
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_gemma3, quantized_llama, quantized_qwen2};
 use edgeprompt_engine::Arch;
 
-use crate::engine::{best_of, Settings, Speeds};
+use super::speeds::{best_of, Settings, Speeds};
 use crate::BenchError;
 
 enum CandleModel {

@@ -8,6 +8,8 @@
 //! single-node answer; per fault: what failed, the latency, where prompts came from, and how
 //! long until the service was back to normal.
 
+pub mod report;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::inputs::{beside, resolve, sharegpt};
 use crate::machine::Machine;
 use crate::soak::client::{self, Outcome, Spec};
 use crate::soak::cluster::{toml_str, wait_port};
@@ -725,4 +728,58 @@ pub fn summary(r: &Report) -> String {
         );
     }
     t
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Length of the load (the faults come at 1/4, 1/2 and 3/4 of it).
+    #[arg(long, default_value_t = 120.0)]
+    secs: f64,
+    /// Poisson arrivals per second over both edges.
+    #[arg(long, default_value_t = 2.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    #[arg(long, default_value_t = 384)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 32)]
+    user_len: usize,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The `edgeprompt` binary the processes run (default: beside this one).
+    #[arg(long)]
+    edgeprompt: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench failover`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        edgeprompt: beside(a.edgeprompt)?,
+        sharegpt: sharegpt()?,
+        secs: a.secs,
+        rate: a.rate,
+        prompts: a.prompts.max(1),
+        cloud_len: a.cloud_len,
+        user_len: a.user_len,
+        max_tokens: a.max_tokens,
+        seed: a.seed,
+        client_timeout_secs: 180,
+        dir: std::env::temp_dir().join(format!("edgeprompt-failover-{}", std::process::id())),
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    eprintln!("wrote {}/failover.json", a.out.display());
+    let bad = r.violations();
+    if !bad.is_empty() {
+        return Err(BenchError::Failed(format!("failover: {}", bad.join("; "))));
+    }
+    Ok(())
 }

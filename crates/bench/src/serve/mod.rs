@@ -4,6 +4,8 @@
 //! The edge server (with its cloud node) runs in this process; the same workload can be sent
 //! to llama.cpp's C++ `llama-server` (`--llama-server`) in the same run.
 
+pub mod report;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::nodes;
 use crate::plot::{line_chart, Series};
@@ -421,6 +424,74 @@ fn write_outputs(r: &Report, s: &Settings) -> Result<(), BenchError> {
             &series(&|p| p.tok_s, false, ""),
         ),
     )?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// Offered request rates (req/s).
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    rates: Vec<f64>,
+    /// Distinct cloud prompts.
+    #[arg(long, default_value_t = 4)]
+    groups: usize,
+    /// Requests per cloud prompt (per rate), each with a private prompt no other request has.
+    #[arg(long, default_value_t = 6)]
+    per_group: usize,
+    #[arg(long, default_value_t = 512)]
+    cloud_len: usize,
+    #[arg(long, default_value_t = 128)]
+    edge_len: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Our edge's batch; llama-server's slots should be the same (scripts/bench_serve.sh).
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// llama.cpp's OpenAI-compatible server on the same GGUF, e.g. http://127.0.0.1:8090/v1
+    /// (scripts/bench_serve.sh starts one).
+    #[arg(long)]
+    llama_server: Option<String>,
+    /// How that server was started, recorded with the results (scripts/bench_serve.sh sets it).
+    #[arg(long)]
+    llama_server_args: Option<String>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench serve`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let s = Settings {
+        model: resolve(&a.model)?,
+        model_id: a.model.clone(),
+        workload: WorkloadSpec {
+            sharegpt: sharegpt()?,
+            groups: a.groups.max(1),
+            per_group: a.per_group.max(1),
+            cloud_len: a.cloud_len,
+            edge_len: a.edge_len,
+            seed: a.seed,
+        },
+        rates: a.rates,
+        max_tokens: a.max_tokens,
+        threads: a.threads,
+        max_batch: a.max_batch.max(1),
+        llama_server: a.llama_server,
+        llama_server_args: a.llama_server_args,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    let tag = file_tag(&s.model_id);
+    eprintln!(
+        "wrote {} points to {}/serve{tag}.json and serve{tag}-*.svg",
+        r.points.len(),
+        a.out.display()
+    );
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 //! (the edge prefills everything), EdgePrompt pipelined and non-pipelined, and the planner's
 //! prediction, all measured in one run on real gRPC through the shaping link.
 
+pub mod report;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +19,7 @@ use edgeprompt_planner::lslm::{plan, SplitInputs};
 use edgeprompt_planner::{predict, Inputs, Regime};
 use serde::Serialize;
 
+use crate::inputs::{resolve, sharegpt};
 use crate::machine::Machine;
 use crate::nodes;
 use crate::plot::{line_chart, Series};
@@ -367,5 +370,56 @@ fn write_outputs(r: &Report, out: &Path, timeline: Option<&Timeline>) -> Result<
         );
         std::fs::write(out.join("pipeline-timeline.svg"), svg)?;
     }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "qwen05")]
+    model: String,
+    #[arg(long, value_delimiter = ',', default_value = "64,256,512,1024")]
+    cloud_lens: Vec<usize>,
+    #[arg(long, default_value_t = 512)]
+    edge_len: usize,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "6g,5g,wifi,4g,constrained"
+    )]
+    profiles: Vec<String>,
+    #[arg(long, default_value = "f16")]
+    codec: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// A Python with `llama_cpp`: adds llama.cpp edge-only TTFT on the same tokens.
+    #[arg(long)]
+    llama_python: Option<PathBuf>,
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+/// `edgeprompt-bench ttft`: the settings from the flags, the run, and what it wrote.
+pub fn cli(a: Args) -> Result<(), BenchError> {
+    let sharegpt = sharegpt()?;
+    let s = Settings {
+        model: resolve(&a.model)?,
+        sharegpt,
+        cloud_lens: a.cloud_lens,
+        edge_len: a.edge_len,
+        profiles: a.profiles,
+        codec: Codec::parse(&a.codec)
+            .ok_or_else(|| BenchError::Failed(format!("codec is one of {}", Codec::names())))?,
+        threads: a.threads,
+        llama_python: a.llama_python,
+        out: a.out.clone(),
+    };
+    let r = run(&s)?;
+    let window = r.rows.iter().any(|x| x.pipelined_uncut_s.is_some());
+    eprintln!(
+        "wrote {} rows to {}/{}.json and SVG plots",
+        r.rows.len(),
+        a.out.display(),
+        if window { "ttft-window" } else { "ttft" }
+    );
     Ok(())
 }
