@@ -41,14 +41,12 @@ pub async fn chat(
 ) -> Response {
     let caller = caller.map(|Extension(c)| c.0);
     let client = client.map(|Extension(c)| c.0);
-    let r = match validation::body_of(body) {
-        Ok(body) => prepare(&s, caller, &body).await,
-        Err(e) => Err(e),
-    };
-    let r = match r {
-        Ok(p) => answer::run(&s, (&id, client), p).await,
-        Err(e) => Err(e),
-    };
+    let r = async {
+        let body = validation::body_of(body)?;
+        let p = prepare(&s, caller, &body).await?;
+        answer::run(&s, (&id, client), p).await
+    }
+    .await;
     answer::finish(&s, Kind::Chat, r)
 }
 

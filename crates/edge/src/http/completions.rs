@@ -36,14 +36,12 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let client: Option<IpAddr> = client.map(|Extension(c)| c.0);
-    let r = match validation::body_of(body) {
-        Ok(body) => prepare(&s, &body).await,
-        Err(e) => Err(e),
-    };
-    let r = match r {
-        Ok(p) => answer::run(&s, (&id, client), p).await,
-        Err(e) => Err(e),
-    };
+    let r = async {
+        let body = validation::body_of(body)?;
+        let p = prepare(&s, &body).await?;
+        answer::run(&s, (&id, client), p).await
+    }
+    .await;
     answer::finish(&s, Kind::Completion, r)
 }
 
